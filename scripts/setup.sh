@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes .venv with everything distlab needs, once. Safe to run again: it does nothing when the
+# requirements have not changed since the last successful install.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+stamp=".venv/.distlab-installed"
+want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/distlab ]; then
+  exit 0
+fi
+echo "setting up .venv (first run takes about a minute)..." >&2
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+.venv/bin/python -c "import distlab, mpi4py, numpy, torch, typer, rich" \
+  || { echo "setup failed: distlab does not import" >&2; exit 1; }
+echo "$want" > "$stamp"

@@ -1,0 +1,213 @@
+"""The command line: parses, calls the library, prints. Errors are one sentence and exit code 2.
+
+Exit codes: 0 passed (or the command did its job), 1 a check failed, 2 usage or harness error,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+
+from .bank import TIERS, Bank, Entry, resolve_solution
+from .errors import DistlabError, UsageError
+from .workspace import Workspace
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="distlab: distributed-training problems, checked on real processes.",
+)
+console = Console(highlight=False)
+
+
+def _bank() -> Bank:
+    return Bank.default()
+
+
+@app.command("list")
+def list_problems() -> None:
+    """The 25 problems by tier, with your progress."""
+    bank, ws = _bank(), Workspace()
+    progress = ws.load_progress()
+    if progress.warning:
+        console.print(f"[yellow]{progress.warning}[/]")
+    for tier in TIERS:
+        table = Table(title=f"{tier} tier", title_justify="left", show_header=False, box=None)
+        for entry in (e for e in bank.entries if e.tier == tier):
+            state = progress.problems.get(entry.number)
+            if not entry.ready:
+                status = "[dim]coming[/]"
+            elif state and state.passed:
+                status = "[green]passed[/]"
+            elif state and state.attempts:
+                status = "[yellow]in progress[/]"
+            else:
+                status = "ready"
+            table.add_row(f"  {entry.number}", entry.title, status)
+        console.print(table)
+
+
+@app.command()
+def show(problem: str = typer.Argument(..., help="number or slug")) -> None:
+    """The problem's scenario card."""
+    entry = _bank().ready_problem(problem)
+    card = entry.card()
+    s = card.scenario
+    bullets = lambda items: "\n".join(f"- {i}" for i in items)  # noqa: E731
+    text = (
+        f"**{card.tier} tier** · ranks {', '.join(map(str, card.world_sizes))} · platform "
+        f"`{card.platform}` · time limit {card.time_limit_s} s · tags: {', '.join(card.tags)}\n\n"
+        f"## Background\n{s.background.strip()}\n\n## Constraints\n{bullets(s.constraints)}\n\n"
+        f"## Fault injection\n{bullets(s.faults)}\n\n## Monitoring metrics\n{bullets(s.metrics)}\n\n"
+        f"## Your path\n- **Define**: {card.steps.define}\n- **Instrument**: {card.steps.instrument}\n"
+        f"- **Simulate**: {card.steps.simulate}\n- **Tune**: {card.steps.tune}\n\n"
+        f"Start with `distlab start {entry.number}`; {len(card.hints)} hints with "
+        f"`distlab hint {entry.number}`."
+    )
+    console.print(Panel(Markdown(text), title=f"{entry.number} · {card.title}", expand=False))
+
+
+@app.command()
+def start(problem: str = typer.Argument(..., help="number or slug")) -> None:
+    """Copies the starter into your workspace (never overwrites your file)."""
+    entry = _bank().ready_problem(problem)
+    path, created = Workspace().start(entry)
+    if created:
+        console.print(f"wrote {path}\nedit it, then run: distlab check {entry.number}")
+    else:
+        console.print(f"{path} already exists; left it as it is. Check it: distlab check {entry.number}")
+
+
+def _solution_for(entry: Entry, solution: Optional[str], ws: Workspace) -> Path:
+    if solution:
+        return resolve_solution(entry, solution)
+    mine = ws.solution_path(entry)
+    if mine.exists():
+        return mine
+    console.print(
+        f"[dim]no {mine.name} in your workspace yet: checking the starter "
+        f"(`distlab start {entry.number}` copies it for you to edit)[/]"
+    )
+    return entry.path / "starter.py"
+
+
+@app.command()
+def check(
+    problem: str = typer.Argument(..., help="number or slug"),
+    solution: Optional[str] = typer.Option(
+        None, help="'reference', 'starter' or a path (default: your workspace file)"
+    ),
+    backend: str = typer.Option("mpi", help="mpi or gloo"),
+    seed: Optional[int] = typer.Option(None, help="replay the hidden variants of a seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the results here"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="stacks and traces in full"),
+) -> None:
+    """Runs the problem's checks on real ranks and grades the solution."""
+    from .grading import results as results_io
+    from .grading.console import ConsoleReporter
+    from .grading.runner import Options, check_problem
+
+    if backend not in ("mpi", "gloo"):
+        raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
+    entry = _bank().ready_problem(problem)
+    ws = Workspace()
+    path = _solution_for(entry, solution, ws)
+    results = check_problem(entry, path, Options(backend, seed), ConsoleReporter(console, verbose))
+    results_io.write(results, ws.results_path(entry))
+    if json_out:
+        results_io.write(results, json_out)
+    is_own = solution is None and path == ws.solution_path(entry)
+    if is_own:
+        progress = ws.load_progress()
+        state = progress.of(entry.number)
+        state.attempts += 1
+        state.max_score = results.max_score
+        state.best_score = max(state.best_score, results.score)
+        state.passed = state.passed or results.passed
+        ws.save_progress(progress)
+    raise typer.Exit(0 if results.passed else 1)
+
+
+@app.command()
+def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
+    """Shows one more hint each time."""
+    entry = _bank().ready_problem(problem)
+    hints = entry.card().hints
+    ws = Workspace()
+    progress = ws.load_progress()
+    state = progress.of(entry.number)
+    state.hints_shown = min(state.hints_shown + 1, len(hints))
+    ws.save_progress(progress)
+    for i in range(state.hints_shown):
+        style = "bold" if i == state.hints_shown - 1 else "dim"
+        console.print(f"hint {i + 1}/{len(hints)}: {hints[i]}", style=style)
+    if state.hints_shown == len(hints):
+        console.print("[dim]that was the last hint[/]")
+
+
+@app.command()
+def solution(
+    problem: str = typer.Argument(..., help="number or slug"),
+    force: bool = typer.Option(False, "--force", help="show it even before you passed"),
+) -> None:
+    """Shows the reference solution, once you have passed the problem."""
+    entry = _bank().ready_problem(problem)
+    passed = Workspace().load_progress().of(entry.number).passed
+    if not (passed or force):
+        raise UsageError(
+            f"the reference of {entry.number} opens once your solution passes "
+            f"(`distlab check {entry.number}`), or with --force"
+        )
+    from rich.syntax import Syntax
+
+    console.print(Syntax((entry.path / "reference.py").read_text(), "python", line_numbers=True))
+
+
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="fewer repetitions, smaller sizes"),
+) -> None:
+    """Benchmarks: ring vs built-in Allreduce, proxy overhead, wall time of checking 03."""
+    from .bench import run_benchmarks
+
+    run_benchmarks(console, quick=quick)
+
+
+def _terminate(signum: int, frame: Optional[FrameType]) -> None:
+    # SIGTERM takes the same path as Ctrl-C, so the launcher's cleanup ends every rank.
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except DistlabError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every rank was stopped[/]")
+        sys.exit(130)
+    except Exception as exc:  # click's own usage errors and anything unforeseen
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        console.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}")
+        sys.exit(2)

@@ -1,0 +1,12 @@
+"""Running a problem's checks, scoring them and reporting the results.
+
+``check.py`` files import only from here (and ``distlab.runtime.jobspec.Task``, re-exported):
+``Checklist`` to declare checks, ``CheckContext`` to launch rank programs and judge what they did.
+"""
+
+from __future__ import annotations
+
+from ..runtime.jobspec import Task
+from .api import CheckContext, CheckFailed, Checklist, Run
+
+__all__ = ["CheckContext", "CheckFailed", "Checklist", "Run", "Task"]

@@ -1,0 +1,204 @@
+"""The public API of check.py files.
+
+A problem's checks are plain functions in the supervisor process, declared in order::
+
+    CHECKS = Checklist()
+
+    @CHECKS.check("results equal the built-in Allreduce", points=3)
+    def results_match(t: CheckContext) -> None:
+        run = t.launch(run_cases, [Task(ranks=4, args=(cases,))])
+        ...
+        t.expect(np.allclose(got, want), "rank 2 holds the sum", f"{got[:4]}...")
+
+``t.launch`` starts real ranks running a *program* (a function of check.py, run on every rank as
+``program(comm, solution, *args)``) and returns their results; expected values are computed here,
+outside the processes that run learner code. Identical launches in one session run once, so
+several checks can judge the same run from different angles.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ..runtime.jobspec import Job, Limits, Task, TaskOutcome, program_module_name
+from ..runtime.launcher import LaunchResult, launch
+from ..runtime.stats import CommStats
+
+
+class CheckFailed(Exception):
+    """A check found the solution wrong; the message says what was expected and what was seen."""
+
+
+class RunFailed(CheckFailed):
+    """A launch ended badly (exception, deadlock, timeout, crash) before results came back."""
+
+    def __init__(self, result: LaunchResult, first_report: bool) -> None:
+        super().__init__(result.message)
+        self.result = result
+        self.first_report = first_report
+
+
+CheckFn = Callable[["CheckContext"], None]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    title: str
+    points: int
+    fn: CheckFn
+
+
+class Checklist:
+    """The ordered checks of one problem."""
+
+    def __init__(self) -> None:
+        self.checks: list[CheckSpec] = []
+
+    def check(self, title: str, points: int = 1) -> Callable[[CheckFn], CheckFn]:
+        def register(fn: CheckFn) -> CheckFn:
+            self.checks.append(CheckSpec(title, points, fn))
+            return fn
+
+        return register
+
+
+@dataclass
+class TaskRun:
+    """One task of a launch: what every rank returned and counted."""
+
+    task: Task
+    outcomes: list[TaskOutcome]
+
+    @property
+    def values(self) -> list[Any]:
+        return [o.value for o in self.outcomes]
+
+    @property
+    def stats(self) -> list[CommStats]:
+        return [o.stats for o in self.outcomes]
+
+
+@dataclass
+class Run:
+    result: LaunchResult
+    tasks: list[TaskRun]
+
+    @property
+    def wall_s(self) -> float:
+        return self.result.wall_s
+
+
+class Narrator(Protocol):
+    def say(self, text: str) -> None: ...
+
+
+@dataclass
+class SessionTotals:
+    """Figures over every launch of a checking session, for the footer."""
+
+    launches: int = 0
+    max_ranks: int = 0
+    min_ranks: int = 0
+    messages: int = 0
+    bytes: int = 0
+
+    def add(self, run: LaunchResult, tasks: list[TaskRun]) -> None:
+        self.launches += 1
+        self.max_ranks = max(self.max_ranks, run.world_size)
+        self.min_ranks = min(self.min_ranks or run.world_size, run.world_size)
+        for task in tasks:
+            for stats in task.stats:
+                self.messages += stats.messages_sent
+                self.bytes += stats.bytes_sent
+
+
+@dataclass
+class Session:
+    """State shared by the checks of one ``distlab check``: options, the launch cache, totals."""
+
+    program_file: Path
+    solution_file: Path
+    backend: str
+    seed: int
+    deadline_s: float
+    narrator: Narrator
+    limits: Limits = Limits()
+    totals: SessionTotals = field(default_factory=SessionTotals)
+    cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
+
+
+class CheckContext:
+    """Handed to each check function."""
+
+    def __init__(self, session: Session, index: int) -> None:
+        self._session = session
+        self.seed = session.seed
+        self.rng = np.random.default_rng([session.seed, index])
+        self.backend = session.backend
+        self.metrics: dict[str, Any] = {}
+
+    def say(self, text: str) -> None:
+        """Narrates one step of the check for the learner."""
+        self._session.narrator.say(text)
+
+    def metric(self, name: str, value: Any) -> None:
+        """Records a figure in the results JSON."""
+        self.metrics[name] = value
+
+    def expect(self, condition: bool, expected: str, seen: str) -> None:
+        if not condition:
+            raise CheckFailed(f"expected {expected}; saw {seen}")
+
+    def fail(self, message: str) -> None:
+        raise CheckFailed(message)
+
+    def launch(
+        self,
+        program: Callable[..., Any],
+        tasks: list[Task],
+        deadline_s: float | None = None,
+        stall_s: float = 3.0,
+    ) -> Run:
+        """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly."""
+        s = self._session
+        world = max(task.ranks for task in tasks)
+        tasks_blob = pickle.dumps(tuple(tasks))
+        job = Job(
+            program_file=str(s.program_file),
+            program_module=program_module_name(s.program_file),
+            program=program.__name__,
+            solution_file=str(s.solution_file),
+            tasks_blob=tasks_blob,
+            task_labels=tuple(t.label or f"task {i + 1} on {t.ranks} rank(s)" for i, t in enumerate(tasks)),
+            backend=s.backend,
+            world_size=world,
+            limits=s.limits,
+            supervisor_pid=_own_pid(),
+        )
+        key = pickle.dumps((job.program, tasks_blob, deadline_s))
+        cached = s.cache.get(key)
+        if isinstance(cached, Run):
+            return cached
+        if isinstance(cached, LaunchResult):
+            raise RunFailed(cached, first_report=False)
+        result = launch(job, deadline_s=deadline_s or s.deadline_s, stall_s=stall_s)
+        if not result.ok:
+            s.cache[key] = result
+            s.totals.launches += 1
+            raise RunFailed(result, first_report=True)
+        runs = [TaskRun(task, result.task_outcomes(i)) for i, task in enumerate(tasks)]
+        run = Run(result, runs)
+        s.cache[key] = run
+        s.totals.add(result, runs)
+        return run
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()

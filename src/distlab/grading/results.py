@@ -1,0 +1,96 @@
+"""The results file: a stable, versioned JSON record of one checking session.
+
+Schema ``distlab.results/1`` is documented in docs/results-schema.md. Fields are only ever added
+within a major version; a consumer should ignore fields it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "distlab.results/1"
+STATUSES = ("passed", "failed", "error")
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str  # passed | failed | error
+    score: int
+    max_score: int
+    message: str
+    seed: int
+    wall_s: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    details: str = ""
+
+
+@dataclass
+class Results:
+    problem: str
+    title: str
+    solution: str
+    backend: str
+    seed: int
+    started_at: str
+    wall_s: float
+    checks: list[CheckResult]
+    footer: str = ""
+    launches: int = 0
+    messages: int = 0
+    bytes: int = 0
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def score(self) -> int:
+        return sum(c.score for c in self.checks)
+
+    @property
+    def max_score(self) -> int:
+        return sum(c.max_score for c in self.checks)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.status == "passed" for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "problem": self.problem,
+            "title": self.title,
+            "passed": self.passed,
+            "score": self.score,
+            "max_score": self.max_score,
+            "solution": self.solution,
+            "backend": self.backend,
+            "seed": self.seed,
+            "started_at": self.started_at,
+            "wall_s": round(self.wall_s, 3),
+            "totals": {
+                "launches": self.launches,
+                "messages": self.messages,
+                "bytes": self.bytes,
+                "ranks": self.ranks,
+            },
+            "footer": self.footer,
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+def write(results: Results, path: Path) -> None:
+    """Writes atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results.to_json(), indent=2, default=_plain) + "\n")
+    os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    # NumPy scalars and arrays in metrics become plain JSON values.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

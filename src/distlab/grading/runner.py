@@ -1,0 +1,165 @@
+"""Running every check of a problem against one solution, in order, and scoring the session.
+
+Call order: ``check_problem`` compiles the solution first (a syntax error is reported at once,
+before any process starts), loads the problem's ``check.py``, then runs each declared check with a
+``CheckContext``. A check passes by returning; it fails by raising CheckFailed (a wrong answer, or
+a run that ended badly); any other exception is a bug in the check and is reported as an error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import secrets
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+from ..bank import Entry
+from ..errors import CardError
+from ..runtime.jobspec import Limits, program_module_name
+from ..runtime.learner import SolutionLoadError, compile_check
+from .api import CheckContext, CheckFailed, Checklist, RunFailed, Session
+from .results import CheckResult, Results
+
+
+class Reporter(Protocol):
+    """Where the narration goes (the terminal, or nowhere)."""
+
+    def begin(self, entry: Entry, solution: Path, backend: str, seed: int) -> None: ...
+    def check_started(self, index: int, title: str) -> None: ...
+    def say(self, text: str) -> None: ...
+    def check_ended(self, result: CheckResult) -> None: ...
+    def end(self, results: Results) -> None: ...
+
+
+@dataclass(frozen=True)
+class Options:
+    backend: str = "mpi"
+    seed: int | None = None
+    deadline_s: float | None = None
+
+
+def load_checklist(entry: Entry) -> Checklist:
+    path = entry.path / "check.py"
+    spec = importlib.util.spec_from_file_location(program_module_name(path), path)
+    if spec is None or spec.loader is None:
+        raise CardError(f"{path}: cannot be imported")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    checks = getattr(module, "CHECKS", None)
+    if not isinstance(checks, Checklist) or not checks.checks:
+        raise CardError(f"{path}: must define CHECKS = Checklist() with at least one check")
+    return checks
+
+
+def check_problem(entry: Entry, solution: Path, options: Options, reporter: Reporter) -> Results:
+    card = entry.card()
+    if options.backend not in card.backends:
+        from ..errors import UsageError
+
+        raise UsageError(
+            f"problem {entry.number} runs on {', '.join(card.backends)}, not {options.backend}"
+        )
+    seed = options.seed if options.seed is not None else secrets.randbelow(10**6)
+    started = time.monotonic()
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [])
+    reporter.begin(entry, solution, options.backend, seed)
+
+    try:
+        compile_check(solution)
+    except SolutionLoadError as exc:
+        results.checks.append(
+            CheckResult("the solution file compiles", "failed", 0, 1, exc.summary, seed, 0.0,
+                        details=exc.detail)
+        )
+        reporter.check_ended(results.checks[-1])
+        return _finish(results, started, reporter)
+
+    checklist = load_checklist(entry)
+    session = Session(
+        program_file=entry.path / "check.py",
+        solution_file=solution,
+        backend=options.backend,
+        seed=seed,
+        deadline_s=options.deadline_s or float(card.time_limit_s),
+        narrator=reporter,
+        limits=Limits(),
+    )
+    for index, spec in enumerate(checklist.checks, start=1):
+        reporter.check_started(index, spec.title)
+        ctx = CheckContext(session, index)
+        t0 = time.monotonic()
+        status, message, details = "passed", "", ""
+        try:
+            spec.fn(ctx)
+        except RunFailed as exc:
+            status = "failed"
+            if exc.first_report:
+                message, details = _describe_run_failure(exc), exc.result.details
+            else:
+                message = f"not graded: its run failed in an earlier check ({exc.result.message})"
+        except CheckFailed as exc:
+            status, message = "failed", str(exc)
+        except Exception:  # noqa: BLE001 - a bug in check.py must not lose the other results
+            status = "error"
+            message = f"the check itself crashed (a bug in {entry.path.name}/check.py)"
+            details = traceback.format_exc()
+        result = CheckResult(
+            name=spec.title,
+            status=status,
+            score=spec.points if status == "passed" else 0,
+            max_score=spec.points,
+            message=message,
+            seed=seed,
+            wall_s=round(time.monotonic() - t0, 3),
+            metrics=ctx.metrics,
+            details=details,
+        )
+        results.checks.append(result)
+        reporter.check_ended(result)
+    totals = session.totals
+    results.launches, results.messages, results.bytes = totals.launches, totals.messages, totals.bytes
+    results.ranks = sorted({totals.min_ranks, totals.max_ranks} - {0})
+    return _finish(results, started, reporter)
+
+
+def _describe_run_failure(exc: RunFailed) -> str:
+    result = exc.result
+    text = result.message
+    if result.failing_task is not None:
+        if result.failing_task < len(result.task_labels):
+            text += f" (while running {result.task_labels[result.failing_task]})"
+    log = result.logs.get(result.failing_rank) if result.failing_rank is not None else None
+    if log:
+        tail = "\n".join(log.strip().splitlines()[-5:])
+        text += f"\nlast output of rank {result.failing_rank}:\n{tail}"
+    return text
+
+
+def _finish(results: Results, started: float, reporter: Reporter) -> Results:
+    results.wall_s = time.monotonic() - started
+    verdict = "passed" if results.passed else "failed"
+    ranks = "-".join(str(r) for r in results.ranks) or "0"
+    results.footer = (
+        f"{verdict} {results.problem} · {results.wall_s:.1f} s · ranks={ranks} · "
+        f"msgs={results.messages} · bytes={_human_bytes(results.bytes)} · "
+        f"score {results.score}/{results.max_score} · seed {results.seed}"
+    )
+    reporter.end(results)
+    return results
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

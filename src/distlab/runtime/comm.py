@@ -1,0 +1,368 @@
+"""The learner's ``comm``: mpi4py's buffer API over any engine, counted and watched.
+
+Learner code calls ``comm.Send(buf, dest)``, ``comm.Sendrecv(...)``, ``comm.Allreduce(...)`` exactly
+as with mpi4py. Buffers are NumPy arrays or CPU torch tensors (contiguous). Each call goes through
+this proxy, which
+
+* counts messages and bytes per operation and per peer (``CommStats``);
+* records in the rank's slot what the call is blocked on, for the supervisor's wait-for graph;
+* applies message-level faults (a slow peer delays each of its sends);
+* sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
+  blocking ``Send`` to each other deadlock the same way on every engine and every transport.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import ops
+from ..ops import Op, as_numpy
+from .engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
+from .rankstate import ALL_PEERS, NullSlot, RankSlot
+from .stats import CommStats
+
+DEFAULT_EAGER_LIMIT = 64 * 1024
+
+
+class _InPlace:
+    def __repr__(self) -> str:
+        return "IN_PLACE"
+
+
+IN_PLACE: Any = _InPlace()
+
+
+class LearnerAbort(BaseException):
+    """Raised by ``comm.Abort``; the worker reports it and ends every rank."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the solution called comm.Abort({code})")
+        self.code = code
+
+
+class Status:
+    """What a receive matched, as mpi4py's ``MPI.Status``."""
+
+    def __init__(self) -> None:
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.count = 0
+
+    def Get_source(self) -> int:  # noqa: N802
+        return self.source
+
+    def Get_tag(self) -> int:  # noqa: N802
+        return self.tag
+
+    def Get_count(self, datatype: Any = None) -> int:  # noqa: N802
+        return self.count
+
+
+def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
+    if status is None:
+        return
+    if isinstance(status, Status):
+        status.source, status.tag, status.count = source, tag, count
+        return
+    # An mpi4py MPI.Status passed by learner code.
+    status.Set_source(source)
+    status.Set_tag(tag)
+
+
+def _buffer(buf: Any, what: str) -> np.ndarray:
+    try:
+        array = as_numpy(buf)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+    if not array.flags.c_contiguous:
+        raise TypeError(
+            f"{what}: the buffer is a strided view; pass a contiguous array "
+            "(slice along the first axis, or use np.ascontiguousarray)"
+        )
+    return array
+
+
+class Request:
+    """A pending Isend or Irecv, as mpi4py's ``MPI.Request``."""
+
+    def __init__(
+        self, comm: "Comm", inner: EngineRequest, peer: int, nbytes: int, is_recv: bool
+    ) -> None:
+        self._comm = comm
+        self._inner = inner
+        self._peer = peer
+        self._nbytes = nbytes
+        self._is_recv = is_recv
+        self._completed = False
+
+    def Wait(self, status: Any = None) -> None:  # noqa: N802
+        comm = self._comm
+        if not self._completed:
+            comm._slot.blocked("Wait", (comm._world(self._peer),), self._nbytes)
+            source, tag = self._inner.wait()
+            comm._slot.running()
+            self._finish(source, tag)
+        _fill_status(status, *self._matched, self._count)
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802
+        if not self._completed and self._inner.test():
+            source, tag = self._inner.wait()
+            self._finish(source, tag)
+        if self._completed:
+            _fill_status(status, *self._matched, self._count)
+        return self._completed
+
+    def _finish(self, source: int, tag: int) -> None:
+        self._completed = True
+        self._matched = (source, tag) if self._is_recv else (-1, -1)
+        self._count = self._nbytes
+        if self._is_recv:
+            self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
+
+    @staticmethod
+    def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:  # noqa: N802
+        pending = [r for r in requests if not r._completed]
+        if not pending:
+            return
+        comm = pending[0]._comm
+        peers = tuple(comm._world(r._peer) for r in pending)
+        comm._slot.blocked("Waitall", peers, sum(r._nbytes for r in pending))
+        for request in pending:
+            source, tag = request._inner.wait()
+            request._finish(source, tag)
+        comm._slot.running()
+
+
+class Comm:
+    """The communicator handed to learner code. Ranks are ranks of this communicator."""
+
+    ANY_SOURCE = ANY_SOURCE
+    ANY_TAG = ANY_TAG
+    IN_PLACE = IN_PLACE
+
+    def __init__(
+        self,
+        engine: Engine,
+        slot: RankSlot | NullSlot | None = None,
+        stats: CommStats | None = None,
+        send_delay_s: float = 0.0,
+        eager_limit: int = DEFAULT_EAGER_LIMIT,
+    ) -> None:
+        self._engine = engine
+        self._slot = slot if slot is not None else NullSlot()
+        self.stats = stats if stats is not None else CommStats()
+        self._send_delay_s = send_delay_s
+        self._eager_limit = eager_limit
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._engine.rank
+
+    @property
+    def size(self) -> int:
+        return self._engine.size
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._engine.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._engine.size
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def _world(self, rank: int) -> int:
+        return self._engine.world_ranks[rank] if 0 <= rank < self.size else rank
+
+    def _check_peer(self, peer: int, what: str, wildcard: bool = False) -> None:
+        if wildcard and peer == ANY_SOURCE:
+            return
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise ValueError(
+                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self.size - 1})"
+            )
+
+    def _delay(self) -> None:
+        if self._send_delay_s > 0:
+            self._slot.set(1, "delay")
+            time.sleep(self._send_delay_s)
+
+    # -- point to point ---------------------------------------------------------------------
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._send(buf, dest, tag, "Send", synchronous=None)
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._send(buf, dest, tag, "Send", synchronous=True)
+
+    def _send(self, buf: Any, dest: int, tag: int, op: str, synchronous: bool | None) -> None:
+        array = _buffer(buf, f"{op} buffer")
+        self._check_peer(dest, "dest")
+        nbytes = array.nbytes
+        if synchronous is None:
+            synchronous = nbytes > self._eager_limit
+        self._delay()
+        self.stats.count_call(op, nbytes)
+        self._slot.blocked(op, (self._world(dest),), nbytes)
+        self._engine.send(array, int(dest), int(tag), synchronous)
+        self._slot.running()
+        self.stats.count_send(self._world(dest), nbytes)
+
+    def Recv(  # noqa: N802
+        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None
+    ) -> None:
+        array = _buffer(buf, "Recv buffer")
+        self._check_peer(source, "source", wildcard=True)
+        nbytes = array.nbytes
+        self.stats.count_call("Recv", nbytes)
+        self._slot.blocked("Recv", (self._world(source),) if source >= 0 else (), nbytes)
+        got_source, got_tag = self._engine.recv(array, int(source), int(tag))
+        self._slot.running()
+        self.stats.count_recv(self._world(got_source), nbytes)
+        _fill_status(status, got_source, got_tag, array.size)
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        array = _buffer(buf, "Isend buffer")
+        self._check_peer(dest, "dest")
+        self._delay()
+        self.stats.count_call("Isend", array.nbytes)
+        request = self._engine.isend(array, int(dest), int(tag))
+        self.stats.count_send(self._world(dest), array.nbytes)
+        return Request(self, request, int(dest), array.nbytes, is_recv=False)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
+        array = _buffer(buf, "Irecv buffer")
+        self._check_peer(source, "source", wildcard=True)
+        self.stats.count_call("Irecv", array.nbytes)
+        request = self._engine.irecv(array, int(source), int(tag))
+        return Request(self, request, int(source), array.nbytes, is_recv=True)
+
+    def Sendrecv(  # noqa: N802
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Any = None,
+    ) -> None:
+        if recvbuf is None:
+            raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
+        send_array = _buffer(sendbuf, "Sendrecv sendbuf")
+        recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
+        self._check_peer(dest, "dest")
+        self._check_peer(source, "source", wildcard=True)
+        self._delay()
+        self.stats.count_call("Sendrecv", send_array.nbytes)
+        peers = (self._world(dest),) + ((self._world(source),) if source >= 0 else ())
+        self._slot.blocked("Sendrecv", peers, send_array.nbytes)
+        got_source, got_tag = self._engine.sendrecv(
+            send_array, int(dest), int(sendtag), recv_array, int(source), int(recvtag)
+        )
+        self._slot.running()
+        self.stats.count_send(self._world(dest), send_array.nbytes)
+        self.stats.count_recv(self._world(got_source), recv_array.nbytes)
+        _fill_status(status, got_source, got_tag, recv_array.size)
+
+    # -- collectives (the built-in baselines) -----------------------------------------------
+
+    def _collective(self, op: str, nbytes: int) -> None:
+        self.stats.count_call(op, nbytes)
+        self._slot.blocked(op, (ALL_PEERS,), nbytes)
+
+    def Barrier(self) -> None:  # noqa: N802
+        self._collective("Barrier", 0)
+        self._engine.barrier()
+        self._slot.running()
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        array = _buffer(buf, "Bcast buffer")
+        self._check_peer(root, "root")
+        self._collective("Bcast", array.nbytes)
+        self._engine.bcast(array, int(root))
+        self._slot.running()
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
+        self._check_peer(root, "root")
+        if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
+            sendbuf = recvbuf
+        send_array = _buffer(sendbuf, "Reduce sendbuf")
+        recv_array = (
+            _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
+        )
+        self._collective("Reduce", send_array.nbytes)
+        self._engine.reduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op), int(root))
+        self._slot.running()
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+        if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
+            sendbuf = recvbuf
+        send_array = _buffer(sendbuf, "Allreduce sendbuf")
+        recv_array = _buffer(recvbuf, "Allreduce recvbuf")
+        _same_size(send_array, recv_array, "Allreduce")
+        self._collective("Allreduce", send_array.nbytes)
+        self._engine.allreduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op))
+        self._slot.running()
+
+    def Reduce_scatter(  # noqa: N802
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None, op: Any = ops.SUM
+    ) -> None:
+        send_array = _buffer(sendbuf, "Reduce_scatter sendbuf")
+        recv_array = _buffer(recvbuf, "Reduce_scatter recvbuf")
+        if recvcounts is None:
+            recvcounts = [recv_array.size] * self.size
+        counts = [int(c) for c in recvcounts]
+        if len(counts) != self.size or sum(counts) != send_array.size:
+            raise ValueError(
+                f"Reduce_scatter: recvcounts {counts} must have {self.size} entries summing to "
+                f"the send size {send_array.size}"
+            )
+        self._collective("Reduce_scatter", send_array.nbytes)
+        self._engine.reduce_scatter(send_array, recv_array, counts, ops.resolve(op))
+        self._slot.running()
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+        recv_array = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
+        self.Reduce_scatter(sendbuf, recvbuf, [recv_array.size] * self.size, op)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send_array = _buffer(sendbuf, "Allgather sendbuf")
+        recv_array = _buffer(recvbuf, "Allgather recvbuf")
+        if recv_array.size != send_array.size * self.size:
+            raise ValueError(
+                f"Allgather: recvbuf has {recv_array.size} elements, needs "
+                f"{self.size} x {send_array.size}"
+            )
+        self._collective("Allgather", send_array.nbytes)
+        self._engine.allgather(send_array, recv_array)
+        self._slot.running()
+
+    def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
+        raise LearnerAbort(int(errorcode))
+
+
+def _is_mpi_in_place(buf: Any) -> bool:
+    if type(buf).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        return buf is MPI.IN_PLACE
+    return False
+
+
+def _copy_if_same(send_array: np.ndarray, recv_array: np.ndarray) -> np.ndarray:
+    # Engines take distinct buffers; in-place calls reduce from a copy.
+    return send_array.copy() if np.shares_memory(send_array, recv_array) else send_array
+
+
+def _same_size(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    if a.size != b.size or a.dtype != b.dtype:
+        raise ValueError(
+            f"{what}: sendbuf ({a.size} x {a.dtype}) and recvbuf ({b.size} x {b.dtype}) differ"
+        )

@@ -1,0 +1,132 @@
+"""The MPI engine: mpi4py over the Open MPI wheel from PyPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...ops import Op
+
+_MPI: Any = None
+
+
+def _mpi() -> Any:
+    global _MPI
+    if _MPI is None:
+        from mpi4py import MPI
+
+        _MPI = MPI
+    return _MPI
+
+
+def _mpi_op(op: Op) -> Any:
+    return getattr(_mpi(), op.name)
+
+
+class _Request:
+    def __init__(self, request: Any, is_recv: bool) -> None:
+        self._request = request
+        self._is_recv = is_recv
+        self._status = _mpi().Status()
+        self._done = False
+
+    def wait(self) -> tuple[int, int]:
+        if not self._done:
+            self._request.Wait(self._status)
+            self._done = True
+        if self._is_recv:
+            return self._status.Get_source(), self._status.Get_tag()
+        return -1, -1
+
+    def test(self) -> bool:
+        if not self._done:
+            self._done = bool(self._request.Test(self._status))
+        return self._done
+
+
+class MpiEngine:
+    name = "mpi"
+
+    def __init__(self, comm: Any, world_ranks: list[int]) -> None:
+        self._comm = comm
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self.world_ranks = world_ranks
+
+    @property
+    def raw(self) -> Any:
+        """The mpi4py communicator underneath (for the harness, never for learner code)."""
+        return self._comm
+
+    def send(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool) -> None:
+        if synchronous:
+            self._comm.Ssend(buf, dest=dest, tag=tag)
+        else:
+            self._comm.Send(buf, dest=dest, tag=tag)
+
+    def recv(self, buf: np.ndarray, source: int, tag: int) -> tuple[int, int]:
+        status = _mpi().Status()
+        self._comm.Recv(buf, source=source, tag=tag, status=status)
+        return status.Get_source(), status.Get_tag()
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int) -> _Request:
+        return _Request(self._comm.Isend(buf, dest=dest, tag=tag), is_recv=False)
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int) -> _Request:
+        return _Request(self._comm.Irecv(buf, source=source, tag=tag), is_recv=True)
+
+    def sendrecv(
+        self,
+        sendbuf: np.ndarray,
+        dest: int,
+        sendtag: int,
+        recvbuf: np.ndarray,
+        source: int,
+        recvtag: int,
+    ) -> tuple[int, int]:
+        status = _mpi().Status()
+        self._comm.Sendrecv(
+            sendbuf, dest, sendtag, recvbuf, source, recvtag, status=status
+        )
+        return status.Get_source(), status.Get_tag()
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def bcast(self, buf: np.ndarray, root: int) -> None:
+        self._comm.Bcast(buf, root=root)
+
+    def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
+        self._comm.Reduce(sendbuf, recvbuf, op=_mpi_op(op), root=root)
+
+    def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None:
+        self._comm.Allreduce(sendbuf, recvbuf, op=_mpi_op(op))
+
+    def reduce_scatter(
+        self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
+    ) -> None:
+        self._comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=counts, op=_mpi_op(op))
+
+    def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        self._comm.Allgather(sendbuf, recvbuf)
+
+    def split(self, ranks: list[int]) -> MpiEngine | None:
+        MPI = _mpi()
+        inside = self.rank in ranks
+        sub = self._comm.Split(0 if inside else MPI.UNDEFINED, ranks.index(self.rank) if inside else 0)
+        if not inside:
+            return None
+        return MpiEngine(sub, [self.world_ranks[r] for r in ranks])
+
+    def abort(self, code: int) -> None:
+        self._comm.Abort(code)
+
+    def close(self) -> None:
+        if self._comm is not _mpi().COMM_WORLD:
+            self._comm.Free()
+
+
+def world() -> MpiEngine:
+    MPI = _mpi()
+    return MpiEngine(MPI.COMM_WORLD, list(range(MPI.COMM_WORLD.Get_size())))

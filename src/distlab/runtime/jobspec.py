@@ -1,0 +1,113 @@
+"""What the supervisor hands to each rank (the job) and what each rank hands back (its outcome).
+
+Both travel as pickles in the job folder. A job is a *batch* of tasks run one after the other in
+one launch: starting processes costs far more than a test case, so a check that needs runs at
+p = 1, 2, 3, 5, 8 starts 8 ranks once and runs the smaller cases on sub-communicators.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .stats import CommStats
+
+JOB_FILE = "job.pkl"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits applied to every rank once it has loaded its libraries."""
+
+    address_space_mb: int = 4096
+    cpu_seconds: int = 120
+    file_size_mb: int = 256
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a problem program on the first ``ranks`` ranks of the job."""
+
+    ranks: int
+    args: tuple[Any, ...] = ()
+    # Seconds each send of a given (task-local) rank is delayed by: a slow peer.
+    send_delay_s: dict[int, float] = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A launch. The tasks travel pickled apart (``tasks_blob``): their arguments may be instances
+    of classes defined in the program's module, which a rank can only unpickle once it has
+    imported that module under the same name as the supervisor (``program_module``)."""
+
+    program_file: str  # the problem's check.py (or another module) holding the program
+    program_module: str  # the module name it is imported under, on both sides
+    program: str  # name of the function run on every rank: program(comm, solution, *args)
+    solution_file: str | None
+    tasks_blob: bytes  # pickle of tuple[Task, ...]
+    task_labels: tuple[str, ...]
+    backend: str
+    world_size: int
+    limits: Limits = Limits()
+    supervisor_pid: int = 0
+    eager_limit: int = 64 * 1024
+
+
+@dataclass
+class TaskOutcome:
+    value: Any
+    stats: CommStats
+    wall_s: float
+
+
+@dataclass
+class RankError:
+    """The learner's code (or the program around it) failed on this rank."""
+
+    kind: str  # "exception", "import", "abort", "exit", "memory", "cpu", "file-size"
+    summary: str  # one line: "ValueError: ..." or "the solution called comm.Abort(3)"
+    where: str  # "solution.py, line 12, in allreduce" or ""
+    traceback: str
+    task_index: int
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    tasks: list[TaskOutcome | None]
+    error: RankError | None = None
+
+
+def program_module_name(program_file: Path) -> str:
+    """The one module name a problem's check.py gets, in the supervisor and in every rank."""
+    folder = "".join(c if c.isalnum() else "_" for c in program_file.parent.name)
+    return f"distlab_problem_{folder}_{program_file.stem}"
+
+
+def write_pickle_atomically(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def outcome_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"outcome-{rank}.pkl"
+
+
+def log_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"rank-{rank}.log"
+
+
+def stack_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"stack-{rank}.txt"
+
+
+def pid_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"pid-{rank}"

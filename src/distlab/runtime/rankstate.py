@@ -1,0 +1,145 @@
+"""What each rank is doing right now, written by the rank and read by the supervisor.
+
+Each rank owns one small memory-mapped file in the job folder. The comm proxy overwrites it on entry
+to and exit from every call (a ``struct.pack_into``, well under a microsecond), so a supervisor that
+finds the job stuck can say who waits on whom without asking the stuck processes anything.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
+# since.
+_FORMAT = "<BBBBI4iqd"
+SIZE = struct.calcsize(_FORMAT)
+MAX_PEERS = 4
+
+STARTING, RUNNING, BLOCKED, IDLE, FINISHED, FAILED = range(6)
+STATE_NAMES = ("starting", "running", "blocked", "idle", "finished", "failed")
+
+# Operation codes; the index is what is stored.
+OPS = (
+    "-",
+    "Send",
+    "Recv",
+    "Sendrecv",
+    "Wait",
+    "Waitall",
+    "Barrier",
+    "Bcast",
+    "Reduce",
+    "Allreduce",
+    "Reduce_scatter",
+    "Allgather",
+    "Probe",
+    "delay",
+)
+OP_CODE = {name: i for i, name in enumerate(OPS)}
+
+ALL_PEERS = -2  # a collective: waits on every rank of its group
+
+
+def state_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"state-{rank}.bin"
+
+
+class RankSlot:
+    """The writer side, used by one rank."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._seq = 0
+        self.task = 0  # index of the batch task running now
+        self.set(RUNNING)
+
+    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
+        self._seq += 1
+        padded = (tuple(peers[:MAX_PEERS]) + (0, 0, 0, 0))[:MAX_PEERS]
+        struct.pack_into(
+            _FORMAT,
+            self._map,
+            0,
+            state,
+            OP_CODE[op],
+            min(len(peers), MAX_PEERS),
+            self.task & 0xFF,
+            self._seq & 0xFFFFFFFF,
+            *padded,
+            nbytes,
+            time.monotonic(),
+        )
+
+    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
+        self.set(BLOCKED, op, peers, nbytes)
+
+    def running(self) -> None:
+        self.set(RUNNING)
+
+
+class NullSlot:
+    """Stands in for RankSlot when no supervisor watches (an external mpirun or torchrun)."""
+
+    task = 0
+
+    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
+        pass
+
+    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
+        pass
+
+    def running(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    state: str
+    op: str
+    peers: tuple[int, ...]
+    nbytes: int
+    seq: int
+    since: float
+    task: int = 0
+
+    def describe(self) -> str:
+        if self.state != "blocked":
+            return f"rank {self.rank} is {self.state}"
+        if self.peers == (ALL_PEERS,):
+            return f"rank {self.rank} is blocked in {self.op} (waits for every rank of its group)"
+        who = ", ".join(str(p) for p in self.peers) if self.peers else "any rank"
+        verb = {
+            "Send": "waits to send to",
+            "Recv": "waits to receive from",
+            "Sendrecv": "waits to exchange with",
+            "Wait": "waits on a request with",
+            "Waitall": "waits on requests with",
+            "Probe": "waits for a message from",
+        }.get(self.op, f"is blocked in {self.op} with")
+        size = f" ({self.nbytes} bytes)" if self.nbytes else ""
+        return f"rank {self.rank} {verb} {who} in {self.op}{size}"
+
+
+def read_state(job_dir: Path, rank: int) -> RankState | None:
+    try:
+        data = state_path(job_dir, rank).read_bytes()
+    except OSError:
+        return None
+    if len(data) < SIZE:
+        return None
+    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since = struct.unpack_from(_FORMAT, data)
+    peers = (p0, p1, p2, p3)[:npeers]
+    name = STATE_NAMES[state] if state < len(STATE_NAMES) else "unknown"
+    op_name = OPS[op] if op < len(OPS) else "?"
+    return RankState(rank, name, op_name, peers, nbytes, seq, since, task)
