@@ -211,3 +211,7 @@ def main() -> None:
             sys.exit(130)
         console.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}")
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
