@@ -111,6 +111,9 @@ def check(
     seed: Optional[int] = typer.Option(None, help="replay the hidden variants of a seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the results here"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="stacks and traces in full"),
+    time_limit: Optional[float] = typer.Option(
+        None, "--time-limit", help="seconds each run may take (default: the card's time limit)"
+    ),
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
@@ -122,7 +125,10 @@ def check(
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    results = check_problem(entry, path, Options(backend, seed), ConsoleReporter(console, verbose))
+    if time_limit is not None and time_limit <= 0:
+        raise UsageError("--time-limit must be a positive number of seconds")
+    options = Options(backend, seed, time_limit)
+    results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
     results_io.write(results, ws.results_path(entry))
     if json_out:
         results_io.write(results, json_out)
@@ -188,29 +194,36 @@ def _terminate(signum: int, frame: Optional[FrameType]) -> None:
     raise KeyboardInterrupt
 
 
+def _interrupted() -> None:
+    console.print("[yellow]interrupted: every rank was stopped[/]")
+    sys.exit(130)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
+        code = code if isinstance(code, int) else 0
     except DistlabError as exc:
         console.print(f"[red]error:[/] {exc}")
         sys.exit(2)
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: every rank was stopped[/]")
-        sys.exit(130)
+        _interrupted()
     except Exception as exc:  # click's own usage errors and anything unforeseen
         import click
 
         if isinstance(exc, click.exceptions.ClickException):
             exc.show()
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
+        if isinstance(exc, click.exceptions.Abort):  # click's wrapping of Ctrl-C
+            _interrupted()
         console.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}")
         sys.exit(2)
+    if code == 130:  # typer turns Ctrl-C into Exit(130) after the launcher has cleaned up
+        _interrupted()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

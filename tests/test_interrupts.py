@@ -1,0 +1,62 @@
+"""Ctrl-C on the CLI, and a harness killed outright: no rank may outlive either."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import DISTLAB, REPO, job_processes
+
+
+def _start_check() -> subprocess.Popen[str]:
+    env = dict(os.environ, NO_COLOR="1")
+    return subprocess.Popen(
+        [*DISTLAB, "check", "03", "--solution", "reference"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _wait_for_ranks(timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any("distlab.runtime.worker" in p for p in job_processes()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("no rank started")
+
+
+def _wait_until_gone(timeout: float) -> list[str]:
+    end = time.monotonic() + timeout
+    while job_processes() and time.monotonic() < end:
+        time.sleep(0.1)
+    return job_processes()
+
+
+def test_ctrl_c_stops_every_rank_and_says_so() -> None:
+    cli = _start_check()
+    _wait_for_ranks()
+    cli.send_signal(signal.SIGINT)
+    out, _ = cli.communicate(timeout=20)
+    assert cli.returncode == 130, out
+    assert "interrupted" in out
+    assert _wait_until_gone(3) == []
+
+
+def test_sigterm_takes_the_same_path_as_ctrl_c() -> None:
+    cli = _start_check()
+    _wait_for_ranks()
+    cli.send_signal(signal.SIGTERM)
+    out, _ = cli.communicate(timeout=20)
+    assert cli.returncode == 130, out
+    assert _wait_until_gone(3) == []
+
+
+def test_a_harness_killed_outright_leaves_no_rank_behind() -> None:
+    cli = _start_check()
+    _wait_for_ranks()
+    cli.kill()  # SIGKILL: no cleanup code runs in the CLI; the ranks' watchdogs must notice
+    cli.wait(timeout=10)
+    assert _wait_until_gone(6) == []

@@ -1,0 +1,174 @@
+"""The launcher end to end on real ranks: every way a run can end, and nothing left behind.
+
+Each scenario starts real MPI ranks running a tiny program from tests/programs.py, lets it end in
+one particular way, and checks both the report and that no process of the job survives.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from distlab.runtime.jobspec import Job, Limits, Task, program_module_name
+from distlab.runtime.launcher import LaunchResult, launch
+
+from conftest import job_processes
+
+PROGRAMS = Path(__file__).resolve().parent / "programs.py"
+
+
+def make_job(
+    program: str,
+    tasks: list[Task],
+    solution: Path | None = None,
+    limits: Limits = Limits(),
+    backend: str = "mpi",
+) -> Job:
+    return Job(
+        program_file=str(PROGRAMS),
+        program_module=program_module_name(PROGRAMS),
+        program=program,
+        solution_file=str(solution) if solution else None,
+        tasks_blob=pickle.dumps(tuple(tasks)),
+        task_labels=tuple(t.label or f"task {i}" for i, t in enumerate(tasks)),
+        backend=backend,
+        world_size=max(t.ranks for t in tasks),
+        limits=limits,
+        supervisor_pid=__import__("os").getpid(),
+    )
+
+
+def assert_nothing_left() -> None:
+    deadline = time.monotonic() + 3
+    while job_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes() == []
+
+
+def run(job: Job, **kw: float) -> LaunchResult:
+    result = launch(job, **kw)
+    assert_nothing_left()
+    return result
+
+
+def test_a_clean_run_returns_every_rank_value_and_counts_messages() -> None:
+    result = run(make_job("ring_sum", [Task(ranks=3, args=(5,))]), deadline_s=30)
+    assert result.ok, result.message
+    outcomes = result.task_outcomes(0)
+    assert [o.value[0] for o in outcomes] == [2.0, 0.0, 1.0]  # each got its left neighbour's rank
+    for outcome in outcomes:
+        assert outcome.stats.calls["Sendrecv"] == 1
+        assert outcome.stats.bytes_sent == 5 * 8
+
+
+def test_a_batch_runs_smaller_tasks_on_sub_communicators() -> None:
+    tasks = [Task(ranks=1, args=(2,)), Task(ranks=2, args=(2,)), Task(ranks=4, args=(2,))]
+    result = run(make_job("ring_sum", tasks), deadline_s=30)
+    assert result.ok, result.message
+    assert [len(result.task_outcomes(i)) for i in range(3)] == [1, 2, 4]
+    assert result.task_outcomes(1)[0].value[0] == 1.0  # rank 0 of 2 hears from rank 1
+
+
+def test_send_send_past_the_eager_limit_is_reported_as_a_deadlock_with_its_cycle() -> None:
+    started = time.monotonic()
+    result = run(make_job("send_send_deadlock", [Task(ranks=3, args=(1 << 16,))]), deadline_s=60)
+    assert result.status == "deadlock"
+    assert "rank 0 waits on 1, 1 on 2, 2 on 0" in result.message
+    assert "waits to send to" in result.details
+    assert time.monotonic() - started < 20  # found by stall detection, long before the deadline
+
+
+def test_small_messages_pass_eagerly_and_do_not_deadlock() -> None:
+    result = run(make_job("send_send_deadlock", [Task(ranks=3, args=(8,))]), deadline_s=30)
+    assert result.ok, result.message
+
+
+def test_waiting_on_a_rank_that_finished_is_reported() -> None:
+    result = run(make_job("recv_from_finished", [Task(ranks=2)]), deadline_s=30)
+    assert result.status == "deadlock"
+    assert "rank 0 waits to receive from 1" in result.details
+    assert "rank 1 is finished" in result.details
+
+
+def test_a_learner_exception_names_the_file_and_line_and_ends_the_peers(tmp_path: Path) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text(
+        "import numpy as np\n"
+        "def work(comm):\n"
+        "    if comm.Get_rank() == 1:\n"
+        "        raise ValueError('chunk sizes differ')\n"
+        "    comm.Recv(np.zeros(1), source=1)\n"
+    )
+    result = run(make_job("call_solution", [Task(ranks=3, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error"
+    assert result.failing_rank == 1
+    assert "ValueError: chunk sizes differ" in result.message
+    assert "solution.py, line 4, in work" in result.message
+
+
+def test_an_infinite_loop_ends_at_the_deadline_with_every_stack() -> None:
+    result = run(make_job("spin", [Task(ranks=3, args=(2,))]), deadline_s=4)
+    assert result.status == "timeout"
+    assert "rank(s) 2 still computing" in result.message
+    assert "rank 2 stack" in result.details and "in spin" in result.details
+    assert "rank 0 is blocked in Barrier" in result.details
+
+
+def test_abort_in_a_rank_is_reported_as_a_crash() -> None:
+    result = run(make_job("os_abort", [Task(ranks=2)]), deadline_s=30)
+    assert result.status in ("crashed", "error")
+    assert "abort" in result.message.lower() or "SIGABRT" in result.message
+
+
+def test_comm_abort_is_reported_as_the_solution_calling_abort(tmp_path: Path) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text("def work(comm):\n    if comm.Get_rank() == 0:\n        comm.Abort(3)\n    comm.Barrier()\n")
+    result = run(make_job("call_solution", [Task(ranks=2, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error"
+    assert "called comm.Abort(3)" in result.message
+
+
+def test_sys_exit_in_the_solution_is_reported(tmp_path: Path) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text("import sys\ndef work(comm):\n    sys.exit(4)\n")
+    result = run(make_job("call_solution", [Task(ranks=2, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error"
+    assert "sys.exit(4)" in result.message
+
+
+def test_the_memory_limit_is_enforced_and_named() -> None:
+    limits = Limits(address_space_mb=900)
+    result = run(make_job("allocate", [Task(ranks=1, args=(2000,))], limits=limits), deadline_s=30)
+    assert result.status == "error"
+    assert "memory limit exceeded" in result.message and "900 MiB" in result.message
+
+
+def test_the_cpu_limit_is_enforced_and_named() -> None:
+    limits = Limits(cpu_seconds=2)
+    result = run(make_job("burn_cpu", [Task(ranks=1)], limits=limits), deadline_s=30)
+    assert result.status == "error"
+    assert "CPU time limit exceeded" in result.message
+
+
+def test_the_file_size_limit_is_enforced_and_named(tmp_path: Path) -> None:
+    limits = Limits(file_size_mb=1)
+    job = make_job("write_file", [Task(ranks=1, args=(str(tmp_path / "big"), 3))], limits=limits)
+    result = run(job, deadline_s=30)
+    assert result.status == "error"
+    assert "file size limit exceeded" in result.message
+
+
+def test_a_rank_computing_for_a_while_is_not_mistaken_for_a_deadlock() -> None:
+    result = run(make_job("sleep_then_return", [Task(ranks=2, args=(1.5,))]), deadline_s=30, stall_s=0.5)
+    assert result.ok, result.message
+
+
+def test_a_slow_peer_delay_is_applied_to_its_sends() -> None:
+    job = make_job("ring_sum", [Task(ranks=2, args=(4,), send_delay_s={1: 0.5})])
+    started = time.monotonic()
+    result = run(job, deadline_s=30)
+    assert result.ok, result.message
+    assert time.monotonic() - started >= 0.5
