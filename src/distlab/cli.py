@@ -211,13 +211,17 @@ def main() -> None:
         code = exc.exit_code
     except KeyboardInterrupt:
         _interrupted()
-    except Exception as exc:  # click's own usage errors and anything unforeseen
-        import click
+    except Exception as exc:  # the CLI library's own usage errors, and anything unforeseen
+        from typer.exceptions import Abort, TyperException
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, TyperException):
+            show = getattr(exc, "show", None)
+            if callable(show):
+                show()
+            else:
+                console.print(f"[red]error:[/] {exc.format_message()}")
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):  # click's wrapping of Ctrl-C
+        if isinstance(exc, Abort):  # the library's wrapping of Ctrl-C
             _interrupted()
         console.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}")
         sys.exit(2)

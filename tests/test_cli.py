@@ -1,0 +1,90 @@
+"""The command line as a learner uses it: list, show, start, hint, solution, and its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import run_cli
+
+
+def test_list_shows_all_25_slots_by_tier() -> None:
+    out = run_cli("list")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.strip()[:2].isdigit()]
+    assert len(lines) == 25
+    assert "basic tier" in out.stdout and "expert tier" in out.stdout
+    assert "AllReduce by hand over MPI" in out.stdout and "coming" in out.stdout
+
+
+def test_show_renders_the_four_scenario_parts_and_the_dist_steps() -> None:
+    out = run_cli("show", "03")
+    assert out.returncode == 0, out.stderr
+    for part in ("Background", "Constraints", "Fault injection", "Monitoring metrics",
+                 "Define", "Instrument", "Simulate", "Tune"):
+        assert part in out.stdout
+
+
+def test_start_copies_once_and_then_keeps_the_learners_file(workspace: Path) -> None:
+    first = run_cli("start", "03")
+    assert first.returncode == 0 and "wrote" in first.stdout
+    mine = workspace / "03-ring-allreduce.py"
+    mine.write_text("# mine\n")
+    second = run_cli("start", "03")
+    assert second.returncode == 0 and "already exists" in second.stdout
+    assert mine.read_text() == "# mine\n"
+
+
+def test_hint_shows_one_more_each_time_and_stops_at_the_last() -> None:
+    assert "hint 1/5" in run_cli("hint", "03").stdout
+    second = run_cli("hint", "03").stdout
+    assert "hint 2/5" in second and "hint 1/5" in second
+    for _ in range(4):
+        last = run_cli("hint", "3").stdout
+    assert "hint 5/5" in last and "last hint" in last
+
+
+def test_solution_is_locked_until_passed_unless_forced() -> None:
+    locked = run_cli("solution", "03")
+    assert locked.returncode == 2
+    assert "opens once your solution passes" in locked.stdout
+    assert "Traceback" not in locked.stdout + locked.stderr
+    forced = run_cli("solution", "03", "--force")
+    assert forced.returncode == 0 and "def allreduce" in forced.stdout
+
+
+def test_passing_your_own_file_unlocks_the_solution_and_records_progress(workspace: Path) -> None:
+    run_cli("start", "03")
+    reference = Path(__file__).resolve().parents[1] / "problems/03-ring-allreduce/reference.py"
+    (workspace / "03-ring-allreduce.py").write_text(reference.read_text())
+    checked = run_cli("check", "03")
+    assert checked.returncode == 0, checked.stdout
+    progress = json.loads((workspace / "progress.json").read_text())
+    assert progress["problems"]["03"]["passed"] is True
+    assert json.loads((workspace / "results/03.json").read_text())["passed"] is True
+    assert run_cli("solution", "03").returncode == 0
+    assert "passed" in run_cli("list").stdout
+
+
+def test_errors_are_one_sentence_with_exit_code_2() -> None:
+    for args, needle in [
+        (("show", "42"), "no problem '42'"),
+        (("show", "17"), "coming but not written yet"),
+        (("check", "03", "--backend", "smoke-signals"), "unknown backend"),
+        (("check", "03", "--solution", "/nonexistent/x.py"), "does not exist"),
+        (("check", "03", "--time-limit", "0"), "must be a positive number"),
+        (("frobnicate",), "No such command"),
+    ]:
+        out = run_cli(*args)
+        text = out.stdout + out.stderr
+        assert out.returncode == 2, (args, text)
+        assert needle in text, (args, text)
+        assert "Traceback" not in text
+
+
+def test_a_corrupt_progress_file_is_reported_not_a_traceback(workspace: Path) -> None:
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "progress.json").write_text("\x00garbage")
+    out = run_cli("list")
+    assert out.returncode == 0
+    assert "unreadable" in out.stdout and "Traceback" not in out.stdout + out.stderr

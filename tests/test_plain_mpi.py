@@ -1,0 +1,54 @@
+"""Learner code written against distlab's comm runs unchanged on mpi4py's own MPI.COMM_WORLD,
+and the rank entry point runs under an external mpirun as on a real cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from distlab.runtime.launcher import mpiexec_path
+
+from conftest import REPO
+
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
+
+
+def test_the_reference_allreduce_runs_on_plain_mpi4py(tmp_path: Path) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib.util, numpy as np
+        from mpi4py import MPI
+        spec = importlib.util.spec_from_file_location("ref", "{REPO}/problems/03-ring-allreduce/reference.py")
+        ref = importlib.util.module_from_spec(spec); spec.loader.exec_module(ref)
+        comm = MPI.COMM_WORLD
+        for n in (0, 1, 2, 7, 100003):
+            for op in (MPI.SUM, MPI.MAX):
+                buf = np.arange(n, dtype=np.int64) * (comm.rank + 1)
+                want = np.empty_like(buf)
+                comm.Allreduce(buf, want, op)
+                ref.allreduce(comm, buf, op)        # plain MPI.COMM_WORLD and MPI.SUM/MAX
+                assert np.array_equal(buf, want), (n, op)
+        if comm.rank == 0:
+            print("plain mpi4py ok")
+    """))
+    out = subprocess.run(
+        [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=60, env=MPI_ENV,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "plain mpi4py ok" in out.stdout
+
+
+def test_the_worker_runs_under_an_external_mpirun() -> None:
+    out = subprocess.run(
+        [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable,
+         "-m", "distlab.worker", "--problem", "03", "--solution", "reference", "--param", "n=10007"],
+        capture_output=True, text=True, timeout=60, env=MPI_ENV, cwd=REPO,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ranks=3 backend=mpi" in out.stdout
+    assert "matches the built-in" in out.stdout
