@@ -30,14 +30,26 @@ def run_cli(*args: str, timeout: float = 120, cwd: Path | None = None) -> subpro
     )
 
 
+# Every process this test session starts inherits this tag, so the leftover probe sees only our
+# own jobs (not those of another test run on the same machine).
+TEST_TAG = f"DISTLAB_TEST_TAG=pytest-{os.getpid()}"
+os.environ["DISTLAB_TEST_TAG"] = TEST_TAG.split("=", 1)[1]
+
+
 def job_processes() -> list[str]:
-    """Command lines of live processes that belong to distlab jobs (ranks, mpiexec, prte)."""
-    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    """Command lines of live processes of this test session's distlab jobs (ranks, mpiexec, prte)."""
     found = []
-    for line in out.splitlines()[1:]:
-        pid, stat, args = line.strip().split(None, 2)
-        if stat.startswith("Z") or int(pid) == os.getpid():
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        if "distlab.runtime.worker" in args or "distlab.worker" in args or "prterun" in args or "prted" in args or "mpiexec" in args:
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] == "Z" or TEST_TAG.encode() not in environ:
+            continue
+        if any(word in args for word in ("distlab.runtime.worker", "distlab.worker", "prterun", "prted", "mpiexec")):
             found.append(args)
     return found

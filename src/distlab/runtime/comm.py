@@ -23,6 +23,7 @@ from ..ops import Op, as_numpy
 from .engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .stats import CommStats
+from .trace import COLL, COMPUTE, MARK, RECV, SEND, WAIT, TraceRecorder
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
 
@@ -89,37 +90,54 @@ class Request:
     """A pending Isend or Irecv, as mpi4py's ``MPI.Request``."""
 
     def __init__(
-        self, comm: "Comm", inner: EngineRequest, peer: int, nbytes: int, is_recv: bool
+        self,
+        comm: "Comm",
+        inner: EngineRequest,
+        peer: int,
+        tag: int,
+        nbytes: int,
+        is_recv: bool,
+        trace_id: int,
+        match_index: int | None = None,
     ) -> None:
         self._comm = comm
         self._inner = inner
         self._peer = peer
+        self._tag = tag
         self._nbytes = nbytes
         self._is_recv = is_recv
+        self._trace_id = trace_id
+        # For a receive from a named source and tag, its place in the channel is fixed when it is
+        # posted (MPI matches posted receives in order); a wildcard receive learns it on completion.
+        self._match_index = match_index
         self._completed = False
+        self._matched = (-1, -1)
 
     def Wait(self, status: Any = None) -> None:  # noqa: N802
-        comm = self._comm
         if not self._completed:
+            comm = self._comm
             comm._slot.blocked("Wait", (comm._world(self._peer),), self._nbytes)
+            wall0 = time.perf_counter()
             source, tag = self._inner.wait()
             comm._slot.running()
             self._finish(source, tag)
-        _fill_status(status, *self._matched, self._count)
+            comm._record_wait((self,), wall0)
+        _fill_status(status, *self._matched, self._nbytes)
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802
         if not self._completed and self._inner.test():
+            wall0 = time.perf_counter()
             source, tag = self._inner.wait()
             self._finish(source, tag)
+            self._comm._record_wait((self,), wall0)
         if self._completed:
-            _fill_status(status, *self._matched, self._count)
+            _fill_status(status, *self._matched, self._nbytes)
         return self._completed
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
-        self._matched = (source, tag) if self._is_recv else (-1, -1)
-        self._count = self._nbytes
         if self._is_recv:
+            self._matched = (source, tag)
             self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
 
     @staticmethod
@@ -130,10 +148,12 @@ class Request:
         comm = pending[0]._comm
         peers = tuple(comm._world(r._peer) for r in pending)
         comm._slot.blocked("Waitall", peers, sum(r._nbytes for r in pending))
+        wall0 = time.perf_counter()
         for request in pending:
             source, tag = request._inner.wait()
             request._finish(source, tag)
         comm._slot.running()
+        comm._record_wait(tuple(pending), wall0)
 
 
 class Comm:
@@ -150,12 +170,20 @@ class Comm:
         stats: CommStats | None = None,
         send_delay_s: float = 0.0,
         eager_limit: int = DEFAULT_EAGER_LIMIT,
+        trace: TraceRecorder | None = None,
+        ctx: int = 0,
+        compute_multiplier: float = 1.0,
+        device_flops: float | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
         self.stats = stats if stats is not None else CommStats()
         self._send_delay_s = send_delay_s
         self._eager_limit = eager_limit
+        self._trace = trace
+        self._ctx = ctx
+        self._compute_multiplier = compute_multiplier
+        self._device_flops = device_flops
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -193,26 +221,86 @@ class Comm:
             self._slot.set(1, "delay")
             time.sleep(self._send_delay_s)
 
+    # -- what problem code declares (not part of mpi4py's API) -------------------------------
+
+    def compute(self, seconds: float | None = None, flops: float | None = None, label: str = "") -> None:
+        """Declares work for the virtual clock: seconds, or FLOPs over this rank's device."""
+        if (seconds is None) == (flops is None):
+            raise TypeError("compute() takes seconds= or flops=, exactly one")
+        if flops is not None:
+            if not self._device_flops:
+                raise ValueError("compute(flops=...) needs a platform with a device profile")
+            seconds = flops / self._device_flops
+        assert seconds is not None
+        if self._trace is not None:
+            now = time.perf_counter()
+            self._trace.add((COMPUTE, seconds * self._compute_multiplier, label, now, now))
+
+    def mark(self, name: str) -> None:
+        """A point in the trace, such as the start of a training step."""
+        if self._trace is not None:
+            now = time.perf_counter()
+            self._trace.add((MARK, name, now, now))
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _record_send(self, dest: int, tag: int, nbytes: int, wall0: float) -> int:
+        if self._trace is None:
+            return 0
+        trace, dst = self._trace, self._world(dest)
+        req = trace.new_request()
+        k = trace.next_send_index(self._ctx, dst, tag)
+        trace.add((SEND, req, self._ctx, dst, tag, k, nbytes, wall0, wall0))
+        return req
+
+    def _record_recv(self, source: int, tag: int, nbytes: int, wall0: float) -> tuple[int, int | None]:
+        if self._trace is None:
+            return 0, None
+        trace = self._trace
+        req = trace.new_request()
+        src = self._world(source) if source >= 0 else -1
+        k = trace.next_recv_index(self._ctx, src, tag) if source >= 0 and tag >= 0 else None
+        trace.add((RECV, req, self._ctx, src, tag, nbytes, wall0, wall0))
+        return req, k
+
+    def _record_wait(self, requests: Sequence[Request], wall0: float) -> None:
+        if self._trace is None:
+            return
+        matches = {}
+        for r in requests:
+            if r._is_recv:
+                src = self._world(r._matched[0])
+                k = r._match_index
+                if k is None:
+                    k = self._trace.next_recv_index(self._ctx, src, r._matched[1])
+                matches[r._trace_id] = (self._ctx, src, r._matched[1], k)
+        ids = tuple(r._trace_id for r in requests)
+        self._trace.add((WAIT, ids, matches, wall0, time.perf_counter()))
+
     # -- point to point ---------------------------------------------------------------------
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._send(buf, dest, tag, "Send", synchronous=None)
+        self._send(buf, dest, tag, synchronous=None)
 
     def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._send(buf, dest, tag, "Send", synchronous=True)
+        self._send(buf, dest, tag, synchronous=True)
 
-    def _send(self, buf: Any, dest: int, tag: int, op: str, synchronous: bool | None) -> None:
-        array = _buffer(buf, f"{op} buffer")
+    def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None) -> None:
+        array = _buffer(buf, "Send buffer")
         self._check_peer(dest, "dest")
         nbytes = array.nbytes
         if synchronous is None:
             synchronous = nbytes > self._eager_limit
         self._delay()
-        self.stats.count_call(op, nbytes)
-        self._slot.blocked(op, (self._world(dest),), nbytes)
+        self.stats.count_call("Send", nbytes)
+        wall0 = time.perf_counter()
+        req = self._record_send(dest, tag, nbytes, wall0)
+        self._slot.blocked("Send", (self._world(dest),), nbytes)
         self._engine.send(array, int(dest), int(tag), synchronous)
         self._slot.running()
         self.stats.count_send(self._world(dest), nbytes)
+        if self._trace is not None:
+            self._trace.add((WAIT, (req,), {}, wall0, time.perf_counter()))
 
     def Recv(  # noqa: N802
         self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None
@@ -221,10 +309,18 @@ class Comm:
         self._check_peer(source, "source", wildcard=True)
         nbytes = array.nbytes
         self.stats.count_call("Recv", nbytes)
+        wall0 = time.perf_counter()
+        req, k = self._record_recv(source, tag, nbytes, wall0)
         self._slot.blocked("Recv", (self._world(source),) if source >= 0 else (), nbytes)
         got_source, got_tag = self._engine.recv(array, int(source), int(tag))
         self._slot.running()
         self.stats.count_recv(self._world(got_source), nbytes)
+        if self._trace is not None:
+            src = self._world(got_source)
+            if k is None:
+                k = self._trace.next_recv_index(self._ctx, src, got_tag)
+            match = {req: (self._ctx, src, got_tag, k)}
+            self._trace.add((WAIT, (req,), match, wall0, time.perf_counter()))
         _fill_status(status, got_source, got_tag, array.size)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
@@ -232,16 +328,18 @@ class Comm:
         self._check_peer(dest, "dest")
         self._delay()
         self.stats.count_call("Isend", array.nbytes)
+        req = self._record_send(dest, tag, array.nbytes, time.perf_counter())
         request = self._engine.isend(array, int(dest), int(tag))
         self.stats.count_send(self._world(dest), array.nbytes)
-        return Request(self, request, int(dest), array.nbytes, is_recv=False)
+        return Request(self, request, int(dest), int(tag), array.nbytes, False, req)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         array = _buffer(buf, "Irecv buffer")
         self._check_peer(source, "source", wildcard=True)
         self.stats.count_call("Irecv", array.nbytes)
+        req, k = self._record_recv(source, tag, array.nbytes, time.perf_counter())
         request = self._engine.irecv(array, int(source), int(tag))
-        return Request(self, request, int(source), array.nbytes, is_recv=True)
+        return Request(self, request, int(source), int(tag), array.nbytes, True, req, k)
 
     def Sendrecv(  # noqa: N802
         self,
@@ -261,6 +359,9 @@ class Comm:
         self._check_peer(source, "source", wildcard=True)
         self._delay()
         self.stats.count_call("Sendrecv", send_array.nbytes)
+        wall0 = time.perf_counter()
+        send_req = self._record_send(dest, sendtag, send_array.nbytes, wall0)
+        recv_req, k = self._record_recv(source, recvtag, recv_array.nbytes, wall0)
         peers = (self._world(dest),) + ((self._world(source),) if source >= 0 else ())
         self._slot.blocked("Sendrecv", peers, send_array.nbytes)
         got_source, got_tag = self._engine.sendrecv(
@@ -269,25 +370,40 @@ class Comm:
         self._slot.running()
         self.stats.count_send(self._world(dest), send_array.nbytes)
         self.stats.count_recv(self._world(got_source), recv_array.nbytes)
+        if self._trace is not None:
+            src = self._world(got_source)
+            if k is None:
+                k = self._trace.next_recv_index(self._ctx, src, got_tag)
+            match = {recv_req: (self._ctx, src, got_tag, k)}
+            self._trace.add((WAIT, (send_req, recv_req), match, wall0, time.perf_counter()))
         _fill_status(status, got_source, got_tag, recv_array.size)
 
     # -- collectives (the built-in baselines) -----------------------------------------------
 
-    def _collective(self, op: str, nbytes: int) -> None:
+    def _collective(self, op: str, nbytes: int, root: int = -1) -> None:
         self.stats.count_call(op, nbytes)
         self._slot.blocked(op, (ALL_PEERS,), nbytes)
+        self._coll_started = (op, nbytes, root, time.perf_counter())
+
+    def _collective_done(self) -> None:
+        self._slot.running()
+        if self._trace is not None:
+            op, nbytes, root, wall0 = self._coll_started
+            group = tuple(self._engine.world_ranks)
+            index = self._trace.next_collective_index(group)
+            self._trace.add((COLL, op, group, index, nbytes, root, wall0, time.perf_counter()))
 
     def Barrier(self) -> None:  # noqa: N802
         self._collective("Barrier", 0)
         self._engine.barrier()
-        self._slot.running()
+        self._collective_done()
 
     def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
         array = _buffer(buf, "Bcast buffer")
         self._check_peer(root, "root")
-        self._collective("Bcast", array.nbytes)
+        self._collective("Bcast", array.nbytes, int(root))
         self._engine.bcast(array, int(root))
-        self._slot.running()
+        self._collective_done()
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
         self._check_peer(root, "root")
@@ -297,9 +413,9 @@ class Comm:
         recv_array = (
             _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
         )
-        self._collective("Reduce", send_array.nbytes)
+        self._collective("Reduce", send_array.nbytes, int(root))
         self._engine.reduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op), int(root))
-        self._slot.running()
+        self._collective_done()
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
         if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
@@ -309,7 +425,7 @@ class Comm:
         _same_size(send_array, recv_array, "Allreduce")
         self._collective("Allreduce", send_array.nbytes)
         self._engine.allreduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op))
-        self._slot.running()
+        self._collective_done()
 
     def Reduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None, op: Any = ops.SUM
@@ -326,7 +442,7 @@ class Comm:
             )
         self._collective("Reduce_scatter", send_array.nbytes)
         self._engine.reduce_scatter(send_array, recv_array, counts, ops.resolve(op))
-        self._slot.running()
+        self._collective_done()
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
         recv_array = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
@@ -342,7 +458,7 @@ class Comm:
             )
         self._collective("Allgather", send_array.nbytes)
         self._engine.allgather(send_array, recv_array)
-        self._slot.running()
+        self._collective_done()
 
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))

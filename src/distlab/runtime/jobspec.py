@@ -55,6 +55,9 @@ class Job:
     limits: Limits = Limits()
     supervisor_pid: int = 0
     eager_limit: int = 64 * 1024
+    trace: bool = True  # record events for the virtual clock's replay and the trace file
+    device_flops: tuple[float, ...] = ()  # per world rank, from the platform (empty: none)
+    compute_multiplier: tuple[float, ...] = ()  # per world rank: slow ranks (fault plans)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class TaskOutcome:
     value: Any
     stats: CommStats
     wall_s: float
+    trace: list[Any] | None = None  # this rank's events (runtime/trace.py) when tracing is on
 
 
 @dataclass

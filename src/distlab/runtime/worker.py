@@ -46,6 +46,7 @@ from .jobspec import (
 from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
 from .rankstate import FAILED, FINISHED, IDLE, RankSlot
 from .stats import CommStats
+from .trace import TraceRecorder
 
 
 def detect_backend() -> tuple[str, int, int]:
@@ -168,16 +169,22 @@ def _run_task(
     group = engine if task.ranks == engine.size else engine.split(list(range(task.ranks)))
     result: TaskOutcome | None = None
     if group is not None:
+        world_rank = group.world_ranks[group.rank]
+        trace = TraceRecorder(world_rank) if job.trace else None
         comm = Comm(
             group,
             slot,
             CommStats(),
             send_delay_s=task.send_delay_s.get(group.rank, 0.0),
             eager_limit=job.eager_limit,
+            trace=trace,
+            compute_multiplier=_per_rank(job.compute_multiplier, world_rank, 1.0),
+            device_flops=_per_rank(job.device_flops, world_rank, None),
         )
         start = time.perf_counter()
         value = program(comm, solution, *task.args)
-        result = TaskOutcome(value, comm.stats, time.perf_counter() - start)
+        events = trace.events if trace is not None else None
+        result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
         if group is not engine:
             group.close()
     if task.ranks != engine.size:
@@ -185,6 +192,10 @@ def _run_task(
         slot.set(IDLE)
         engine.barrier()
     return result
+
+
+def _per_rank(values: tuple[Any, ...], rank: int, default: Any) -> Any:
+    return values[rank] if rank < len(values) else default
 
 
 def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> int:
