@@ -180,6 +180,26 @@ def solution(
 
 
 @app.command()
+def platforms() -> None:
+    """The shipped platforms (the clusters the virtual clock can model)."""
+    from .platforms import list_platforms
+
+    list_platforms(console)
+
+
+platform_app = typer.Typer(help="Platforms: show one.", no_args_is_help=True)
+app.add_typer(platform_app, name="platform")
+
+
+@platform_app.command("show")
+def platform_show(name: str = typer.Argument(..., help="a shipped name or a platform file")) -> None:
+    """Draws a platform's topology: groups, devices, ranks, links."""
+    from .platforms import show_platform
+
+    show_platform(name, console)
+
+
+@app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="fewer repetitions, smaller sizes"),
 ) -> None:
