@@ -33,6 +33,7 @@ class Task:
 
     ranks: int
     args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
     # Seconds each send of a given (task-local) rank is delayed by: a slow peer.
     send_delay_s: dict[int, float] = field(default_factory=dict)
     label: str = ""

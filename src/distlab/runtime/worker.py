@@ -182,7 +182,7 @@ def _run_task(
             device_flops=_per_rank(job.device_flops, world_rank, None),
         )
         start = time.perf_counter()
-        value = program(comm, solution, *task.args)
+        value = program(comm, solution, *task.args, **task.kwargs)
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
         if group is not engine:
