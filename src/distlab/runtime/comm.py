@@ -329,7 +329,9 @@ class Comm:
         self._delay()
         self.stats.count_call("Isend", array.nbytes)
         req = self._record_send(dest, tag, array.nbytes, time.perf_counter())
-        request = self._engine.isend(array, int(dest), int(tag))
+        request = self._engine.isend(
+            array, int(dest), int(tag), synchronous=array.nbytes > self._eager_limit
+        )
         self.stats.count_send(self._world(dest), array.nbytes)
         return Request(self, request, int(dest), int(tag), array.nbytes, False, req)
 

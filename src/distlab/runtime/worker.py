@@ -152,6 +152,11 @@ def run_job(job_dir: Path) -> int:
     write_pickle_atomically(outcome_path(job_dir, rank), outcome)
     slot.set(FINISHED)
     engine.close()
+    if backend == "gloo":
+        # Interpreter shutdown of several torch processes at once takes seconds on a small
+        # machine, and nothing is left to flush; MPI ranks must return to run MPI_Finalize.
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

@@ -67,11 +67,16 @@ def _reduce_op(op: Op) -> Any:
         raise TypeError(f"the gloo engine has no reduction {op.name!r}") from None
 
 
-def _bytes(arr: np.ndarray) -> Any:
-    """A uint8 tensor over the array's memory, for transfers that need no element type."""
+def _bytes(arr: np.ndarray, into: bool = False) -> Any:
+    """A uint8 tensor over the array's memory, for transfers that need no element type.
+
+    ``into``: the transfer writes the array (a receive), so it must be writable.
+    """
     torch, _ = _torch()
     flat = arr.reshape(-1).view(np.uint8)
     if not flat.flags.writeable:
+        if into:
+            raise ValueError("the receive buffer is read-only")
         # torch.from_numpy warns on read-only arrays; a send buffer may be one, so send a copy.
         flat = flat.copy()
     return torch.from_numpy(flat)
@@ -155,8 +160,9 @@ class _EagerSends:
     """Standard-mode sends below the eager limit: a copy goes out in the background.
 
     One daemon thread waits on the pending works in order and drops them (and their copies) once
-    each receiver has taken its message. A failed transfer is kept and raised by the next
-    operation of the engine that made it, as MPI reports an eager send's failure later.
+    each receiver has taken its message. A failed transfer (its peer died) is kept and raised by
+    the next call into any engine of this process: the send itself has long returned, as an eager
+    MPI send has when its failure shows.
     """
 
     def __init__(self) -> None:
@@ -202,8 +208,8 @@ class _SelfMailbox:
     """Messages a rank sends to itself (gloo has no pair to the own rank).
 
     A send to self is always buffered (never blocks); a receive from self takes the oldest queued
-    message with a matching tag (tags match exactly here, ANY_TAG included, since no gloo is
-    involved), or is completed later by the send if it was posted first with ``irecv``.
+    message with a matching tag (here ANY_TAG is a true wildcard: gloo is not involved), or is
+    completed later by the send if it was posted first with ``irecv``.
     """
 
     def __init__(self) -> None:
@@ -250,8 +256,9 @@ class _SelfRecv:
         self._finished.set()
 
     def wait(self) -> tuple[int, int]:
-        # Nothing else in this process can complete it; waiting forever is what MPI does too, and
-        # the supervisor reports the rank as blocked on itself.
+        # Only this rank's own thread could have sent the message, so if it is missing now it never
+        # comes: waiting forever is what MPI does too, and the supervisor reports the rank as
+        # blocked on itself.
         self._finished.wait()
         return self._rank, self._tag
 
@@ -330,10 +337,16 @@ class GlooEngine:
                 return _SelfRecv(self.rank).wait()  # never returns: MPI deadlocks here too
         return self.irecv(buf, source, tag).wait()
 
-    def isend(self, buf: np.ndarray, dest: int, tag: int) -> _Request | _Done:
+    def isend(
+        self, buf: np.ndarray, dest: int, tag: int, synchronous: bool = True
+    ) -> _Request | _Done:
         self._check_eager()
         if dest == self.rank:
             self._mailbox.deliver(buf, tag)
+            return _Done(ANY_SOURCE, ANY_TAG)
+        if not synchronous:
+            # Below the eager limit an MPI Isend completes without the receiver: same here.
+            self.send(buf, dest, tag, synchronous=False)
             return _Done(ANY_SOURCE, ANY_TAG)
         _, dist = _torch()
         tensor = _bytes(buf)
@@ -348,10 +361,15 @@ class GlooEngine:
             got_tag = self._mailbox.take(buf, tag)
             if got_tag is not None:
                 return _Done(self.rank, got_tag)
-        _, dist = _torch()
+        torch, dist = _torch()
         gloo_tag = WILDCARD_TAG if tag == ANY_TAG else tag
-        tensor = _bytes(buf)
+        tensor = _bytes(buf, into=True)
         if source == ANY_SOURCE:
+            if tensor.numel() == 0:
+                # Gloo refuses an empty buffer for a receive from any source (an empty one from a
+                # given source is fine); a receive may be larger than the message, so take the
+                # zero-byte message into a one-byte scratch buffer instead.
+                tensor = torch.empty(1, dtype=torch.uint8)
             work = dist.irecv(tensor, group=self._group, tag=gloo_tag)
         else:
             work = dist.irecv(tensor, group=self._group, group_src=source, tag=gloo_tag)
@@ -384,7 +402,7 @@ class GlooEngine:
     def bcast(self, buf: np.ndarray, root: int) -> None:
         self._check_eager()
         _, dist = _torch()
-        dist.broadcast(_bytes(buf), group=self._group, group_src=root)
+        dist.broadcast(_bytes(buf, into=self.rank != root), group=self._group, group_src=root)
 
     def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
         self._check_eager()
@@ -423,7 +441,7 @@ class GlooEngine:
         _, dist = _torch()
         # Views of recvbuf, one block per rank in rank order: gloo copies each rank's block
         # straight into place (zero-length blocks included).
-        out = _bytes(recvbuf)
+        out = _bytes(recvbuf, into=True)
         block = sendbuf.nbytes
         blocks = [out[i * block : (i + 1) * block] for i in range(self.size)]
         dist.all_gather(blocks, _bytes(sendbuf), group=self._group)
@@ -450,7 +468,8 @@ class GlooEngine:
         )
 
     def abort(self, code: int) -> None:
-        # The supervisor sees this rank gone and ends the others (gloo has no job-wide abort).
+        # Gloo has no job-wide abort: this rank leaves, its peers fail on their next transfer with
+        # it (connection closed by peer) or the supervisor finds them stuck, and ends them.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
