@@ -116,12 +116,29 @@ def rank_counts(rng: np.random.Generator) -> list[int]:
     return [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]
 
 
+def perf_case(p: int, rng: np.random.Generator) -> Case:
+    n = (1 << 18) + int(rng.integers(1, 1 << 12))  # about 2 MiB of float64: bandwidth-bound
+    return Case(p, n, "float64", "SUM", int(rng.integers(1 << 31)), "large", 0)
+
+
 def correctness_tasks(t: CheckContext) -> list[Task]:
+    """Every case, plus one timed case per rank count at the end; one launch serves every check."""
     rng = np.random.default_rng([t.seed, 3])  # the same tasks for every check that reads them
-    return [
+    tasks = [
         Task(ranks=p, args=(cases_for(p, rng),), label=f"the cases with p = {p}")
         for p in rank_counts(rng)
     ]
+    for p in (4, 8, int(rng.choice([3, 5, 6, 7]))):
+        tasks.append(Task(ranks=p, args=([perf_case(p, rng)],), label=f"the timed case with p = {p}"))
+    return tasks
+
+
+def ring_bound(t: CheckContext, p: int, nbytes: int) -> float:
+    """2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link of the platform."""
+    routes = [t.platform.route(r, (r + 1) % p) for r in range(p)]
+    alpha = max(r.alpha_s for r in routes)
+    beta = max(r.beta_s_per_byte for r in routes)
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
 
 # -- judging ------------------------------------------------------------------------------------
@@ -148,25 +165,43 @@ def close(got: np.ndarray, want: np.ndarray, case: Case) -> np.ndarray:
 
 def diagnose(case: Case, rank: int, got: np.ndarray, want: np.ndarray, returned: str) -> str:
     """Names the symptom of a wrong result the way a reviewer would."""
-    inputs = case_input(case, rank)
-    if rank != case.full_rank:
-        inputs = inputs[sample_indices(case.n)]
+    indices = np.arange(case.n) if rank == case.full_rank else sample_indices(case.n)
+    inputs = case_input(case, rank)[indices]
     ok = close(got, want, case)
     head = f"{case.label()}: rank {rank}"
-    if returned != "NoneType":
-        return (f"{head} left buf unchanged and returned a {returned}: allreduce must write "
-                "the result into buf in place")
     if got.shape != want.shape:
         return f"{head} holds {got.shape} elements, expected {want.shape}"
     if np.array_equal(got, inputs) and case.p > 1:
+        if returned != "NoneType":
+            return (f"{head} left buf unchanged and returned an {returned}: allreduce must write "
+                    "the result into buf in place")
         return f"{head} still holds its own input: no reduction reached this rank"
+    wrong = indices[~ok]
     right = int(ok.sum())
+    tail = case.n - case.n % case.p
+    if case.n % case.p and wrong.size and (wrong >= tail).all():
+        return (f"{head}: only the last n % p = {case.n % case.p} elements are wrong, so they "
+                "were never reduced: give the first n % p chunks one element more")
     if 0 < right < ok.size and case.p > 1 and right / ok.size <= 1 / case.p + 0.01:
         return (f"{head} holds the right values in only {right} of {ok.size} elements (one chunk): "
                 "the reduce-scatter ran but the allgather phase is missing or wrong")
     first_bad = int(np.argmin(ok))
-    return (f"{head}, element {first_bad}: expected {want[first_bad]!r}, saw {got[first_bad]!r} "
-            f"({ok.size - right} of {ok.size} elements wrong)")
+    return (f"{head}, element {indices[first_bad]}: expected {want[first_bad].item()!r}, "
+            f"saw {got[first_bad].item()!r} ({ok.size - right} of {ok.size} elements wrong)")
+
+
+def spread_missing(case: Case, results: list[CaseResult], want: np.ndarray) -> bool:
+    """Every element is right on some rank but not on all: the reduction ran, the spreading did not."""
+    if case.p == 1 or case.n == 0:
+        return False
+    indices = sample_indices(case.n)
+    right_on = np.zeros(indices.size, dtype=int)
+    for rank, result in enumerate(results):
+        got = result.sample[indices] if rank == case.full_rank else result.sample
+        if got.shape != indices.shape:
+            return False
+        right_on += close(got, want[indices], case)
+    return bool((right_on >= 1).all() and (right_on < case.p).any())
 
 
 CHECKS = Checklist()
@@ -183,10 +218,13 @@ def results_match(t: CheckContext) -> None:
         cases = task_run.task.args[0]
         for i, case in enumerate(cases):
             want = expected(case)
-            for rank, rank_results in enumerate(task_run.values):
-                result: CaseResult = rank_results[i]
+            results = [rank_results[i] for rank_results in task_run.values]
+            if spread_missing(case, results, want):
+                t.fail(f"{case.label()}: every element is right on some rank but not on all: "
+                       "the reduce-scatter ran but the allgather phase is missing or wrong")
+            for rank, result in enumerate(results):
                 ref = want if rank == case.full_rank else want[sample_indices(case.n)]
-                if not close(result.sample, ref, case).all() or result.returned != "NoneType":
+                if not close(result.sample, ref, case).all():
                     t.fail(diagnose(case, rank, result.sample, ref, result.returned))
             checked += 1
     t.metric("cases", checked)
@@ -236,6 +274,33 @@ def bytes_within_ring_bound(t: CheckContext) -> None:
                 worst = max(worst, max(sent) / bound)
     t.metric("worst_bytes_over_bound", round(worst, 4))
     t.say(f"largest per-rank volume {worst:.3f}x the ring bound")
+
+
+@CHECKS.check("virtual time within 5% of the ring bound 2(p-1)a + 2(p-1)/p n b", points=2)
+def time_within_ring_bound(t: CheckContext) -> None:
+    run = t.launch(run_cases, correctness_tasks(t))
+    timed = [task_run for task_run in run.tasks if task_run.task.label.startswith("the timed")]
+    worst = 0.0
+    for task_run in timed:
+        case = task_run.task.args[0][0]
+        want = expected(case)
+        for rank, rank_results in enumerate(task_run.values):
+            ref = want if rank == case.full_rank else want[sample_indices(case.n)]
+            t.expect(close(rank_results[0].sample, ref, case).all(),
+                     "a correct result before its time is graded",
+                     f"{case.label()}: rank {rank} holds a wrong result (see the first check)")
+        measured = task_run.replay().makespan
+        bound = ring_bound(t, case.p, case.n * 8)
+        t.say(f"p = {case.p}, n = {case.n} float64 on {t.platform.name}: "
+              f"{measured * 1e3:.3f} ms virtual, bound {bound * 1e3:.3f} ms ({measured / bound:.3f}x)")
+        t.expect(measured <= 1.05 * bound,
+                 f"at most {1.05 * bound * 1e3:.3f} ms (5% over the ring bound)",
+                 f"{measured * 1e3:.3f} ms for p = {case.p}, {measured / bound:.2f}x the bound: "
+                 "are sends and receives of a step overlapped (Sendrecv or Isend/Irecv)?")
+        if measured / bound >= worst:
+            worst = measured / bound
+            t.performance(measured, bound)
+    t.metric("worst_time_over_bound", round(worst, 4))
 
 
 @CHECKS.check("no deadlock when one rank is slow", points=2)

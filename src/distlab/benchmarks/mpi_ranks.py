@@ -7,9 +7,11 @@ Started by ``distlab.bench`` (and by tests/test_bench.py) as::
 What it measures, each as the median over repetitions of the slowest rank's wall time (a Barrier
 before every repetition, so that each one starts together):
 
-* problem 03's reference ring allreduce, called through distlab's ``Comm`` proxy the way a check
-  calls learner code (a real ``RankSlot`` in a temp dir, so the slot writes are paid), against
-  mpi4py's built-in ``Allreduce`` on float32 buffers of 4 KiB, 1 MiB and 16 MiB;
+* problem 03's reference ring allreduce, called through distlab's ``Comm`` proxy built the way a
+  check builds it (a real ``RankSlot`` in a temp dir and a ``TraceRecorder``, so the slot writes
+  and the event records are paid), against mpi4py's built-in ``Allreduce`` on float32 buffers of
+  4 KiB, 1 MiB and 16 MiB: in place (``MPI.IN_PLACE``, what the ring does, the baseline) and out
+  of place (kept for reference: Open MPI is far slower that way at 16 MiB);
 * a ping-pong of 8-byte Send/Recv between ranks 0 and 1, raw mpi4py against the proxy, while the
   other ranks sleep;
 * a 1 MiB Sendrecv ring exchange on every rank, raw mpi4py against the proxy.
@@ -38,6 +40,8 @@ from ..runtime.comm import Comm
 from ..runtime.engines.mpi import MpiEngine
 from ..runtime.learner import load_module
 from ..runtime.rankstate import RankSlot
+from ..runtime.stats import CommStats
+from ..runtime.trace import TraceRecorder
 from .timings import (
     ALLREDUCE_BYTES,
     PINGPONG_BYTES,
@@ -75,18 +79,18 @@ class Plan:
 
 FULL = Plan(
     warmup=3,
-    allreduce_reps={4 * 1024: 300, 1024 * 1024: 100, 16 * 1024 * 1024: 30},
-    pingpong_batches=60,
-    round_trips_per_batch=200,
-    sendrecv_reps=200,
+    allreduce_reps={4 * 1024: 500, 1024 * 1024: 200, 16 * 1024 * 1024: 60},
+    pingpong_batches=100,
+    round_trips_per_batch=300,
+    sendrecv_reps=400,
     exchanges_per_rep=4,
 )
 QUICK = Plan(
     warmup=2,
-    allreduce_reps={4 * 1024: 50, 1024 * 1024: 20, 16 * 1024 * 1024: 6},
-    pingpong_batches=12,
-    round_trips_per_batch=100,
-    sendrecv_reps=30,
+    allreduce_reps={4 * 1024: 100, 1024 * 1024: 40, 16 * 1024 * 1024: 10},
+    pingpong_batches=20,
+    round_trips_per_batch=200,
+    sendrecv_reps=60,
     exchanges_per_rep=2,
 )
 
@@ -101,22 +105,24 @@ class Contender:
     reset: Step = _nothing  # restores the input; runs before the Barrier, outside the timing
 
 
-def time_pair(sync: Any, a: Contender, b: Contender, reps: int, warmup: int) -> tuple[float, float]:
-    """Median over ``reps`` of the slowest rank's wall time of ``a`` and of ``b`` on ``sync``."""
-    local = np.zeros((2, reps))
+def time_contenders(sync: Any, contenders: list[Contender], reps: int, warmup: int) -> list[float]:
+    """Median over ``reps`` of the slowest rank's wall time of each contender, on ``sync``'s ranks.
+
+    The contenders take turns within each repetition, in forward then backward order."""
+    count = len(contenders)
+    local = np.zeros((count, reps))
     for i in range(warmup + reps):
-        for k in (0, 1) if i % 2 == 0 else (1, 0):
-            contender = (a, b)[k]
-            contender.reset()
+        for k in range(count) if i % 2 == 0 else reversed(range(count)):
+            contenders[k].reset()
             sync.Barrier()
             start = time.perf_counter()
-            contender.run()
+            contenders[k].run()
             elapsed = time.perf_counter() - start
             if i >= warmup:
                 local[k, i - warmup] = elapsed
     slowest = np.empty_like(local)
     sync.Allreduce(local, slowest, op=MPI.MAX)
-    return float(np.median(slowest[0])), float(np.median(slowest[1]))
+    return [float(np.median(row)) for row in slowest]
 
 
 def wait_for_all(world: Any) -> None:
@@ -139,26 +145,31 @@ def allreduce_timing(
     world: Any, comm: Comm, ring: ModuleType, nbytes: int, plan: Plan
 ) -> AllreduceTiming:
     source = np.random.default_rng(world.Get_rank()).standard_normal(nbytes // 4).astype(np.float32)
-    ring_buf = source.copy()  # the reference reduces in place: reset from ``source`` every time
-    builtin_out = np.empty_like(source)
-    ring_side = Contender(
-        run=lambda: ring.allreduce(comm, ring_buf, SUM), reset=lambda: np.copyto(ring_buf, source)
-    )
-    builtin_side = Contender(run=lambda: world.Allreduce(source, builtin_out, op=MPI.SUM))
-    _check_same_result(ring_side, builtin_side, ring_buf, builtin_out, nbytes)
-    ring_s, builtin_s = time_pair(world, ring_side, builtin_side, plan.allreduce_reps[nbytes], plan.warmup)
-    return AllreduceTiming(nbytes, ring_s, builtin_s)
+    # The ring and the in-place built-in overwrite their buffer: both restart from ``source``.
+    ring_buf, in_place_buf, out = source.copy(), source.copy(), np.empty_like(source)
+    contenders = [
+        Contender(lambda: ring.allreduce(comm, ring_buf, SUM), lambda: np.copyto(ring_buf, source)),
+        Contender(
+            lambda: world.Allreduce(MPI.IN_PLACE, in_place_buf, op=MPI.SUM),
+            lambda: np.copyto(in_place_buf, source),
+        ),
+        Contender(lambda: world.Allreduce(source, out, op=MPI.SUM)),
+    ]
+    _check_same_results(contenders, [ring_buf, in_place_buf, out], nbytes)
+    reps = plan.allreduce_reps[nbytes]
+    ring_s, in_place_s, out_of_place_s = time_contenders(world, contenders, reps, plan.warmup)
+    return AllreduceTiming(nbytes, ring_s, in_place_s, out_of_place_s)
 
 
-def _check_same_result(
-    ring: Contender, builtin: Contender, ring_buf: np.ndarray, builtin_out: np.ndarray, nbytes: int
+def _check_same_results(
+    contenders: list[Contender], results: list[np.ndarray], nbytes: int
 ) -> None:
     # The timing of an allreduce that computes the wrong thing would mean nothing.
-    ring.reset()
-    ring.run()
-    builtin.run()
-    if not np.allclose(ring_buf, builtin_out, rtol=1e-5, atol=1e-5):
-        raise RuntimeError(f"the reference ring allreduce disagrees with the built-in at {nbytes} bytes")
+    for contender in contenders:
+        contender.reset()
+        contender.run()
+    if not all(np.allclose(r, results[-1], rtol=1e-5, atol=1e-5) for r in results):
+        raise RuntimeError(f"the allreduces disagree at {nbytes} bytes: nothing was timed")
 
 
 # -- 2a. small-message ping-pong, raw vs proxy --------------------------------------------------
@@ -186,7 +197,7 @@ def pingpong_timing(world: Any, comm: Comm, plan: Plan) -> tuple[float, float]:
         peer, leads, count = 1 - rank, rank == 0, plan.round_trips_per_batch
         raw = Contender(lambda: _round_trips(world.Send, world.Recv, buf, peer, leads, count))
         proxy = Contender(lambda: _round_trips(comm.Send, comm.Recv, buf, peer, leads, count))
-        raw_s, proxy_s = time_pair(pair, raw, proxy, plan.pingpong_batches, plan.warmup)
+        raw_s, proxy_s = time_contenders(pair, [raw, proxy], plan.pingpong_batches, plan.warmup)
         result = (raw_s / count, proxy_s / count)
         pair.Free()
     wait_for_all(world)
@@ -196,7 +207,9 @@ def pingpong_timing(world: Any, comm: Comm, plan: Plan) -> tuple[float, float]:
 # -- 2b. 1 MiB ring exchange, raw vs proxy ------------------------------------------------------
 
 
-def _exchanges(sendrecv: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, right: int, left: int, count: int) -> None:
+def _exchanges(
+    sendrecv: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, right: int, left: int, count: int
+) -> None:
     for _ in range(count):
         sendrecv(sendbuf, right, 0, recvbuf, left, 0)
 
@@ -210,7 +223,7 @@ def sendrecv_timing(world: Any, comm: Comm, plan: Plan) -> tuple[float, float]:
     count = plan.exchanges_per_rep
     raw = Contender(lambda: _exchanges(world.Sendrecv, sendbuf, recvbuf, right, left, count))
     proxy = Contender(lambda: _exchanges(comm.Sendrecv, sendbuf, recvbuf, right, left, count))
-    raw_s, proxy_s = time_pair(world, raw, proxy, plan.sendrecv_reps, plan.warmup)
+    raw_s, proxy_s = time_contenders(world, [raw, proxy], plan.sendrecv_reps, plan.warmup)
     return raw_s / count, proxy_s / count
 
 
@@ -234,6 +247,14 @@ def measure(world: Any, comm: Comm, plan: Plan, quick: bool) -> MpiTimings:
     )
 
 
+def learner_comm(world: Any, slot_dir: Path) -> Comm:
+    """The proxy as runtime/worker.py hands it to learner code in a check (tracing is on there)."""
+    rank = world.Get_rank()
+    engine = MpiEngine(world, list(range(world.Get_size())))
+    slot = RankSlot(slot_dir / f"state-{rank}.bin")
+    return Comm(engine, slot, CommStats(), trace=TraceRecorder(rank))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.benchmarks.mpi_ranks")
     parser.add_argument("--out", type=Path, required=True, help="JSON file that rank 0 writes")
@@ -243,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if world.Get_size() < 2:
         parser.error("needs at least 2 ranks (the ping-pong runs between ranks 0 and 1)")
     with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp:
-        slot = RankSlot(Path(tmp) / f"state-{world.Get_rank()}.bin")
-        comm = Comm(MpiEngine(world, list(range(world.Get_size()))), slot)
+        comm = learner_comm(world, Path(tmp))
         timings = measure(world, comm, QUICK if args.quick else FULL, args.quick)
     # Only ranks 0 and 1 hold the ping-pong figures; rank 0 has everything else too.
     if world.Get_rank() == 0:

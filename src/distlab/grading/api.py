@@ -27,7 +27,11 @@ import numpy as np
 
 from ..runtime.jobspec import Job, Limits, Task, TaskOutcome, program_module_name
 from ..runtime.launcher import LaunchResult, launch
+from ..platforms import Platform
+from ..runtime.metrics import RunMetrics, summarize
+from ..runtime.netsim import Replay, replay
 from ..runtime.stats import CommStats
+from ..runtime.trace import Event
 
 
 class CheckFailed(Exception):
@@ -69,10 +73,12 @@ class Checklist:
 
 @dataclass
 class TaskRun:
-    """One task of a launch: what every rank returned and counted."""
+    """One task of a launch: what every rank returned, counted and did."""
 
     task: Task
     outcomes: list[TaskOutcome]
+    platform: Platform
+    _replay: Replay | None = None
 
     @property
     def values(self) -> list[Any]:
@@ -81,6 +87,20 @@ class TaskRun:
     @property
     def stats(self) -> list[CommStats]:
         return [o.stats for o in self.outcomes]
+
+    @property
+    def traces(self) -> dict[int, list[Event]]:
+        """Rank -> its events; the task's ranks are the job's first ``task.ranks`` ranks."""
+        return {rank: o.trace or [] for rank, o in enumerate(self.outcomes)}
+
+    def replay(self) -> Replay:
+        """The task on the virtual clock of the session's platform (computed once)."""
+        if self._replay is None:
+            self._replay = replay(self.traces, self.platform)
+        return self._replay
+
+    def metrics(self) -> RunMetrics:
+        return summarize(self.replay(), self.traces)
 
 
 @dataclass
@@ -101,6 +121,8 @@ class Narrator(Protocol):
 class SessionTotals:
     """Figures over every launch of a checking session, for the footer."""
 
+    virtual_s: float | None = None  # the headline performance figure a check reported
+    bound_s: float | None = None
     launches: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
@@ -127,6 +149,7 @@ class Session:
     seed: int
     deadline_s: float
     narrator: Narrator
+    platform: Platform
     limits: Limits = Limits()
     totals: SessionTotals = field(default_factory=SessionTotals)
     cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
@@ -140,6 +163,7 @@ class CheckContext:
         self.seed = session.seed
         self.rng = np.random.default_rng([session.seed, index])
         self.backend = session.backend
+        self.platform = session.platform
         self.metrics: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
@@ -149,6 +173,13 @@ class CheckContext:
     def metric(self, name: str, value: Any) -> None:
         """Records a figure in the results JSON."""
         self.metrics[name] = value
+
+    def performance(self, virtual_s: float, bound_s: float) -> None:
+        """Records the headline figure: measured virtual time against its analytic bound."""
+        self.metric("virtual_s", virtual_s)
+        self.metric("bound_s", bound_s)
+        self._session.totals.virtual_s = virtual_s
+        self._session.totals.bound_s = bound_s
 
     def expect(self, condition: bool, expected: str, seen: str) -> None:
         if not condition:
@@ -167,6 +198,7 @@ class CheckContext:
         """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly."""
         s = self._session
         world = max(task.ranks for task in tasks)
+        s.platform.check_world(world)
         tasks_blob = pickle.dumps(tuple(tasks))
         job = Job(
             program_file=str(s.program_file),
@@ -179,6 +211,7 @@ class CheckContext:
             world_size=world,
             limits=s.limits,
             supervisor_pid=_own_pid(),
+            device_flops=tuple(s.platform.device_of(r).flops for r in range(world)),
         )
         key = pickle.dumps((job.program, tasks_blob, deadline_s))
         cached = s.cache.get(key)
@@ -191,7 +224,7 @@ class CheckContext:
             s.cache[key] = result
             s.totals.launches += 1
             raise RunFailed(result, first_report=True)
-        runs = [TaskRun(task, result.task_outcomes(i)) for i, task in enumerate(tasks)]
+        runs = [TaskRun(task, result.task_outcomes(i), s.platform) for i, task in enumerate(tasks)]
         run = Run(result, runs)
         s.cache[key] = run
         s.totals.add(result, runs)

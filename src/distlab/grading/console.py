@@ -25,6 +25,12 @@ class ConsoleReporter:
     def check_started(self, index: int, title: str) -> None:
         self.console.print(f"[bold]{index}. {escape(title)}[/]")
 
+    def compile_failed(self, summary: str, detail: str) -> None:
+        self.console.print(f"[red]✗ {escape(summary)}[/]")
+        for line in detail.splitlines():
+            self.console.print(f"  {escape(line)}", style="dim")
+        self.console.print("  no check ran: fix the file and check again", style="dim")
+
     def say(self, text: str) -> None:
         self.console.print(f"   {escape(text)}", style="dim")
 

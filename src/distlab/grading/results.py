@@ -44,6 +44,8 @@ class Results:
     messages: int = 0
     bytes: int = 0
     ranks: list[int] = field(default_factory=list)
+    virtual_s: float | None = None  # the headline virtual time a check reported, and its bound
+    bound_s: float | None = None
 
     @property
     def score(self) -> int:
@@ -75,6 +77,8 @@ class Results:
                 "messages": self.messages,
                 "bytes": self.bytes,
                 "ranks": self.ranks,
+                "virtual_s": self.virtual_s,
+                "bound_s": self.bound_s,
             },
             "footer": self.footer,
             "checks": [asdict(c) for c in self.checks],

@@ -20,6 +20,8 @@ from types import ModuleType
 from typing import Protocol
 
 from ..bank import Entry
+from ..platforms import resolve as resolve_platform
+from ..runtime.metrics import format_seconds
 from ..errors import CardError
 from ..runtime.jobspec import Limits, program_module_name
 from ..runtime.learner import SolutionLoadError, compile_check
@@ -32,6 +34,7 @@ class Reporter(Protocol):
 
     def begin(self, entry: Entry, solution: Path, backend: str, seed: int) -> None: ...
     def check_started(self, index: int, title: str) -> None: ...
+    def compile_failed(self, summary: str, detail: str) -> None: ...
     def say(self, text: str) -> None: ...
     def check_ended(self, result: CheckResult) -> None: ...
     def end(self, results: Results) -> None: ...
@@ -42,6 +45,7 @@ class Options:
     backend: str = "mpi"
     seed: int | None = None
     deadline_s: float | None = None
+    platform: str | None = None  # a shipped name or a file; default: the card's
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -72,17 +76,20 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [])
     reporter.begin(entry, solution, options.backend, seed)
 
+    checklist = load_checklist(entry)
     try:
         compile_check(solution)
     except SolutionLoadError as exc:
-        results.checks.append(
-            CheckResult("the solution file compiles", "failed", 0, 1, exc.summary, seed, 0.0,
-                        details=exc.detail)
-        )
-        reporter.check_ended(results.checks[-1])
+        # Nothing can run; every check fails with the reason, so the score keeps its maximum.
+        for spec in checklist.checks:
+            results.checks.append(CheckResult(
+                spec.title, "failed", 0, spec.points,
+                f"not run: {exc.summary}", seed, 0.0, details=exc.detail,
+            ))
+        reporter.compile_failed(exc.summary, exc.detail)
         return _finish(results, started, reporter)
 
-    checklist = load_checklist(entry)
+    platform = resolve_platform(options.platform or card.platform)
     session = Session(
         program_file=entry.path / "check.py",
         solution_file=solution,
@@ -90,6 +97,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         seed=seed,
         deadline_s=options.deadline_s or float(card.time_limit_s),
         narrator=reporter,
+        platform=platform,
         limits=Limits(),
     )
     for index, spec in enumerate(checklist.checks, start=1):
@@ -126,6 +134,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         reporter.check_ended(result)
     totals = session.totals
     results.launches, results.messages, results.bytes = totals.launches, totals.messages, totals.bytes
+    results.virtual_s, results.bound_s = totals.virtual_s, totals.bound_s
     results.ranks = sorted({totals.min_ranks, totals.max_ranks} - {0})
     return _finish(results, started, reporter)
 
@@ -147,9 +156,15 @@ def _finish(results: Results, started: float, reporter: Reporter) -> Results:
     results.wall_s = time.monotonic() - started
     verdict = "passed" if results.passed else "failed"
     ranks = "-".join(str(r) for r in results.ranks) or "0"
+    virtual = ""
+    if results.virtual_s is not None:
+        virtual = f"virtual {format_seconds(results.virtual_s)}"
+        if results.bound_s is not None:
+            virtual += f" (bound {format_seconds(results.bound_s)})"
+        virtual += " · "
     results.footer = (
         f"{verdict} {results.problem} · {results.wall_s:.1f} s · ranks={ranks} · "
-        f"msgs={results.messages} · bytes={_human_bytes(results.bytes)} · "
+        f"msgs={results.messages} · bytes={_human_bytes(results.bytes)} · {virtual}"
         f"score {results.score}/{results.max_score} · seed {results.seed}"
     )
     reporter.end(results)

@@ -364,7 +364,8 @@ class Comm:
         wall0 = time.perf_counter()
         send_req = self._record_send(dest, sendtag, send_array.nbytes, wall0)
         recv_req, k = self._record_recv(source, recvtag, recv_array.nbytes, wall0)
-        peers = (self._world(dest),) + ((self._world(source),) if source >= 0 else ())
+        # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
+        peers = ((self._world(source),) if source >= 0 else ()) + (self._world(dest),)
         self._slot.blocked("Sendrecv", peers, send_array.nbytes)
         got_source, got_tag = self._engine.sendrecv(
             send_array, int(dest), int(sendtag), recv_array, int(source), int(recvtag)

@@ -234,7 +234,9 @@ def launch(
                 continue
             if verdict.action == "done":
                 _wait_briefly(procs)
-            result = _conclude(verdict.action, job, job_dir, procs, outcomes, states, now - started)
+            result = _conclude(
+                verdict.action, job, job_dir, procs, outcomes, states, now - started, obs.stalled_for_s
+            )
             break
     except BaseException:
         procs.kill_all(_rank_pids(job_dir, job.world_size))
@@ -280,6 +282,7 @@ def _conclude(
     outcomes: dict[int, RankOutcome],
     states: list[rankstate.RankState],
     elapsed: float,
+    stalled_for: float = 0.0,
 ) -> LaunchResult:
     result = LaunchResult("ok", job.backend, job.world_size, elapsed, dict(outcomes))
     result.task_labels = list(job.task_labels)
@@ -310,7 +313,7 @@ def _conclude(
                 if graph.cycle
                 else "every rank waits and none can go on: a deadlock"
             )
-            result.message = f"{head} (no progress for {elapsed:.1f} s of running)"
+            result.message = f"{head} (no rank made progress for {stalled_for:.1f} s)"
         else:
             result.message = f"the run passed its deadline of {elapsed:.0f} s"
             running = [s.rank for s in states if s.state == "running"]

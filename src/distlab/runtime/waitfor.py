@@ -35,6 +35,11 @@ def build(states: list[RankState], world_size: int) -> WaitForGraph:
                 r for r in range(world_size)
                 if r != s.rank and not (r in by_rank and by_rank[r].op == s.op and by_rank[r].state == "blocked")
             )
+        elif s.op == "Sendrecv":
+            # Its send can always complete once the destination posts a receive; what holds a
+            # Sendrecv is its source not sending. Counting the destination too would see a cycle
+            # in every ring that is merely in the middle of an exchange.
+            edges[s.rank] = tuple(p for p in s.peers[:1] if p >= 0) if len(s.peers) > 1 else ()
         else:
             edges[s.rank] = tuple(p for p in s.peers if p >= 0)
     return WaitForGraph(by_rank, edges, find_cycle(edges))

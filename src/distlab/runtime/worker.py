@@ -44,7 +44,7 @@ from .jobspec import (
     write_pickle_atomically,
 )
 from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
-from .rankstate import FAILED, FINISHED, IDLE, RankSlot
+from .rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
 from .stats import CommStats
 from .trace import TraceRecorder
 
@@ -174,6 +174,7 @@ def _run_task(
     group = engine if task.ranks == engine.size else engine.split(list(range(task.ranks)))
     result: TaskOutcome | None = None
     if group is not None:
+        slot.set(RUNNING)  # it may still say "idle" from the barrier after the previous task
         world_rank = group.world_ranks[group.rank]
         trace = TraceRecorder(world_rank) if job.trace else None
         comm = Comm(

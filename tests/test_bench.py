@@ -1,0 +1,33 @@
+"""The benchmark's MPI half runs on 4 ranks and reports every figure.
+
+No timing is asserted: this machine is shared and noisy, so the speed targets live in
+``distlab bench`` for people to read, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from distlab.bench import run_mpi_timings
+from distlab.benchmarks.timings import ALLREDUCE_BYTES, RANKS
+
+
+def _is_positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def test_quick_mpi_benchmark_reports_every_figure_as_a_positive_number(tmp_path: Path) -> None:
+    out = tmp_path / "timings.json"
+    run_mpi_timings(out, quick=True)
+
+    data = json.loads(out.read_text())
+    assert data["ranks"] == RANKS and data["quick"] is True
+    by_size = {item["nbytes"]: item for item in data["allreduce"]}
+    assert sorted(by_size) == sorted(ALLREDUCE_BYTES)
+    sides = ("ring_s", "builtin_s", "builtin_out_of_place_s")
+    figures = {f"allreduce {n} {side}": by_size[n][side] for n in by_size for side in sides}
+    for key in ("pingpong_raw_s", "pingpong_proxy_s", "sendrecv_raw_s", "sendrecv_proxy_s"):
+        figures[key] = data.get(key)
+    not_positive = {name: v for name, v in figures.items() if not _is_positive_number(v)}
+    assert not not_positive, f"figures missing or not positive: {not_positive}"

@@ -1,0 +1,247 @@
+"""End to end: `distlab check 03` on buggy and alternative solutions, through the real CLI.
+
+Every solution in tests/fixtures/03/ is checked once, in a child process, on real MPI ranks; the
+test then reads what a learner would read (the console) and what a tool would read (--json), and
+makes sure that no rank, mpiexec or prterun outlived the command.
+
+Runs are cached per module (`checked`), so the seed-replay test reuses one of the fixture runs.
+All runs use one fixed seed, so a failure here replays with `distlab check 03 --seed 4242`; the
+fixture that spins forever runs with `--time-limit 6` instead of the card's 60 s per run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from conftest import FIXTURES, job_processes, run_cli
+
+pytestmark = pytest.mark.slow
+
+SEED = 4242
+HERE = FIXTURES / "03"
+SHORT_DEADLINE_S = 6  # --time-limit for the fixture that never ends (the card says 60 s)
+
+
+@dataclass
+class Checked:
+    """One `distlab check 03` run."""
+
+    args: tuple[str, ...]
+    rc: int
+    out: str  # stdout + stderr as printed
+    flat: str  # the same with every run of whitespace made one space (rich wraps long lines)
+    results: dict[str, Any] | None  # the --json file, if written
+    wall_s: float
+    leftovers: list[str]  # job processes still alive ~1.5 s after the CLI exited
+
+    def check(self, name_start: str) -> dict[str, Any]:
+        assert self.results is not None, self.out
+        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
+        names = [c["name"] for c in self.results["checks"]]
+        assert found, f"no check named {name_start!r} in {names}"
+        return found[0]
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    """conftest's job_processes(), after up to ``wait_s`` for processes on their way out."""
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run_check(*args: str, time_limit: float | None = None) -> Checked:
+    extra = ("--time-limit", str(time_limit)) if time_limit else ()
+    with tempfile.TemporaryDirectory(prefix="dl3-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "03", *args, *extra, "--json", str(json_path), timeout=150)
+        wall = time.monotonic() - start
+        leftovers = _leftovers()
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    flat = " ".join(out.split())
+    return Checked(args + extra, proc.returncode, out, flat, results, wall, leftovers)
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[Any, ...], Checked] = {}
+
+    def get(*args: str, time_limit: float | None = None, fresh: bool = False) -> Checked:
+        key = (args, time_limit)
+        if fresh or key not in cache:
+            cache[key] = _run_check(*args, time_limit=time_limit)
+        return cache[key]
+
+    yield get
+
+
+def fixture_args(name: str) -> tuple[str, ...]:
+    return ("--solution", str(HERE / name), "--seed", str(SEED))
+
+
+def line_of(name: str, needle: str) -> int:
+    """1-based number of the first line of fixture ``name`` that contains ``needle``."""
+    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in {name}")
+
+
+def assert_clean(run: Checked) -> None:
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+
+
+# -- the fixtures that must fail, and the symptom each must be named by --------------------------
+
+def first_message(run: Checked) -> str:
+    """The message of the first check, the one every solution meets first."""
+    assert run.results is not None, run.out
+    return str(run.results["checks"][0]["message"])
+
+
+# name -> (substrings the output must contain, substrings it must not contain).
+BUGGY: dict[str, tuple[list[str], list[str]]] = {
+    "not_divisible.py": (["(not divisible by p)", "only the last n % p"], []),
+    # Correct values, but blocking Send/Recv by rank parity serializes each ring step: 2x the bound.
+    "alt_even_odd.py": (["5% over the ring bound", "overlapped"], []),
+    "p1_crash.py": (
+        ["ValueError", f"p1_crash.py, line {line_of('p1_crash.py', 'np.empty(max(')}",
+         "while running the cases with p = 1"],
+        [],
+    ),
+    "builtin.py": (["called the built-in Allreduce"], []),
+    "deadlock.py": (["a deadlock", "rank 0 waits on 1, 1 on 0"], []),
+    "no_allgather.py": (["allgather phase is missing"], []),
+    "returns_copy.py": (["in place", "returned an ndarray"], []),
+    "raises.py": (
+        ["rank 1: ValueError", f"raises.py, line {line_of('raises.py', 'raise ValueError')}"],
+        ["passed its deadline", "a deadlock"],
+    ),
+    "infinite_loop.py": ([f"passed its deadline of {SHORT_DEADLINE_S} s", "still computing"], []),
+    "syntax_error.py": (
+        ["SyntaxError", f"syntax_error.py, line {line_of('syntax_error.py', 'range(p - 1)')}"],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    must, must_not = BUGGY[name]
+    # The card's time limit (60 s per run) is far too long for a unit test: rank 2 spins forever.
+    time_limit = SHORT_DEADLINE_S if name == "infinite_loop.py" else None
+    run = checked(*fixture_args(name), time_limit=time_limit)
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    for text in must:
+        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    for text in must_not:
+        assert text not in run.flat, f"{text!r} unexpected in:\n{run.out}"
+    assert run.results is not None and not run.results["passed"]
+    assert run.results["score"] < run.results["max_score"]
+    assert f"distlab check 03 --seed {SEED}" in run.flat  # the replay hint
+
+    if name == "syntax_error.py":
+        # Reported before anything starts: every check fails "not run", no check heading.
+        assert all(c["message"].startswith("not run: SyntaxError") for c in run.results["checks"])
+        assert run.results["max_score"] == 12
+        assert not re.search(r"(?m)^\d+\. ", run.out), run.out
+        assert run.results["totals"]["launches"] == 0
+    if name == "builtin.py":
+        # The values are right; only the message pattern gives it away.
+        assert run.check("results equal")["status"] == "passed"
+        assert run.check("point-to-point")["status"] == "failed"
+    if name == "not_divisible.py":
+        assert "(not divisible by p)" in run.check("results equal")["message"]
+    if name == "raises.py":
+        assert run.wall_s < 30, f"took {run.wall_s:.1f} s: the failed rank's peers were not ended"
+    if name == "infinite_loop.py":
+        # Rank 2 is named among the ranks still computing (others may still be starting up).
+        assert re.search(r"rank\(s\) (\d+, )*2(, \d+)* still computing", run.flat), run.out
+        assert run.wall_s < 8 * SHORT_DEADLINE_S, f"took {run.wall_s:.1f} s"
+
+
+# -- correct solutions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["alt_isend.py", "alt_torch_compatible.py", "alt_returns_buf.py"])
+def test_alternative_solution_passes(name: str, checked: Callable[..., Checked]) -> None:
+    run = checked(*fixture_args(name))
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["passed"]
+    assert run.results["score"] == run.results["max_score"]
+
+
+def test_reference_passes_and_writes_results_json(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference", "--seed", str(SEED))
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    assert "passed 03" in run.flat
+    r = run.results
+    assert r is not None
+    # Schema distlab.results/1, as docs/results-schema.md describes it.
+    for key in ("schema", "problem", "title", "passed", "score", "max_score", "solution", "backend",
+                "seed", "started_at", "wall_s", "totals", "footer", "checks"):
+        assert key in r, key
+    assert r["schema"] == "distlab.results/1"
+    assert r["problem"] == "03"
+    assert r["passed"] is True
+    assert r["max_score"] > 0 and r["score"] == r["max_score"]
+    assert r["solution"].endswith("reference.py")
+    assert r["backend"] == "mpi"
+    assert r["seed"] == SEED
+    assert r["footer"].startswith("passed 03") and f"seed {SEED}" in r["footer"]
+    totals = r["totals"]
+    assert totals["launches"] >= 1 and totals["messages"] > 0 and totals["bytes"] > 0
+    assert totals["ranks"] and all(isinstance(n, int) for n in totals["ranks"])
+    assert isinstance(r["title"], str) and isinstance(r["started_at"], str)
+    assert len(r["checks"]) >= 4
+    for c in r["checks"]:
+        assert isinstance(c["name"], str) and c["name"]
+        assert c["status"] == "passed"
+        assert c["score"] == c["max_score"] > 0
+        assert c["message"] == ""  # empty when passed
+        assert c["seed"] == SEED
+        assert isinstance(c["metrics"], dict)
+        assert isinstance(c["wall_s"], (int, float))
+        assert isinstance(c["details"], str)
+    assert sum(c["score"] for c in r["checks"]) == r["score"]
+    assert any(c["metrics"] for c in r["checks"])
+
+
+def test_starter_fails_with_a_helpful_message(checked: Callable[..., Checked]) -> None:
+    run = checked("--seed", str(SEED))  # no workspace file: the starter is checked
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat and "distlab start 03" in run.flat
+    assert "still holds its own input: no reduction reached this rank" in run.flat
+    assert run.results is not None and run.results["score"] == 0
+    assert run.results["solution"].endswith("starter.py")
+
+
+def test_seed_replays_the_same_failure(checked: Callable[..., Checked]) -> None:
+    first = checked(*fixture_args("not_divisible.py"))
+    again = checked(*fixture_args("not_divisible.py"), fresh=True)
+    assert_clean(first)
+    assert_clean(again)
+    assert first.rc == again.rc == 1
+    def failures(run: Checked) -> list[str]:
+        return [line.strip() for line in run.out.splitlines() if "✗ failed" in line]
+
+    def verdicts(run: Checked) -> list[tuple[str, str, str]]:
+        assert run.results is not None
+        return [(c["name"], c["status"], c["message"]) for c in run.results["checks"]]
+
+    assert failures(first) and failures(first) == failures(again)
+    assert verdicts(first) == verdicts(again)
