@@ -184,6 +184,9 @@ class Comm:
         self._ctx = ctx
         self._compute_multiplier = compute_multiplier
         self._device_flops = device_flops
+        # Read on every call: kept as plain attributes rather than looked up through the engine.
+        self._size = engine.size
+        self._world_ranks = list(engine.world_ranks)
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -206,14 +209,14 @@ class Comm:
         return self._engine
 
     def _world(self, rank: int) -> int:
-        return self._engine.world_ranks[rank] if 0 <= rank < self.size else rank
+        return self._world_ranks[rank] if 0 <= rank < self._size else rank
 
     def _check_peer(self, peer: int, what: str, wildcard: bool = False) -> None:
         if wildcard and peer == ANY_SOURCE:
             return
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
             raise ValueError(
-                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self.size - 1})"
+                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
             )
 
     def _delay(self) -> None:
@@ -417,7 +420,7 @@ class Comm:
             _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
         )
         self._collective("Reduce", send_array.nbytes, int(root))
-        self._engine.reduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op), int(root))
+        self._engine.reduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op), int(root))
         self._collective_done()
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
@@ -427,7 +430,7 @@ class Comm:
         recv_array = _buffer(recvbuf, "Allreduce recvbuf")
         _same_size(send_array, recv_array, "Allreduce")
         self._collective("Allreduce", send_array.nbytes)
-        self._engine.allreduce(_copy_if_same(send_array, recv_array), recv_array, ops.resolve(op))
+        self._engine.allreduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op))
         self._collective_done()
 
     def Reduce_scatter(  # noqa: N802
@@ -475,9 +478,17 @@ def _is_mpi_in_place(buf: Any) -> bool:
     return False
 
 
-def _copy_if_same(send_array: np.ndarray, recv_array: np.ndarray) -> np.ndarray:
-    # Engines take distinct buffers; in-place calls reduce from a copy.
-    return send_array.copy() if np.shares_memory(send_array, recv_array) else send_array
+def _distinct_or_same(send_array: np.ndarray, recv_array: np.ndarray) -> np.ndarray:
+    """The send array to hand the engine: ``recv_array`` itself for an in-place call (the
+    engine then reduces in place), a copy when the two merely overlap, else the array."""
+    if send_array is recv_array:
+        return recv_array
+    if np.may_share_memory(send_array, recv_array):
+        if (send_array.__array_interface__["data"][0] == recv_array.__array_interface__["data"][0]
+                and send_array.nbytes == recv_array.nbytes):
+            return recv_array
+        return send_array.copy()
+    return send_array
 
 
 def _same_size(a: np.ndarray, b: np.ndarray, what: str) -> None:

@@ -50,7 +50,12 @@ def state_path(job_dir: Path, rank: int) -> Path:
 
 
 class RankSlot:
-    """The writer side, used by one rank."""
+    """The writer side, used by one rank. Written on every call of the proxy: kept cheap."""
+
+    _record = struct.Struct(_FORMAT)
+    # state (byte 0) and seq (bytes 4-7) alone, for the frequent "back to running" write.
+    _state_only = struct.Struct("<B")
+    _seq_only = struct.Struct("<I")
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -65,26 +70,25 @@ class RankSlot:
 
     def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
         self._seq += 1
-        padded = (tuple(peers[:MAX_PEERS]) + (0, 0, 0, 0))[:MAX_PEERS]
-        struct.pack_into(
-            _FORMAT,
-            self._map,
-            0,
-            state,
-            OP_CODE[op],
-            min(len(peers), MAX_PEERS),
-            self.task & 0xFF,
-            self._seq & 0xFFFFFFFF,
-            *padded,
-            nbytes,
-            time.monotonic(),
+        npeers = len(peers)
+        if npeers >= MAX_PEERS:
+            p0, p1, p2, p3 = peers[:MAX_PEERS]
+            npeers = MAX_PEERS
+        else:
+            p0, p1, p2, p3 = (*peers, 0, 0, 0, 0)[:MAX_PEERS]
+        self._record.pack_into(
+            self._map, 0, state, OP_CODE[op], npeers, self.task & 0xFF, self._seq & 0xFFFFFFFF,
+            p0, p1, p2, p3, nbytes, time.monotonic(),
         )
 
     def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
         self.set(BLOCKED, op, peers, nbytes)
 
     def running(self) -> None:
-        self.set(RUNNING)
+        # The supervisor reads the state and the sequence number; the rest may stay stale.
+        self._seq += 1
+        self._state_only.pack_into(self._map, 0, RUNNING)
+        self._seq_only.pack_into(self._map, 4, self._seq & 0xFFFFFFFF)
 
 
 class NullSlot:

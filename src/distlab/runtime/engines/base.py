@@ -67,7 +67,9 @@ class Engine(Protocol):
     def bcast(self, buf: np.ndarray, root: int) -> None: ...
 
     def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
-        """``recvbuf`` matters on the root only (other ranks may pass a scratch array)."""
+        """``recvbuf`` matters on the root only (other ranks may pass a scratch array).
+
+        Reductions are in place when ``sendbuf is recvbuf`` (the same array object)."""
         ...
 
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None: ...

@@ -98,11 +98,20 @@ class MpiEngine:
     def bcast(self, buf: np.ndarray, root: int) -> None:
         self._comm.Bcast(buf, root=root)
 
+    # The proxy passes the same array as sendbuf and recvbuf for an in-place call.
+
     def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
+        if sendbuf is recvbuf:
+            if self.rank == root:
+                self._comm.Reduce(_mpi().IN_PLACE, recvbuf, op=_mpi_op(op), root=root)
+            else:
+                self._comm.Reduce(sendbuf, None, op=_mpi_op(op), root=root)
+            return
         self._comm.Reduce(sendbuf, recvbuf, op=_mpi_op(op), root=root)
 
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None:
-        self._comm.Allreduce(sendbuf, recvbuf, op=_mpi_op(op))
+        send = _mpi().IN_PLACE if sendbuf is recvbuf else sendbuf
+        self._comm.Allreduce(send, recvbuf, op=_mpi_op(op))
 
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
