@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from distlab.runtime.faults import parse_fault_plan
 from distlab.runtime.jobspec import Job, Limits, Task, program_module_name
 from distlab.runtime.launcher import LaunchResult, launch
 
@@ -167,7 +168,9 @@ def test_a_rank_computing_for_a_while_is_not_mistaken_for_a_deadlock() -> None:
 
 
 def test_a_slow_peer_delay_is_applied_to_its_sends() -> None:
-    job = make_job("ring_sum", [Task(ranks=2, args=(4,), send_delay_s={1: 0.5})])
+    plan = parse_fault_plan({"format_version": 1, "fault": [
+        {"kind": "delay", "src": 1, "latency_s": 0.5, "wall": True}]}, where="test")
+    job = make_job("ring_sum", [Task(ranks=2, args=(4,), faults=plan)])
     started = time.monotonic()
     result = run(job, deadline_s=30)
     assert result.ok, result.message

@@ -145,6 +145,38 @@ def check(
 
 
 @app.command()
+def run(
+    problem: str = typer.Argument(..., help="number or slug"),
+    solution: Optional[str] = typer.Option(
+        None, help="'reference', 'starter' or a path (default: your workspace file)"
+    ),
+    ranks: int = typer.Option(4, help="number of ranks"),
+    backend: str = typer.Option("mpi", help="mpi or gloo"),
+    platform: Optional[str] = typer.Option(None, help="a shipped platform or a .toml file"),
+    faults: Optional[Path] = typer.Option(None, help="a fault plan (.toml)"),
+    trace: Optional[Path] = typer.Option(None, help="write a Chrome trace (Perfetto) here"),
+    clock: str = typer.Option("virtual", help="virtual (the modelled cluster) or wall"),
+    seed: Optional[int] = typer.Option(None, help="seed for the fault plan's random draws"),
+    param: list[str] = typer.Option([], help="NAME=VALUE passed to the problem's main()"),
+) -> None:
+    """A free run of the problem on real ranks: its summary, times, metrics, trace."""
+    from .freerun import RunOptions, free_run
+
+    if backend not in ("mpi", "gloo"):
+        raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
+    if ranks < 1:
+        raise UsageError("--ranks must be at least 1")
+    bad = [p for p in param if "=" not in p]
+    if bad:
+        raise UsageError(f"--param takes NAME=VALUE; got {bad[0]!r}")
+    entry = _bank().ready_problem(problem)
+    path = _solution_for(entry, solution, Workspace())
+    params = dict(p.split("=", 1) for p in param)
+    options = RunOptions(ranks, backend, platform, faults, trace, clock, params, seed)
+    raise typer.Exit(free_run(entry, path, options, console))
+
+
+@app.command()
 def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
     """Shows one more hint each time."""
     entry = _bank().ready_problem(problem)

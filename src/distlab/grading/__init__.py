@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
+from ..runtime.faults import parse_fault_plan
 from ..runtime.jobspec import Task
 from .api import CheckContext, CheckFailed, Checklist, Run
 
-__all__ = ["CheckContext", "CheckFailed", "Checklist", "Run", "Task"]
+__all__ = ["CheckContext", "CheckFailed", "Checklist", "Run", "Task", "parse_fault_plan"]

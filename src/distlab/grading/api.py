@@ -212,6 +212,7 @@ class CheckContext:
             limits=s.limits,
             supervisor_pid=_own_pid(),
             device_flops=tuple(s.platform.device_of(r).flops for r in range(world)),
+            platform=s.platform,
         )
         key = pickle.dumps((job.program, tasks_blob, deadline_s))
         cached = s.cache.get(key)

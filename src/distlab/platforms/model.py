@@ -81,7 +81,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import DistlabError
 from .routing import Graph, shortest_paths
@@ -118,6 +118,16 @@ class Profile:
 
     def supports(self, op: str) -> bool:
         return op not in self.unsupported_ops
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A read-only mapping does not pickle; rebuild it from a plain dict.
+        return (_profile, (self.name, self.flops, self.memory_gib, dict(self.throughput),
+                           self.unsupported_ops, self.description))
+
+
+def _profile(name: str, flops: float, memory_gib: float, throughput: dict[str, float],
+             unsupported_ops: frozenset[str], description: str) -> Profile:
+    return Profile(name, flops, memory_gib, MappingProxyType(throughput), unsupported_ops, description)
 
 
 @dataclass(frozen=True)
@@ -219,6 +229,12 @@ class Platform:
 
     def __repr__(self) -> str:
         return f"Platform({self.name!r}, ranks={len(self.ranks)}, devices={len(self._devices)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Jobs carry their platform to the ranks as a pickle; rebuild it from its parts there.
+        return (Platform, (self.name, self.description, dict(self.profiles),
+                           list(self.nodes.values()), list(self.links.values()), list(self.ranks),
+                           self.source))
 
     # -- ranks and devices -----------------------------------------------------------------------
 

@@ -123,3 +123,21 @@ def validate_chrome_trace(trace: Any) -> list[str]:
         if ph == "M" and not isinstance(event.get("args"), dict):
             problems.append(f"{where}: metadata events carry args")
     return problems
+
+
+def virtual_spans(traces: dict[int, list[Event]], replay: Any) -> list[Span]:
+    """Spans on the virtual clock, from a replay of the same traces (runtime/netsim.py)."""
+    spans = []
+    for rank, events in sorted(traces.items()):
+        for event, (begin, end) in zip(events, replay.spans[rank]):
+            name, category, args = describe_event(event)
+            if category == "comm" and event[0] in (SEND, RECV) and end == begin:
+                continue  # posting a nonblocking call takes no virtual time; its wait is drawn
+            spans.append(Span(rank, name, category, begin, end - begin, args))
+    return spans
+
+
+def export(path: Path, traces: dict[int, list[Event]], replay: Any, metadata: dict[str, Any]) -> None:
+    """Writes the Chrome trace of one run: a virtual and a wall track per rank."""
+    virtual = virtual_spans(traces, replay) if replay is not None else []
+    write_chrome_trace(path, chrome_trace(virtual, wall_spans(traces), metadata))

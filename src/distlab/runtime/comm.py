@@ -6,7 +6,9 @@ this proxy, which
 
 * counts messages and bytes per operation and per peer (``CommStats``);
 * records in the rank's slot what the call is blocked on, for the supervisor's wait-for graph;
-* applies message-level faults (a slow peer delays each of its sends);
+* keeps the rank's online virtual clock (``clock.py``) and applies the message-level faults of
+  the fault plan (delay, spike, bandwidth, drop, partition, dead, hung: ``faults_decide.py``);
+* records every call as an event for the replay and the trace (``trace.py``);
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
   blocking ``Send`` to each other deadlock the same way on every engine and every transport.
 """
@@ -23,6 +25,8 @@ from ..ops import Op, as_numpy
 from .engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .stats import CommStats
+from .clock import Timekeeper
+from .faults_decide import MessageAction, MessageFaults
 from .trace import COLL, COMPUTE, MARK, RECV, SEND, WAIT, TraceRecorder
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
@@ -86,6 +90,16 @@ def _buffer(buf: Any, what: str) -> np.ndarray:
     return array
 
 
+class _Completed:
+    """The engine request of a send that a fault dropped: done at once, nothing on the wire."""
+
+    def wait(self) -> tuple[int, int]:
+        return -1, -1
+
+    def test(self) -> bool:
+        return True
+
+
 class Request:
     """A pending Isend or Irecv, as mpi4py's ``MPI.Request``."""
 
@@ -112,6 +126,7 @@ class Request:
         self._match_index = match_index
         self._completed = False
         self._matched = (-1, -1)
+        self.arrival = 0.0  # virtual time at which it completes (set on completion for a receive)
 
     def Wait(self, status: Any = None) -> None:  # noqa: N802
         if not self._completed:
@@ -122,6 +137,7 @@ class Request:
             comm._slot.running()
             self._finish(source, tag)
             comm._record_wait((self,), wall0)
+            comm._advance((self,))
         _fill_status(status, *self._matched, self._nbytes)
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802
@@ -130,6 +146,7 @@ class Request:
             source, tag = self._inner.wait()
             self._finish(source, tag)
             self._comm._record_wait((self,), wall0)
+            self._comm._advance((self,))
         if self._completed:
             _fill_status(status, *self._matched, self._nbytes)
         return self._completed
@@ -139,6 +156,8 @@ class Request:
         if self._is_recv:
             self._matched = (source, tag)
             self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
+            if self._comm._clock is not None:
+                self.arrival = self._comm._clock.receive_stamp(source, tag)
 
     @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:  # noqa: N802
@@ -154,6 +173,7 @@ class Request:
             request._finish(source, tag)
         comm._slot.running()
         comm._record_wait(tuple(pending), wall0)
+        comm._advance(pending)
 
 
 class Comm:
@@ -168,22 +188,26 @@ class Comm:
         engine: Engine,
         slot: RankSlot | NullSlot | None = None,
         stats: CommStats | None = None,
-        send_delay_s: float = 0.0,
         eager_limit: int = DEFAULT_EAGER_LIMIT,
         trace: TraceRecorder | None = None,
         ctx: int = 0,
         compute_multiplier: float = 1.0,
         device_flops: float | None = None,
+        clock: Timekeeper | None = None,
+        faults: MessageFaults | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
         self.stats = stats if stats is not None else CommStats()
-        self._send_delay_s = send_delay_s
+        self._clock = clock
+        self._faults = faults
+        self._attempts: dict[int, int] = {}  # sends per destination, lost ones included (faults)
         self._eager_limit = eager_limit
         self._trace = trace
         self._ctx = ctx
         self._compute_multiplier = compute_multiplier
         self._device_flops = device_flops
+        self._steps_started = 0
         # Read on every call: kept as plain attributes rather than looked up through the engine.
         self._size = engine.size
         self._world_ranks = list(engine.world_ranks)
@@ -208,6 +232,11 @@ class Comm:
     def engine(self) -> Engine:
         return self._engine
 
+    @property
+    def step(self) -> int:
+        """The current training step (0 before and during the first marked step)."""
+        return max(self._steps_started - 1, 0)
+
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
 
@@ -219,10 +248,37 @@ class Comm:
                 f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
             )
 
-    def _delay(self) -> None:
-        if self._send_delay_s > 0:
-            self._slot.set(1, "delay")
-            time.sleep(self._send_delay_s)
+    def _outgoing(self, dest: int, tag: int, nbytes: int) -> tuple[MessageAction | None, float]:
+        """Applies the fault plan to one outgoing message; returns (action, virtual arrival)."""
+        action = None
+        if self._faults is not None:
+            dst = self._world(dest)
+            k = self._attempts.get(dst, 0)
+            self._attempts[dst] = k + 1
+            action = self._faults.decide(dst, nbytes, tag, k, self.step, self.now())
+            if action.untouched:
+                action = None
+            elif action.hang:
+                self._hang()
+            elif action.wall_sleep_s > 0:
+                self._slot.set(1, "delay")
+                time.sleep(action.wall_sleep_s)
+        arrival = self._clock.arrival(dest, nbytes, action) if self._clock is not None else 0.0
+        return action, arrival
+
+    def _hang(self) -> None:
+        """A `hung` fault: this call never returns (the supervisor or a watchdog must act)."""
+        self._slot.blocked("hung", ())
+        while True:
+            time.sleep(3600)
+
+    def _check_hung(self) -> None:
+        if self._faults is not None and self._faults.on_call(self.step, self.now()):
+            self._hang()
+
+    def _advance(self, requests: Sequence[Request]) -> None:
+        if self._clock is not None:
+            self._clock.advance_to(max(r.arrival for r in requests))
 
     # -- what problem code declares (not part of mpi4py's API) -------------------------------
 
@@ -235,26 +291,60 @@ class Comm:
                 raise ValueError("compute(flops=...) needs a platform with a device profile")
             seconds = flops / self._device_flops
         assert seconds is not None
+        seconds *= self._compute_multiplier
+        if self._clock is not None:
+            self._clock.compute(seconds)
         if self._trace is not None:
             now = time.perf_counter()
-            self._trace.add((COMPUTE, seconds * self._compute_multiplier, label, now, now))
+            self._trace.add((COMPUTE, seconds, label, now, now))
+
+    def now(self) -> float:
+        """This rank's virtual time, in seconds (0 when no virtual clock runs)."""
+        return self._clock.now if self._clock is not None else 0.0
 
     def mark(self, name: str) -> None:
-        """A point in the trace, such as the start of a training step."""
+        """A point in the trace, such as the start of a training step.
+
+        ``mark("step")`` at the start of each training step also numbers the steps from 0, which
+        fault plans trigger on (``at_step = 30``: when step 30 starts)."""
+        if name == "step":
+            self._steps_started += 1
+            self._slot.set_step(self._steps_started - 1)
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))
 
     # -- recording ---------------------------------------------------------------------------
 
-    def _record_send(self, dest: int, tag: int, nbytes: int, wall0: float) -> int:
+    def _record_send(
+        self, dest: int, tag: int, nbytes: int, wall0: float, action: MessageAction | None = None
+    ) -> int:
         if self._trace is None:
             return 0
         trace, dst = self._trace, self._world(dest)
         req = trace.new_request()
-        k = trace.next_send_index(self._ctx, dst, tag)
-        trace.add((SEND, req, self._ctx, dst, tag, k, nbytes, wall0, wall0))
+        fault = None
+        if action is not None and action.drop:
+            k = -1  # never delivered: it takes no place in the channel's order
+            fault = (0.0, 1.0, True)
+        else:
+            k = trace.next_send_index(self._ctx, dst, tag)
+            if action is not None:
+                held = max((action.hold_until_s or 0.0) - self.now(), 0.0)
+                factor = self._clock_beta_factor(dest, action)
+                fault = (action.extra_latency_s + held, factor, False)
+        trace.add((SEND, req, self._ctx, dst, tag, k, nbytes, fault, wall0, wall0))
         return req
+
+    def _clock_beta_factor(self, dest: int, action: MessageAction) -> float:
+        """How much of the route's bandwidth a faulted message gets (1.0: all of it)."""
+        if action.bandwidth_factor == 1.0 and action.bandwidth_cap_gbps is None:
+            return 1.0
+        if self._clock is None:
+            return action.bandwidth_factor
+        route_beta = self._clock.route_beta(dest)
+        slowed = action.effective_beta(route_beta)
+        return route_beta / slowed if slowed > 0 else 1.0
 
     def _record_recv(self, source: int, tag: int, nbytes: int, wall0: float) -> tuple[int, int | None]:
         if self._trace is None:
@@ -291,16 +381,21 @@ class Comm:
     def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None) -> None:
         array = _buffer(buf, "Send buffer")
         self._check_peer(dest, "dest")
+        self._check_hung()
         nbytes = array.nbytes
         if synchronous is None:
             synchronous = nbytes > self._eager_limit
-        self._delay()
+        action, arrival = self._outgoing(dest, tag, nbytes)
         self.stats.count_call("Send", nbytes)
         wall0 = time.perf_counter()
-        req = self._record_send(dest, tag, nbytes, wall0)
-        self._slot.blocked("Send", (self._world(dest),), nbytes)
-        self._engine.send(array, int(dest), int(tag), synchronous)
-        self._slot.running()
+        req = self._record_send(dest, tag, nbytes, wall0, action)
+        if action is None or not action.drop:
+            self._slot.blocked("Send", (self._world(dest),), nbytes)
+            self._engine.send(array, int(dest), int(tag), synchronous)
+            self._slot.running()
+            if self._clock is not None:
+                self._clock.send_stamp(int(dest), int(tag), arrival)
+                self._clock.advance_to(arrival)
         self.stats.count_send(self._world(dest), nbytes)
         if self._trace is not None:
             self._trace.add((WAIT, (req,), {}, wall0, time.perf_counter()))
@@ -310,6 +405,7 @@ class Comm:
     ) -> None:
         array = _buffer(buf, "Recv buffer")
         self._check_peer(source, "source", wildcard=True)
+        self._check_hung()
         nbytes = array.nbytes
         self.stats.count_call("Recv", nbytes)
         wall0 = time.perf_counter()
@@ -318,6 +414,8 @@ class Comm:
         got_source, got_tag = self._engine.recv(array, int(source), int(tag))
         self._slot.running()
         self.stats.count_recv(self._world(got_source), nbytes)
+        if self._clock is not None:
+            self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
         if self._trace is not None:
             src = self._world(got_source)
             if k is None:
@@ -329,18 +427,27 @@ class Comm:
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array = _buffer(buf, "Isend buffer")
         self._check_peer(dest, "dest")
-        self._delay()
+        self._check_hung()
+        action, arrival = self._outgoing(dest, tag, array.nbytes)
         self.stats.count_call("Isend", array.nbytes)
-        req = self._record_send(dest, tag, array.nbytes, time.perf_counter())
-        request = self._engine.isend(
-            array, int(dest), int(tag), synchronous=array.nbytes > self._eager_limit
-        )
+        req = self._record_send(dest, tag, array.nbytes, time.perf_counter(), action)
         self.stats.count_send(self._world(dest), array.nbytes)
-        return Request(self, request, int(dest), int(tag), array.nbytes, False, req)
+        if action is not None and action.drop:
+            request: EngineRequest = _Completed()
+        else:
+            request = self._engine.isend(
+                array, int(dest), int(tag), synchronous=array.nbytes > self._eager_limit
+            )
+            if self._clock is not None:
+                self._clock.send_stamp(int(dest), int(tag), arrival)
+        handle = Request(self, request, int(dest), int(tag), array.nbytes, False, req)
+        handle.arrival = arrival
+        return handle
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         array = _buffer(buf, "Irecv buffer")
         self._check_peer(source, "source", wildcard=True)
+        self._check_hung()
         self.stats.count_call("Irecv", array.nbytes)
         req, k = self._record_recv(source, tag, array.nbytes, time.perf_counter())
         request = self._engine.irecv(array, int(source), int(tag))
@@ -362,20 +469,30 @@ class Comm:
         recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
         self._check_peer(dest, "dest")
         self._check_peer(source, "source", wildcard=True)
-        self._delay()
+        self._check_hung()
+        action, arrival = self._outgoing(dest, sendtag, send_array.nbytes)
+        dropped = action is not None and action.drop
         self.stats.count_call("Sendrecv", send_array.nbytes)
         wall0 = time.perf_counter()
-        send_req = self._record_send(dest, sendtag, send_array.nbytes, wall0)
+        send_req = self._record_send(dest, sendtag, send_array.nbytes, wall0, action)
         recv_req, k = self._record_recv(source, recvtag, recv_array.nbytes, wall0)
         # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
         peers = ((self._world(source),) if source >= 0 else ()) + (self._world(dest),)
         self._slot.blocked("Sendrecv", peers, send_array.nbytes)
-        got_source, got_tag = self._engine.sendrecv(
-            send_array, int(dest), int(sendtag), recv_array, int(source), int(recvtag)
-        )
+        if dropped:
+            got_source, got_tag = self._engine.recv(recv_array, int(source), int(recvtag))
+        else:
+            got_source, got_tag = self._engine.sendrecv(
+                send_array, int(dest), int(sendtag), recv_array, int(source), int(recvtag)
+            )
         self._slot.running()
         self.stats.count_send(self._world(dest), send_array.nbytes)
         self.stats.count_recv(self._world(got_source), recv_array.nbytes)
+        if self._clock is not None:
+            if not dropped:
+                self._clock.send_stamp(int(dest), int(sendtag), arrival)
+            received = self._clock.receive_stamp(got_source, got_tag)
+            self._clock.advance_to(max(received, 0.0 if dropped else arrival))
         if self._trace is not None:
             src = self._world(got_source)
             if k is None:
@@ -387,14 +504,17 @@ class Comm:
     # -- collectives (the built-in baselines) -----------------------------------------------
 
     def _collective(self, op: str, nbytes: int, root: int = -1) -> None:
+        self._check_hung()
         self.stats.count_call(op, nbytes)
         self._slot.blocked(op, (ALL_PEERS,), nbytes)
         self._coll_started = (op, nbytes, root, time.perf_counter())
 
     def _collective_done(self) -> None:
         self._slot.running()
+        op, nbytes, root, wall0 = self._coll_started
+        if self._clock is not None:
+            self._clock.collective(op, nbytes)
         if self._trace is not None:
-            op, nbytes, root, wall0 = self._coll_started
             group = tuple(self._engine.world_ranks)
             index = self._trace.next_collective_index(group)
             self._trace.add((COLL, op, group, index, nbytes, root, wall0, time.perf_counter()))

@@ -34,8 +34,8 @@ class Task:
     ranks: int
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # Seconds each send of a given (task-local) rank is delayed by: a slow peer.
-    send_delay_s: dict[int, float] = field(default_factory=dict)
+    # A fault plan for this task alone (runtime/faults.py); None: the job's plan, if any.
+    faults: Any = None
     label: str = ""
 
 
@@ -59,6 +59,9 @@ class Job:
     trace: bool = True  # record events for the virtual clock's replay and the trace file
     device_flops: tuple[float, ...] = ()  # per world rank, from the platform (empty: none)
     compute_multiplier: tuple[float, ...] = ()  # per world rank: slow ranks (fault plans)
+    faults: Any = None  # a runtime.faults.FaultPlan, or None
+    # The platform the ranks' online clock models (a distlab.platforms.Platform); None: no clock.
+    platform: Any = None
 
 
 @dataclass

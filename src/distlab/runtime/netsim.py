@@ -368,7 +368,7 @@ class _Replayer:
         fails at once with a clear message instead of as a deadlock at the end."""
         for r, rs in self.ranks.items():
             for i, e in enumerate(rs.events):
-                if e[0] == SEND:
+                if e[0] == SEND and e[5] >= 0:  # k = -1: lost to a fault, never received
                     key = (e[2], r, e[3], e[4], e[5])
                     if key in self.sent:
                         raise ReplayError(
@@ -437,8 +437,16 @@ class _Replayer:
                 rs.compute += seconds
             elif kind == SEND:
                 _, req, ctx, dst, tag, k, nbytes = e[:7]
+                # A fault plan may shape the message: (extra latency, bandwidth factor, lost).
+                fault = e[7] if len(e) > 9 else None
+                if fault is not None and fault[2]:
+                    rs.requests[req] = self._lost(r, dst, t, i)
+                    spans.append((t, t))
+                    i += 1
+                    continue
                 key = (ctx, r, dst, tag, k)
-                flow = self._post(r, dst, self._nbytes(nbytes, r, i), t, i)
+                extra, factor = (fault[0], fault[1]) if fault is not None else (0.0, 1.0)
+                flow = self._post(r, dst, self._nbytes(nbytes, r, i), t, i, extra, factor)
                 self.messages[key] = flow
                 early = self.early.pop(key, None)
                 if early is not None:
@@ -662,12 +670,24 @@ class _Replayer:
         path = self.paths[(src, dst)] = _Path(src, dst, route, tuple(limiting))
         return path
 
-    def _post(self, src: int, dst: int, nbytes: int, t: float, event: int) -> _Flow:
+    def _post(
+        self, src: int, dst: int, nbytes: int, t: float, event: int,
+        extra_s: float = 0.0, bandwidth_factor: float = 1.0,
+    ) -> _Flow:
         path = self._path(src, dst)
-        flow = _Flow(len(self.flows), path, nbytes, t, event)
+        # A fault's bandwidth factor f is modelled as n/f bytes at the path's rate: the same time
+        # alone on the path; the byte and money counts keep the real n.
+        timed = nbytes if bandwidth_factor == 1.0 else nbytes / bandwidth_factor
+        flow = _Flow(len(self.flows), path, timed, t, event)  # type: ignore[arg-type]
         self.flows.append(flow)
         path.nbytes += nbytes
-        self._push(t + path.alpha, _START, flow)
+        self._push(t + extra_s + path.alpha, _START, flow)
+        return flow
+
+    def _lost(self, src: int, dst: int, t: float, event: int) -> _Flow:
+        """A message a fault dropped: its send completes at once and nothing travels."""
+        flow = _Flow(-1, self._path(src, dst), 0, t, event)
+        flow.start = flow.end = t
         return flow
 
     def _start(self, flow: _Flow, now: float) -> None:

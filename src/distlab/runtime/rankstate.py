@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
-# since.
-_FORMAT = "<BBBBI4iqd"
+# since, training step (counted by problem code's comm.mark("step"); process faults trigger on it).
+_FORMAT = "<BBBBI4iqdI"
 SIZE = struct.calcsize(_FORMAT)
+_STEP_OFFSET = SIZE - 4
 MAX_PEERS = 4
 
 STARTING, RUNNING, BLOCKED, IDLE, FINISHED, FAILED = range(6)
@@ -39,6 +40,7 @@ OPS = (
     "Allgather",
     "Probe",
     "delay",
+    "hung",
 )
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
@@ -66,6 +68,7 @@ class RankSlot:
             os.close(fd)
         self._seq = 0
         self.task = 0  # index of the batch task running now
+        self.step = 0  # the rank's training step, as marked by problem code
         self.set(RUNNING)
 
     def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
@@ -78,7 +81,7 @@ class RankSlot:
             p0, p1, p2, p3 = (*peers, 0, 0, 0, 0)[:MAX_PEERS]
         self._record.pack_into(
             self._map, 0, state, OP_CODE[op], npeers, self.task & 0xFF, self._seq & 0xFFFFFFFF,
-            p0, p1, p2, p3, nbytes, time.monotonic(),
+            p0, p1, p2, p3, nbytes, time.monotonic(), self.step & 0xFFFFFFFF,
         )
 
     def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
@@ -90,11 +93,21 @@ class RankSlot:
         self._state_only.pack_into(self._map, 0, RUNNING)
         self._seq_only.pack_into(self._map, 4, self._seq & 0xFFFFFFFF)
 
+    def set_step(self, step: int) -> None:
+        self.step = step
+        self._seq += 1
+        self._seq_only.pack_into(self._map, 4, self._seq & 0xFFFFFFFF)
+        self._seq_only.pack_into(self._map, _STEP_OFFSET, step & 0xFFFFFFFF)
+
 
 class NullSlot:
     """Stands in for RankSlot when no supervisor watches (an external mpirun or torchrun)."""
 
     task = 0
+    step = 0
+
+    def set_step(self, step: int) -> None:
+        self.step = step
 
     def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
         pass
@@ -116,10 +129,13 @@ class RankState:
     seq: int
     since: float
     task: int = 0
+    step: int = 0
 
     def describe(self) -> str:
         if self.state != "blocked":
             return f"rank {self.rank} is {self.state}"
+        if self.op == "hung":
+            return f"rank {self.rank} is hung (a fault plan froze it in a communication call)"
         if self.peers == (ALL_PEERS,):
             return f"rank {self.rank} is blocked in {self.op} (waits for every rank of its group)"
         who = ", ".join(str(p) for p in self.peers) if self.peers else "any rank"
@@ -142,8 +158,10 @@ def read_state(job_dir: Path, rank: int) -> RankState | None:
         return None
     if len(data) < SIZE:
         return None
-    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since = struct.unpack_from(_FORMAT, data)
+    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step = struct.unpack_from(
+        _FORMAT, data
+    )
     peers = (p0, p1, p2, p3)[:npeers]
     name = STATE_NAMES[state] if state < len(STATE_NAMES) else "unknown"
     op_name = OPS[op] if op < len(OPS) else "?"
-    return RankState(rank, name, op_name, peers, nbytes, seq, since, task)
+    return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step)

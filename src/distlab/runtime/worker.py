@@ -46,6 +46,8 @@ from .jobspec import (
 from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
 from .rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
 from .stats import CommStats
+from .clock import Timekeeper
+from .faults_decide import MessageFaults, ProcessFaults
 from .trace import TraceRecorder
 
 
@@ -171,21 +173,26 @@ def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]
 def _run_task(
     engine: Engine, slot: RankSlot, job: Job, task: Any, program: Callable[..., Any], solution: Any
 ) -> TaskOutcome | None:
-    group = engine if task.ranks == engine.size else engine.split(list(range(task.ranks)))
+    members = list(range(task.ranks))
+    # Both splits are collective over every rank of the job, members or not.
+    group = engine if task.ranks == engine.size else engine.split(members)
+    side = engine.split(members) if job.platform is not None else None
     result: TaskOutcome | None = None
     if group is not None:
         slot.set(RUNNING)  # it may still say "idle" from the barrier after the previous task
         world_rank = group.world_ranks[group.rank]
+        plan = task.faults if task.faults is not None else job.faults
         trace = TraceRecorder(world_rank) if job.trace else None
         comm = Comm(
             group,
             slot,
             CommStats(),
-            send_delay_s=task.send_delay_s.get(group.rank, 0.0),
             eager_limit=job.eager_limit,
             trace=trace,
-            compute_multiplier=_per_rank(job.compute_multiplier, world_rank, 1.0),
+            compute_multiplier=_compute_multiplier(job, plan, world_rank),
             device_flops=_per_rank(job.device_flops, world_rank, None),
+            clock=Timekeeper(job.platform, side) if side is not None else None,
+            faults=MessageFaults(plan, world_rank) if plan is not None else None,
         )
         start = time.perf_counter()
         value = program(comm, solution, *task.args, **task.kwargs)
@@ -193,11 +200,19 @@ def _run_task(
         result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
         if group is not engine:
             group.close()
+        if side is not None:
+            side.close()
     if task.ranks != engine.size:
         # Ranks outside the group wait here while the group runs the task.
         slot.set(IDLE)
         engine.barrier()
     return result
+
+
+def _compute_multiplier(job: Job, plan: Any, rank: int) -> float:
+    if plan is not None:
+        return float(ProcessFaults(plan).compute_multiplier(rank))
+    return float(_per_rank(job.compute_multiplier, rank, 1.0))
 
 
 def _per_rank(values: tuple[Any, ...], rank: int, default: Any) -> Any:

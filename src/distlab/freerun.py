@@ -1,0 +1,114 @@
+"""``distlab run N``: a free run of a problem's ``main`` program, for the Instrument and Simulate
+steps. No grading: the learner sees what the run did (its summary line, the virtual and wall
+times, the metrics) and can keep a Chrome trace of it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from .bank import Entry
+from .errors import UsageError
+from .platforms import resolve as resolve_platform
+from .runtime import chrome
+from .runtime.faults import FaultPlan, load_fault_plan
+from .runtime.jobspec import Job, Limits, Task, program_module_name
+from .runtime.launcher import launch
+from .runtime.learner import SolutionLoadError, compile_check
+from .runtime.metrics import format_seconds, summarize
+from .runtime.netsim import replay
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    ranks: int
+    backend: str = "mpi"
+    platform: str | None = None
+    faults: Path | None = None
+    trace: Path | None = None
+    clock: str = "virtual"  # "virtual" or "wall"
+    params: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    deadline_s: float | None = None
+
+
+def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console) -> int:
+    """Runs and reports; returns the exit code (0 the run completed, 1 it ended badly)."""
+    card = entry.card()
+    if options.backend not in card.backends:
+        raise UsageError(f"problem {entry.number} runs on {', '.join(card.backends)}, not {options.backend}")
+    if options.clock not in ("virtual", "wall"):
+        raise UsageError(f"unknown clock {options.clock!r}: use virtual or wall")
+    platform = resolve_platform(options.platform or card.platform)
+    platform.check_world(options.ranks)
+    plan = _fault_plan(options)
+    try:
+        compile_check(solution)
+    except SolutionLoadError as exc:
+        console.print(f"[red]{escape(exc.summary)}[/]\n{escape(exc.detail)}")
+        return 1
+
+    program_file = entry.path / "check.py"
+    task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
+    job = Job(
+        program_file=str(program_file),
+        program_module=program_module_name(program_file),
+        program="main",
+        solution_file=str(solution),
+        tasks_blob=pickle.dumps((task,)),
+        task_labels=(task.label,),
+        backend=options.backend,
+        world_size=options.ranks,
+        limits=Limits(),
+        supervisor_pid=os.getpid(),
+        device_flops=tuple(platform.device_of(r).flops for r in range(options.ranks)),
+        faults=plan,
+        platform=platform,
+    )
+    console.print(
+        f"[bold]distlab run {entry.number}[/] · {escape(entry.title)} · ranks {options.ranks} · "
+        f"backend {options.backend} · platform {platform.name}"
+        + (f" · faults {options.faults} (seed {plan.seed})" if plan else "")
+    )
+    result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))
+    if not result.ok:
+        console.print(f"[red]the run ended badly:[/] {escape(result.message)}")
+        if result.details:
+            console.print(escape(result.details), style="dim")
+        if plan:
+            console.print(f"replay with: --faults {options.faults} --seed {plan.seed}", style="dim")
+        return 1
+    outcomes = result.task_outcomes(0)
+    summary = outcomes[0].value if outcomes else None
+    if summary is not None:
+        console.print(f"rank 0: {escape(str(summary))}")
+    traces = {rank: o.trace or [] for rank, o in enumerate(outcomes)}
+    played = replay(traces, platform)
+    metrics = summarize(played, traces)
+    headline = (
+        f"virtual {format_seconds(played.makespan)}"
+        if options.clock == "virtual"
+        else f"wall {format_seconds(metrics.wall_s)}"
+    )
+    console.print(f"[bold]{headline}[/] · ranks={options.ranks} · msgs={metrics.messages}")
+    for line in metrics.lines():
+        console.print(f"  {escape(line)}", style="dim")
+    if options.trace:
+        meta: dict[str, Any] = {"problem": entry.number, "platform": platform.name,
+                                "backend": options.backend, "ranks": options.ranks}
+        chrome.export(options.trace, traces, played, meta)
+        console.print(f"trace written to {options.trace} (open it in Perfetto or chrome://tracing)")
+    return 0
+
+
+def _fault_plan(options: RunOptions) -> FaultPlan | None:
+    if options.faults is None:
+        return None
+    return load_fault_plan(options.faults, seed=options.seed).validate_for(options.ranks)
