@@ -114,6 +114,8 @@ def check(
     time_limit: Optional[float] = typer.Option(
         None, "--time-limit", help="seconds each run may take (default: the card's time limit)"
     ),
+    platform: Optional[str] = typer.Option(None, help="model another platform than the card's"),
+    faults: Optional[Path] = typer.Option(None, help="a fault plan (.toml) for every run"),
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
@@ -127,7 +129,7 @@ def check(
     path = _solution_for(entry, solution, ws)
     if time_limit is not None and time_limit <= 0:
         raise UsageError("--time-limit must be a positive number of seconds")
-    options = Options(backend, seed, time_limit)
+    options = Options(backend, seed, time_limit, platform, faults)
     results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
     results_io.write(results, ws.results_path(entry))
     if json_out:

@@ -151,6 +151,7 @@ class Session:
     narrator: Narrator
     platform: Platform
     limits: Limits = Limits()
+    faults: Any = None  # a fault plan applied to every launch (a task's own plan wins)
     totals: SessionTotals = field(default_factory=SessionTotals)
     cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
 
@@ -213,6 +214,7 @@ class CheckContext:
             supervisor_pid=_own_pid(),
             device_flops=tuple(s.platform.device_of(r).flops for r in range(world)),
             platform=s.platform,
+            faults=s.faults,
         )
         key = pickle.dumps((job.program, tasks_blob, deadline_s))
         cached = s.cache.get(key)

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..bank import Entry
 from ..platforms import resolve as resolve_platform
+from ..runtime.faults import load_fault_plan
 from ..runtime.metrics import format_seconds
 from ..errors import CardError
 from ..runtime.jobspec import Limits, program_module_name
@@ -46,6 +47,7 @@ class Options:
     seed: int | None = None
     deadline_s: float | None = None
     platform: str | None = None  # a shipped name or a file; default: the card's
+    faults: Path | None = None  # a fault plan for every run of the checks
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -90,6 +92,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         return _finish(results, started, reporter)
 
     platform = resolve_platform(options.platform or card.platform)
+    faults = load_fault_plan(options.faults, seed=seed) if options.faults else None
     session = Session(
         program_file=entry.path / "check.py",
         solution_file=solution,
@@ -99,6 +102,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         narrator=reporter,
         platform=platform,
         limits=Limits(),
+        faults=faults,
     )
     for index, spec in enumerate(checklist.checks, start=1):
         reporter.check_started(index, spec.title)
