@@ -234,6 +234,19 @@ def platform_show(name: str = typer.Argument(..., help="a shipped name or a plat
 
 
 @app.command()
+def calibrate(
+    backend: str = typer.Option("mpi", help="mpi or gloo"),
+    ranks: int = typer.Option(4, help="ranks for the ring allreduce comparison"),
+    out: Optional[Path] = typer.Option(None, help="platform file to write"),
+    quick: bool = typer.Option(False, "--quick", help="fewer sizes and repetitions"),
+) -> None:
+    """Measures this machine's alpha and beta, writes a platform file, compares model and wall."""
+    from .calibrate import run_calibration
+
+    run_calibration(console, backend, ranks, out, quick)
+
+
+@app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="fewer repetitions, smaller sizes"),
 ) -> None:
