@@ -27,7 +27,8 @@ def test_quick_mpi_benchmark_reports_every_figure_as_a_positive_number(tmp_path:
     assert sorted(by_size) == sorted(ALLREDUCE_BYTES)
     sides = ("ring_s", "builtin_s", "builtin_out_of_place_s")
     figures = {f"allreduce {n} {side}": by_size[n][side] for n in by_size for side in sides}
-    for key in ("pingpong_raw_s", "pingpong_proxy_s", "sendrecv_raw_s", "sendrecv_proxy_s"):
+    for key in ("pingpong_raw_s", "pingpong_proxy_s", "sendrecv_raw_s", "sendrecv_proxy_s",
+                "clocked_raw_s", "clocked_proxy_s"):
         figures[key] = data.get(key)
     not_positive = {name: v for name, v in figures.items() if not _is_positive_number(v)}
     assert not not_positive, f"figures missing or not positive: {not_positive}"

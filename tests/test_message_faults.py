@@ -37,7 +37,7 @@ def run(program: str, tasks: list[Task], deadline_s: float = 60, stall_s: float 
         program_file=str(PROGRAMS), program_module=program_module_name(PROGRAMS), program=program,
         solution_file=None, tasks_blob=pickle.dumps(tuple(tasks)),
         task_labels=tuple(t.label for t in tasks), backend="mpi", world_size=world,
-        supervisor_pid=os.getpid(), platform=PLATFORM,
+        supervisor_pid=os.getpid(), platform=PLATFORM, online_clock=True,
         device_flops=tuple(PLATFORM.device_of(r).flops for r in range(world)),
     )
     result = launch(job, deadline_s=deadline_s, stall_s=stall_s)

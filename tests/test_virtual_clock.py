@@ -28,7 +28,7 @@ def run_tasks(program: str, tasks: list[Task], platform, backend: str = "mpi") -
         program_file=str(PROGRAMS), program_module=program_module_name(PROGRAMS), program=program,
         solution_file=None, tasks_blob=pickle.dumps(tuple(tasks)),
         task_labels=tuple(t.label for t in tasks), backend=backend,
-        world_size=max(t.ranks for t in tasks), supervisor_pid=os.getpid(), platform=platform,
+        world_size=max(t.ranks for t in tasks), supervisor_pid=os.getpid(), platform=platform, online_clock=True,
         device_flops=tuple(platform.device_of(r).flops for r in range(max(t.ranks for t in tasks))),
     )
     result = launch(job, deadline_s=90)

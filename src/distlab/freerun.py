@@ -71,6 +71,7 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         device_flops=tuple(platform.device_of(r).flops for r in range(options.ranks)),
         faults=plan,
         platform=platform,
+        online_clock=True,  # a free run shows comm.now() figures; checks turn it on when needed
     )
     console.print(
         f"[bold]distlab run {entry.number}[/] · {escape(entry.title)} · ranks {options.ranks} · "

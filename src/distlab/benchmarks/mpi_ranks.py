@@ -41,6 +41,8 @@ from ..runtime.engines.mpi import MpiEngine
 from ..runtime.learner import load_module
 from ..runtime.rankstate import RankSlot
 from ..runtime.stats import CommStats
+from ..platforms import resolve
+from ..runtime.clock import Timekeeper
 from ..runtime.trace import TraceRecorder
 from .timings import (
     ALLREDUCE_BYTES,
@@ -215,7 +217,9 @@ def _exchanges(
 
 
 def sendrecv_timing(world: Any, comm: Comm, plan: Plan) -> tuple[float, float]:
-    """(raw, proxy) seconds per 1 MiB Sendrecv, every rank sending right and receiving from left."""
+    """(raw, proxy) seconds per 1 MiB Sendrecv, every rank sending right and receiving from left.
+
+    ``comm`` is the proxy as a check builds it, with or without the online clock."""
     rank, size = world.Get_rank(), world.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     sendbuf = np.ones(SENDRECV_BYTES // 4, dtype=np.float32)
@@ -230,11 +234,12 @@ def sendrecv_timing(world: Any, comm: Comm, plan: Plan) -> tuple[float, float]:
 # -- the run ------------------------------------------------------------------------------------
 
 
-def measure(world: Any, comm: Comm, plan: Plan, quick: bool) -> MpiTimings:
+def measure(world: Any, comm: Comm, clocked: Comm, plan: Plan, quick: bool) -> MpiTimings:
     ring = load_reference_ring()
     allreduce = [allreduce_timing(world, comm, ring, n, plan) for n in ALLREDUCE_BYTES]
     pingpong_raw, pingpong_proxy = pingpong_timing(world, comm, plan)
     sendrecv_raw, sendrecv_proxy = sendrecv_timing(world, comm, plan)
+    clocked_raw, clocked_proxy = sendrecv_timing(world, clocked, plan)
     return MpiTimings(
         ranks=world.Get_size(),
         quick=quick,
@@ -244,15 +249,20 @@ def measure(world: Any, comm: Comm, plan: Plan, quick: bool) -> MpiTimings:
         pingpong_proxy_s=pingpong_proxy,
         sendrecv_raw_s=sendrecv_raw,
         sendrecv_proxy_s=sendrecv_proxy,
+        clocked_raw_s=clocked_raw,
+        clocked_proxy_s=clocked_proxy,
     )
 
 
-def learner_comm(world: Any, slot_dir: Path) -> Comm:
-    """The proxy as runtime/worker.py hands it to learner code in a check (tracing is on there)."""
+def learner_comm(world: Any, slot_dir: Path, clocked: bool = False) -> Comm:
+    """The proxy as runtime/worker.py hands it to learner code in a check (tracing is on there;
+    with ``clocked``, the online virtual clock too, with its time stamps on a side communicator)."""
     rank = world.Get_rank()
-    engine = MpiEngine(world, list(range(world.Get_size())))
-    slot = RankSlot(slot_dir / f"state-{rank}.bin")
-    return Comm(engine, slot, CommStats(), trace=TraceRecorder(rank))
+    ranks = list(range(world.Get_size()))
+    engine = MpiEngine(world, ranks)
+    slot = RankSlot(slot_dir / f"state-{rank}{'-clocked' if clocked else ''}.bin")
+    clock = Timekeeper(resolve("laptop"), MpiEngine(world.Dup(), ranks)) if clocked else None
+    return Comm(engine, slot, CommStats(), trace=TraceRecorder(rank), clock=clock)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs at least 2 ranks (the ping-pong runs between ranks 0 and 1)")
     with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp:
         comm = learner_comm(world, Path(tmp))
-        timings = measure(world, comm, QUICK if args.quick else FULL, args.quick)
+        clocked = learner_comm(world, Path(tmp), clocked=True)
+        timings = measure(world, comm, clocked, QUICK if args.quick else FULL, args.quick)
     # Only ranks 0 and 1 hold the ping-pong figures; rank 0 has everything else too.
     if world.Get_rank() == 0:
         write_json_atomically(args.out, timings.to_json())

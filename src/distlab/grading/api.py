@@ -195,8 +195,12 @@ class CheckContext:
         tasks: list[Task],
         deadline_s: float | None = None,
         stall_s: float = 3.0,
+        online_clock: bool = False,
     ) -> Run:
-        """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly."""
+        """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly.
+
+        ``online_clock``: keep each rank's virtual clock during the run, for programs that read
+        ``comm.now()`` (always on under a fault plan); the graded time is the replay either way."""
         s = self._session
         world = max(task.ranks for task in tasks)
         s.platform.check_world(world)
@@ -215,8 +219,9 @@ class CheckContext:
             device_flops=tuple(s.platform.device_of(r).flops for r in range(world)),
             platform=s.platform,
             faults=s.faults,
+            online_clock=online_clock,
         )
-        key = pickle.dumps((job.program, tasks_blob, deadline_s))
+        key = pickle.dumps((job.program, tasks_blob, deadline_s, online_clock))
         cached = s.cache.get(key)
         if isinstance(cached, Run):
             return cached

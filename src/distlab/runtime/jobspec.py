@@ -62,6 +62,10 @@ class Job:
     faults: Any = None  # a runtime.faults.FaultPlan, or None
     # The platform the ranks' online clock models (a distlab.platforms.Platform); None: no clock.
     platform: Any = None
+    # Keep the online clock (runtime/clock.py) even without a fault plan. It costs one small
+    # message per message, so it runs only where something reads the time during the run: a fault
+    # plan (its windows are in virtual time) or problem code that asks for comm.now().
+    online_clock: bool = False
 
 
 @dataclass

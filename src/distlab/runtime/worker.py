@@ -176,12 +176,13 @@ def _run_task(
     members = list(range(task.ranks))
     # Both splits are collective over every rank of the job, members or not.
     group = engine if task.ranks == engine.size else engine.split(members)
-    side = engine.split(members) if job.platform is not None else None
+    plan = task.faults if task.faults is not None else job.faults
+    clocked = job.platform is not None and (job.online_clock or plan is not None)
+    side = engine.split(members) if clocked else None
     result: TaskOutcome | None = None
     if group is not None:
         slot.set(RUNNING)  # it may still say "idle" from the barrier after the previous task
         world_rank = group.world_ranks[group.rank]
-        plan = task.faults if task.faults is not None else job.faults
         trace = TraceRecorder(world_rank) if job.trace else None
         comm = Comm(
             group,
