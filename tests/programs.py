@@ -80,3 +80,26 @@ def slow_big_allreduce(comm, solution, n):
     out = np.empty_like(buf)
     comm.Allreduce(buf, out)
     return float(out[0])
+
+
+def token_steps(comm, solution, steps, pause_s):
+    """A token goes round the ring once per step, marked with ``comm.mark("step")``.
+
+    Rank 0 holds the token ``pause_s`` before passing it on, so the other ranks spend nearly every
+    step blocked in Recv: a rank stopped by a fault then looks exactly like a stuck one, and a
+    fault "at step N" finds its rank sitting at step N. Returns the attempt number the launcher
+    gave the ranks (DISTLAB_ATTEMPT), to show a restart happened.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    token = np.zeros(1)
+    for step in range(steps):
+        comm.mark("step")
+        if rank == 0:
+            time.sleep(pause_s)
+            token[0] = step
+            comm.Send(token, dest=1 % size)
+            comm.Recv(token, source=size - 1)
+        else:
+            comm.Recv(token, source=rank - 1)
+            comm.Send(token, dest=(rank + 1) % size)
+    return int(os.environ.get("DISTLAB_ATTEMPT", "-1"))

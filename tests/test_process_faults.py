@@ -1,0 +1,165 @@
+"""Process faults applied by the supervisor: real SIGKILL, SIGSTOP and SIGCONT, and restarts.
+
+Each scenario runs ``token_steps`` (tests/programs.py) on real MPI ranks: a token goes round the
+ring once per step, each step marked with ``comm.mark("step")``, and rank 0 holds it a moment so
+the others sit blocked in Recv at each step. A fault plan then kills or stops one rank at a step or
+a wall time; the test checks the verdict, the sentence naming the fault, and that no process of
+the job survives. The verdict rules themselves are checked first, on made-up observations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+from distlab.runtime.faults import FaultPlan, ProcessFaults, parse_fault_plan
+from distlab.runtime.jobspec import Job, Task
+from distlab.runtime.launcher import (
+    LaunchResult, Observation, due_signals, judge, launch, should_restart,
+)
+from distlab.runtime.rankstate import ALL_PEERS, RankState
+
+from test_launcher import assert_nothing_left, make_job
+
+PAUSE_S = 0.25  # rank 0 holds the token this long per step: the supervisor polls every 50 ms
+
+
+def plan(*faults: dict[str, Any]) -> FaultPlan:
+    return parse_fault_plan({"format_version": 1, "seed": 1, "fault": list(faults)}, where="test")
+
+
+def token_job(faults: FaultPlan, ranks: int = 3, steps: int = 5, backend: str = "mpi") -> Job:
+    job = make_job("token_steps", [Task(ranks=ranks, args=(steps, PAUSE_S))], backend=backend)
+    return dataclasses.replace(job, faults=faults)
+
+
+def run(job: Job, **kw: float) -> LaunchResult:
+    result = launch(job, **kw)
+    assert_nothing_left()  # stopped ranks included
+    return result
+
+
+# -- the decisions, without processes ------------------------------------------------------------
+
+
+def st(rank: int, state: str = "blocked", op: str = "Recv", peers: tuple[int, ...] = (),
+       step: int = 0) -> RankState:
+    return RankState(rank, state, op, peers, 0, 1, 0.0, 0, step)
+
+
+def test_a_stopped_rank_is_never_called_a_deadlock_but_the_deadline_holds() -> None:
+    ring = [st(0, peers=(2,)), st(1, peers=(0,)), st(2, peers=(1,))]
+    stuck = Observation(1.0, False, {}, ring, 10.0)
+    assert judge(stuck, 3, deadline_s=60, stall_s=3).action == "deadlock"
+    held = dataclasses.replace(stuck, stopped=frozenset({1}))
+    assert judge(held, 3, deadline_s=60, stall_s=3).action == "wait"
+    assert judge(dataclasses.replace(held, elapsed_s=61.0), 3, 60, 3).action == "timeout"
+
+
+def test_a_kill_explains_the_exit_the_failure_or_the_wait_that_follows() -> None:
+    killed = frozenset({1})
+    in_barrier = [st(0, op="Barrier", peers=(ALL_PEERS,)), st(1, state="running"),
+                  st(2, op="Barrier", peers=(ALL_PEERS,))]
+    base = Observation(1.0, False, {}, in_barrier, 0.1, killed=killed)
+    assert judge(base, 3, 60, 3).action == "wait"
+    assert judge(dataclasses.replace(base, launcher_exited=True), 3, 60, 3).action == "killed"
+    # Survivors all in one collective would be progress without a kill; with a dead member, stuck.
+    assert judge(dataclasses.replace(base, stalled_for_s=5.0), 3, 60, 3).action == "killed"
+    assert judge(dataclasses.replace(base, states=[], stalled_for_s=5.0), 3, 60, 3).action == "wait"
+
+
+def test_survivors_that_finish_without_the_killed_rank_pass() -> None:
+    from distlab.runtime.jobspec import RankOutcome
+
+    outcomes = {0: RankOutcome(0, []), 2: RankOutcome(2, [])}
+    obs = Observation(1.0, True, outcomes, [], 0.0, killed=frozenset({1}))
+    assert judge(obs, 3, 60, 3).action == "done"
+
+
+def test_due_signals_skips_finished_killed_and_unknown_ranks() -> None:
+    faults = ProcessFaults(plan({"kind": "kill", "rank": 1, "at_step": 3},
+                                {"kind": "stop", "rank": 2, "at_s": 1.0, "cont_after_s": 0.5}))
+    states = [st(0, step=5), st(1, step=3), st(2, step=3)]
+    actions = due_signals(faults, states, frozenset(), 1.2, frozenset(), {})
+    assert [a.describe() for a in actions] == [
+        "rank 1 was killed (SIGKILL) at step 3 by fault[0]",
+        "rank 2 was stopped (SIGSTOP) at 1.2 s (wall clock) by fault[1]",
+    ]
+    assert due_signals(faults, states, frozenset({1, 2}), 1.2, frozenset(), {}) == []
+    cont = due_signals(faults, states, frozenset(), 1.8, frozenset({0, 1}), {1: 1.2})
+    assert [a.kind for a in cont] == ["cont"]
+
+
+def test_only_a_crash_is_restarted_and_only_within_budget_and_time() -> None:
+    assert should_restart("crashed", 0, 1, 10.0)
+    assert not should_restart("crashed", 1, 1, 10.0)
+    assert not should_restart("crashed", 0, 1, 0.0)
+    assert not should_restart("error", 0, 3, 10.0)
+    assert not should_restart("timeout", 0, 3, 10.0)
+
+
+# -- real processes ------------------------------------------------------------------------------
+
+
+def test_a_kill_at_a_step_crashes_the_run_naming_the_rank_the_step_and_the_fault() -> None:
+    result = run(token_job(plan({"kind": "kill", "rank": 1, "at_step": 3}), steps=8), deadline_s=30)
+    assert result.status == "crashed"
+    killed = "rank 1 was killed (SIGKILL) at step 3 by fault[0]"
+    assert result.message.startswith(killed), result.message
+    assert "ended without reporting" in result.message  # mpiexec ended ranks 0 and 2
+    assert result.failing_rank == 1
+    assert result.fault_events == [killed]
+    assert result.attempts == 1
+
+
+def test_a_stop_with_a_continue_delays_the_run_without_a_deadlock_verdict() -> None:
+    stop = plan({"kind": "stop", "rank": 1, "at_step": 2, "cont_after_s": 1.0})
+    # Every rank sits blocked in Recv and nothing moves for 1 s: a deadlock by the stall rule
+    # (0.3 s), were rank 1 not held by the fault.
+    result = run(token_job(stop, steps=5), deadline_s=30, stall_s=0.3)
+    assert result.ok, result.message
+    assert [o.value for o in result.task_outcomes(0)] == [0, 0, 0]
+    assert result.fault_events[0] == "rank 1 was stopped (SIGSTOP) at step 2 by fault[0]"
+    assert re.fullmatch(r"rank 1 was continued \(SIGCONT\) at [\d.]+ s \(wall clock\), "
+                        r"1 s after its stop, by fault\[0\]", result.fault_events[1])
+    assert result.wall_s >= 5 * PAUSE_S + 1.0  # the work, plus the second it was frozen
+
+
+def test_a_stop_never_continued_ends_at_the_deadline_naming_the_fault() -> None:
+    stop = plan({"kind": "stop", "rank": 1, "at_step": 2})
+    started = time.monotonic()
+    result = run(token_job(stop, steps=50), deadline_s=4, stall_s=0.3)
+    assert result.status == "timeout"
+    assert "rank 1 was stopped (SIGSTOP) at step 2 by fault[0] and was not continued" in result.message
+    assert "still computing" not in result.message  # a frozen rank computes nothing
+    assert "process faults applied" in result.details
+    assert time.monotonic() - started < 10
+
+
+def test_a_restart_runs_the_job_again_and_the_kill_fires_once() -> None:
+    faults = plan({"kind": "kill", "rank": 1, "at_step": 3}, {"kind": "restart", "max_restarts": 1})
+    result = run(token_job(faults, steps=5), deadline_s=40)
+    assert result.ok, result.message
+    assert result.attempts == 2
+    assert [o.value for o in result.task_outcomes(0)] == [1, 1, 1]  # DISTLAB_ATTEMPT=1
+    assert result.fault_events == ["rank 1 was killed (SIGKILL) at step 3 by fault[0]"]
+    assert len(result.restarted_after) == 1
+    assert result.restarted_after[0].startswith("attempt 0 crashed: rank 1 was killed")
+
+
+def test_a_kill_on_the_wall_clock() -> None:
+    result = run(token_job(plan({"kind": "kill", "rank": 2, "at_s": 1.0}), steps=40), deadline_s=30)
+    assert result.status == "crashed"
+    found = re.match(r"rank 2 was killed \(SIGKILL\) at ([\d.]+) s \(wall clock\) by fault\[0\]",
+                     result.message)
+    assert found, result.message
+    assert float(found.group(1)) >= 1.0
+
+
+def test_a_kill_on_gloo_leads_the_survivors_failure() -> None:
+    job = token_job(plan({"kind": "kill", "rank": 1, "at_step": 2}), ranks=2, steps=6, backend="gloo")
+    result = run(job, deadline_s=40)
+    assert result.status == "crashed"
+    assert result.message.startswith("rank 1 was killed (SIGKILL) at step 2 by fault[0]; then rank 0")
