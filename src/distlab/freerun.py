@@ -79,6 +79,10 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         + (f" · faults {options.faults} (seed {plan.seed})" if plan else "")
     )
     result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))
+    for event in result.fault_events:
+        console.print(f"[yellow]fault:[/] {escape(event)}")
+    for reason in result.restarted_after:
+        console.print(f"[yellow]restarted:[/] {escape(reason)}")
     if not result.ok:
         console.print(f"[red]the run ended badly:[/] {escape(result.message)}")
         if result.details:

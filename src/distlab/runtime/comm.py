@@ -195,12 +195,14 @@ class Comm:
         device_flops: float | None = None,
         clock: Timekeeper | None = None,
         faults: MessageFaults | None = None,
+        trigger_steps: frozenset[int] = frozenset(),
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
         self.stats = stats if stats is not None else CommStats()
         self._clock = clock
         self._faults = faults
+        self._trigger_steps = trigger_steps  # steps at which the supervisor kills or stops us
         self._attempts: dict[int, int] = {}  # sends per destination, lost ones included (faults)
         self._eager_limit = eager_limit
         self._trace = trace
@@ -310,6 +312,9 @@ class Comm:
         if name == "step":
             self._steps_started += 1
             self._slot.set_step(self._steps_started - 1)
+            if self.step in self._trigger_steps:
+                # Give the supervisor's 50 ms poll time to act at exactly this step.
+                time.sleep(0.15)
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))

@@ -194,6 +194,9 @@ def _run_task(
             device_flops=_per_rank(job.device_flops, world_rank, None),
             clock=Timekeeper(job.platform, side) if side is not None else None,
             faults=MessageFaults(plan, world_rank) if plan is not None else None,
+            trigger_steps=(
+                ProcessFaults(plan).trigger_steps(world_rank) if plan is not None else frozenset()
+            ),
         )
         start = time.perf_counter()
         value = program(comm, solution, *task.args, **task.kwargs)
