@@ -82,6 +82,31 @@ def test_a_partition_drops_only_inside_its_window() -> None:
     assert result.task_outcomes(0)[1].value == [0, 1, 5, 6]
 
 
+def test_a_bandwidth_cap_slows_the_transfer_by_its_factor() -> None:
+    nbytes = 1_000_000
+    half = plan({"kind": "bandwidth", "src": 0, "dst": 1, "factor": 0.5})
+    result = run("one_message", [Task(ranks=2, args=(nbytes,), faults=half)])
+    assert result.ok, result.message
+    outcomes = result.task_outcomes(0)
+    assert outcomes[1].value == pytest.approx(ALPHA + 2 * nbytes * BETA, rel=1e-9)
+    played = replay({r: o.trace for r, o in enumerate(outcomes)}, PLATFORM)
+    assert played.makespan == pytest.approx(ALPHA + 2 * nbytes * BETA, rel=1e-9)
+
+
+def test_nothing_arrives_from_a_dead_peer_after_its_trigger() -> None:
+    dead = plan({"kind": "dead", "rank": 0, "at_step": 3})
+    result = run("steps_with_timeout", [Task(ranks=2, args=(6, 0.3), faults=dead)])
+    assert result.ok, result.message
+    assert result.task_outcomes(0)[1].value == [0, 1, 2]
+
+
+def test_a_spike_delays_the_messages_the_seed_picks() -> None:
+    spiky = plan({"kind": "spike", "src": 0, "latency_s": 0.05, "probability": 1.0})
+    result = run("one_message", [Task(ranks=2, args=(1000,), faults=spiky)])
+    assert result.ok, result.message
+    assert result.task_outcomes(0)[1].value == pytest.approx(ALPHA + 1000 * BETA + 0.05, rel=1e-9)
+
+
 def test_a_hung_rank_freezes_and_the_supervisor_says_so() -> None:
     frozen = plan({"kind": "hung", "rank": 1, "at_step": 3})
     result = run("exchange_forever", [Task(ranks=3, faults=frozen)], deadline_s=20, stall_s=1.5)

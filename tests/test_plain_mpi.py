@@ -52,3 +52,16 @@ def test_the_worker_runs_under_an_external_mpirun() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ranks=3 backend=mpi" in out.stdout
     assert "matches the sum of all inputs" in out.stdout
+
+
+def test_the_worker_runs_under_torchrun() -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    out = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "distlab.worker",
+         "--problem", "03", "--solution", "reference", "--param", "n=1001"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ranks=2 backend=gloo" in out.stdout
+    assert "matches the sum of all inputs" in out.stdout

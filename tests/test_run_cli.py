@@ -72,3 +72,23 @@ def test_a_broken_platform_file_is_named(tmp_path: Path) -> None:
     out = run_cli("platform", "show", str(bad))
     assert out.returncode == 2
     assert "mine.toml" in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr
+
+
+def test_check_can_grade_on_wall_time_for_real_clusters(tmp_path: Path) -> None:
+    results = tmp_path / "r.json"
+    out = run_cli("check", "03", "--solution", "reference", "--clock", "wall", "--json", str(results))
+    assert out.returncode in (0, 1), out.stdout
+    data = json.loads(results.read_text())
+    assert data["totals"]["clock"] == "wall" and data["totals"]["virtual_s"] > 0
+    timed = next(c for c in data["checks"] if c["name"].startswith("time within"))
+    assert timed["metrics"]["clock"] == "wall"
+    assert re.search(r"· wall \d", out.stdout.replace("\n", " "))
+
+
+def test_the_results_file_carries_the_run_summary(tmp_path: Path) -> None:
+    results = tmp_path / "r.json"
+    out = run_cli("check", "03", "--solution", "reference", "--json", str(results))
+    assert out.returncode == 0, out.stdout
+    summary = json.loads(results.read_text())["summary"]
+    assert summary["virtual_s"] > 0 and summary["messages"] > 0
+    assert summary["bytes_by_pair"] and 0 <= summary["idle_fraction"] <= 1

@@ -279,7 +279,7 @@ def bytes_within_ring_bound(t: CheckContext) -> None:
     t.say(f"largest per-rank volume {worst:.3f}x the ring bound")
 
 
-@CHECKS.check("virtual time within 5% of the ring bound 2(p-1)a + 2(p-1)/p n b", points=2)
+@CHECKS.check("time within 5% of the ring bound 2(p-1)a + 2(p-1)/p n b", points=2)
 def time_within_ring_bound(t: CheckContext) -> None:
     run = t.launch(run_cases, correctness_tasks(t))
     timed = [task_run for task_run in run.tasks if task_run.task.label.startswith("the timed")]
@@ -292,17 +292,17 @@ def time_within_ring_bound(t: CheckContext) -> None:
             t.expect(close(rank_results[0].sample, ref, case).all(),
                      "a correct result before its time is graded",
                      f"{case.label()}: rank {rank} holds a wrong result (see the first check)")
-        measured = task_run.replay().makespan
+        measured = t.measured_time(task_run)
         bound = ring_bound(t, case.p, case.n * 8)
         t.say(f"p = {case.p}, n = {case.n} float64 on {t.platform.name}: "
-              f"{measured * 1e3:.3f} ms virtual, bound {bound * 1e3:.3f} ms ({measured / bound:.3f}x)")
+              f"{measured * 1e3:.3f} ms {t.clock}, bound {bound * 1e3:.3f} ms ({measured / bound:.3f}x)")
+        if measured / bound >= worst:
+            worst = measured / bound
+            t.performance(measured, bound, task_run)
         t.expect(measured <= 1.05 * bound,
                  f"at most {1.05 * bound * 1e3:.3f} ms (5% over the ring bound)",
                  f"{measured * 1e3:.3f} ms for p = {case.p}, {measured / bound:.2f}x the bound: "
                  "are sends and receives of a step overlapped (Sendrecv or Isend/Irecv)?")
-        if measured / bound >= worst:
-            worst = measured / bound
-            t.performance(measured, bound)
     t.metric("worst_time_over_bound", round(worst, 4))
 
 

@@ -116,6 +116,9 @@ def check(
     ),
     platform: Optional[str] = typer.Option(None, help="model another platform than the card's"),
     faults: Optional[Path] = typer.Option(None, help="a fault plan (.toml) for every run"),
+    clock: str = typer.Option(
+        "virtual", help="grade performance on the virtual clock, or on wall time (real clusters)"
+    ),
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
@@ -129,7 +132,9 @@ def check(
     path = _solution_for(entry, solution, ws)
     if time_limit is not None and time_limit <= 0:
         raise UsageError("--time-limit must be a positive number of seconds")
-    options = Options(backend, seed, time_limit, platform, faults)
+    if clock not in ("virtual", "wall"):
+        raise UsageError(f"unknown clock {clock!r}: use virtual or wall")
+    options = Options(backend, seed, time_limit, platform, faults, clock)
     results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
     results_io.write(results, ws.results_path(entry))
     if json_out:

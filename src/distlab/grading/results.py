@@ -44,8 +44,10 @@ class Results:
     messages: int = 0
     bytes: int = 0
     ranks: list[int] = field(default_factory=list)
-    virtual_s: float | None = None  # the headline virtual time a check reported, and its bound
+    virtual_s: float | None = None  # the headline time a check reported, and its bound
     bound_s: float | None = None
+    clock: str = "virtual"  # which clock virtual_s is on: "virtual" or "wall"
+    summary: dict[str, Any] | None = None  # metrics of the run behind the headline figure
 
     @property
     def score(self) -> int:
@@ -79,7 +81,9 @@ class Results:
                 "ranks": self.ranks,
                 "virtual_s": self.virtual_s,
                 "bound_s": self.bound_s,
+                "clock": self.clock,
             },
+            "summary": self.summary,
             "footer": self.footer,
             "checks": [asdict(c) for c in self.checks],
         }

@@ -48,6 +48,7 @@ class Options:
     deadline_s: float | None = None
     platform: str | None = None  # a shipped name or a file; default: the card's
     faults: Path | None = None  # a fault plan for every run of the checks
+    clock: str = "virtual"  # or "wall"
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -102,6 +103,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         narrator=reporter,
         platform=platform,
         limits=Limits(),
+        clock=options.clock,
         faults=faults,
     )
     for index, spec in enumerate(checklist.checks, start=1):
@@ -139,6 +141,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     totals = session.totals
     results.launches, results.messages, results.bytes = totals.launches, totals.messages, totals.bytes
     results.virtual_s, results.bound_s = totals.virtual_s, totals.bound_s
+    results.summary, results.clock = totals.summary, options.clock
     results.ranks = sorted({totals.min_ranks, totals.max_ranks} - {0})
     return _finish(results, started, reporter)
 
@@ -162,7 +165,7 @@ def _finish(results: Results, started: float, reporter: Reporter) -> Results:
     ranks = "-".join(str(r) for r in results.ranks) or "0"
     virtual = ""
     if results.virtual_s is not None:
-        virtual = f"virtual {format_seconds(results.virtual_s)}"
+        virtual = f"{results.clock} {format_seconds(results.virtual_s)}"
         if results.bound_s is not None:
             virtual += f" (bound {format_seconds(results.bound_s)})"
         virtual += " · "
