@@ -29,7 +29,8 @@ def test_a_traced_run_on_three_dc_writes_a_valid_chrome_trace_with_a_track_per_r
 def test_the_virtual_time_printed_is_the_same_on_every_run() -> None:
     times = []
     for _ in range(2):
-        out = run_cli("run", "03", "--solution", "reference", "--platform", "three-dc", "--ranks", "6")
+        out = run_cli("run", "03", "--solution", "reference", "--platform", "three-dc", "--ranks", "6",
+                      "--param", "n=65536")
         assert out.returncode == 0, out.stdout
         times.append(re.search(r"virtual (\d+\.\d+ [mu]?s)", out.stdout).group(1))
     assert times[0] == times[1]
@@ -83,12 +84,3 @@ def test_check_can_grade_on_wall_time_for_real_clusters(tmp_path: Path) -> None:
     timed = next(c for c in data["checks"] if c["name"].startswith("time within"))
     assert timed["metrics"]["clock"] == "wall"
     assert re.search(r"· wall \d", out.stdout.replace("\n", " "))
-
-
-def test_the_results_file_carries_the_run_summary(tmp_path: Path) -> None:
-    results = tmp_path / "r.json"
-    out = run_cli("check", "03", "--solution", "reference", "--json", str(results))
-    assert out.returncode == 0, out.stdout
-    summary = json.loads(results.read_text())["summary"]
-    assert summary["virtual_s"] > 0 and summary["messages"] > 0
-    assert summary["bytes_by_pair"] and 0 <= summary["idle_fraction"] <= 1

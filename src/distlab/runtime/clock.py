@@ -8,9 +8,10 @@ sharing, so both agree wherever no two flows share a link:
 
 * declared compute advances it (``comm.compute``);
 * a message sent at time t to rank j arrives at t + alpha + n*beta (+ a fault's extra latency, at
-  the fault's bandwidth); the sender computes that arrival and *sends it along* on a side
-  communicator (a duplicate of the task's, so it never matches learner messages), and the receiver
-  moves its clock to max(now, arrival) when the message completes;
+  the fault's bandwidth); the sender computes that arrival and sends it just *before* the message
+  on a side communicator (a duplicate of the task's, so it never matches learner messages; sent
+  first, so a receiver that has the message never waits for its stamp), and the receiver moves its
+  clock to max(now, arrival) when the message completes;
 * a built-in collective starts when its last member arrives (an allreduce of the clocks on the
   side communicator) and costs its algorithm's time on the group's slowest ring link.
 
@@ -69,7 +70,7 @@ class Timekeeper:
     def receive_stamp(self, source: int, tag: int) -> float:
         """The arrival time of the message just matched from group rank ``source`` with ``tag``.
 
-        Its stamp was sent right after it, on the same (source, tag) channel of the side
+        Its stamp was sent just before it, on the same (source, tag) channel of the side
         communicator, and channels deliver in order: the k-th stamp belongs to the k-th message."""
         self._side.recv(self._stamp, source, tag)
         return float(self._stamp[0])

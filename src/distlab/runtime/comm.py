@@ -395,11 +395,13 @@ class Comm:
         wall0 = time.perf_counter()
         req = self._record_send(dest, tag, nbytes, wall0, action)
         if action is None or not action.drop:
+            if self._clock is not None:
+                # The stamp goes first: the receiver must never wait for it once the message is in.
+                self._clock.send_stamp(int(dest), int(tag), arrival)
             self._slot.blocked("Send", (self._world(dest),), nbytes)
             self._engine.send(array, int(dest), int(tag), synchronous)
             self._slot.running()
             if self._clock is not None:
-                self._clock.send_stamp(int(dest), int(tag), arrival)
                 self._clock.advance_to(arrival)
         self.stats.count_send(self._world(dest), nbytes)
         if self._trace is not None:
@@ -440,11 +442,11 @@ class Comm:
         if action is not None and action.drop:
             request: EngineRequest = _Completed()
         else:
+            if self._clock is not None:
+                self._clock.send_stamp(int(dest), int(tag), arrival)
             request = self._engine.isend(
                 array, int(dest), int(tag), synchronous=array.nbytes > self._eager_limit
             )
-            if self._clock is not None:
-                self._clock.send_stamp(int(dest), int(tag), arrival)
         handle = Request(self, request, int(dest), int(tag), array.nbytes, False, req)
         handle.arrival = arrival
         return handle
@@ -483,6 +485,8 @@ class Comm:
         recv_req, k = self._record_recv(source, recvtag, recv_array.nbytes, wall0)
         # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
         peers = ((self._world(source),) if source >= 0 else ()) + (self._world(dest),)
+        if self._clock is not None and not dropped:
+            self._clock.send_stamp(int(dest), int(sendtag), arrival)
         self._slot.blocked("Sendrecv", peers, send_array.nbytes)
         if dropped:
             got_source, got_tag = self._engine.recv(recv_array, int(source), int(recvtag))
@@ -494,8 +498,6 @@ class Comm:
         self.stats.count_send(self._world(dest), send_array.nbytes)
         self.stats.count_recv(self._world(got_source), recv_array.nbytes)
         if self._clock is not None:
-            if not dropped:
-                self._clock.send_stamp(int(dest), int(sendtag), arrival)
             received = self._clock.receive_stamp(got_source, got_tag)
             self._clock.advance_to(max(received, 0.0 if dropped else arrival))
         if self._trace is not None:

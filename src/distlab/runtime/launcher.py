@@ -513,11 +513,14 @@ def _conclude(
         graph = _collect_stacks(job_dir, job, _alive(states, faults))
         result.status = action
         if action == "deadlock":
-            head = (
-                waitfor.cycle_sentence(graph.cycle) + ": a deadlock"
-                if graph.cycle
-                else "every rank waits and none can go on: a deadlock"
-            )
+            hung = [st.rank for st in states if st.state == "blocked" and st.op == "hung"]
+            if hung:
+                head = (f"rank(s) {', '.join(map(str, hung))} hung by the fault plan, and every "
+                        "other rank waits: the job is stuck")
+            elif graph.cycle:
+                head = waitfor.cycle_sentence(graph.cycle) + ": a deadlock"
+            else:
+                head = "every rank waits and none can go on: a deadlock"
             result.message = f"{head} (no rank made progress for {stalled_for:.1f} s)"
         else:
             result.message = f"the run passed its deadline of {elapsed:.0f} s"
