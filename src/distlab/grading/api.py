@@ -94,7 +94,7 @@ class TaskRun:
         return {rank: o.trace or [] for rank, o in enumerate(self.outcomes)}
 
     def replay(self) -> Replay:
-        """The task on the virtual clock of the session's platform (computed once)."""
+        """The task on the virtual clock of its launch's platform (computed once)."""
         if self._replay is None:
             self._replay = replay(self.traces, self.platform)
         return self._replay
@@ -220,14 +220,18 @@ class CheckContext:
         deadline_s: float | None = None,
         stall_s: float = 3.0,
         online_clock: bool = False,
+        platform: Platform | None = None,
     ) -> Run:
         """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly.
 
         ``online_clock``: keep each rank's virtual clock during the run, for programs that read
-        ``comm.now()`` (always on under a fault plan); the graded time is the replay either way."""
+        ``comm.now()`` (always on under a fault plan); the graded time is the replay either way.
+        ``platform``: model another platform than the session's for this launch (a hidden
+        variant, or a scenario's own cluster)."""
         s = self._session
         world = max(task.ranks for task in tasks)
-        s.platform.check_world(world)
+        platform = platform or s.platform
+        platform.check_world(world)
         tasks_blob = pickle.dumps(tuple(tasks))
         job = Job(
             program_file=str(s.program_file),
@@ -240,12 +244,12 @@ class CheckContext:
             world_size=world,
             limits=s.limits,
             supervisor_pid=_own_pid(),
-            device_flops=tuple(s.platform.device_of(r).flops for r in range(world)),
-            platform=s.platform,
+            device_flops=tuple(platform.device_of(r).flops for r in range(world)),
+            platform=platform,
             faults=s.faults,
             online_clock=online_clock,
         )
-        key = pickle.dumps((job.program, tasks_blob, deadline_s, online_clock))
+        key = pickle.dumps((job.program, tasks_blob, deadline_s, online_clock, platform))
         cached = s.cache.get(key)
         if isinstance(cached, Run):
             return cached
@@ -256,7 +260,7 @@ class CheckContext:
             s.cache[key] = result
             s.totals.launches += 1
             raise RunFailed(result, first_report=True)
-        runs = [TaskRun(task, result.task_outcomes(i), s.platform) for i, task in enumerate(tasks)]
+        runs = [TaskRun(task, result.task_outcomes(i), platform) for i, task in enumerate(tasks)]
         run = Run(result, runs)
         s.cache[key] = run
         s.totals.add(result, runs)
