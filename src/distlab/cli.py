@@ -219,6 +219,32 @@ def solution(
 
 
 @app.command()
+def progress() -> None:
+    """Your progress by tier, and the next problem to work on."""
+    bank, ws = _bank(), Workspace()
+    state = ws.load_progress()
+    if state.warning:
+        console.print(f"[yellow]{state.warning}[/]")
+    table = Table(show_header=False, box=None, padding=(0, 1))
+    for tier in TIERS:
+        entries = [e for e in bank.entries if e.tier == tier]
+        done = sum(1 for e in entries if state.of(e.number).passed)
+        width = 24
+        filled = round(width * done / len(entries)) if entries else 0
+        bar = f"[green]{'█' * filled}[/][dim]{'░' * (width - filled)}[/]"
+        table.add_row(f"{tier} tier", bar, f"{done}/{len(entries)} passed")
+    console.print(table)
+    upcoming = [e for e in bank.entries if e.ready and not state.of(e.number).passed]
+    if upcoming:
+        nxt = upcoming[0]
+        started = ws.solution_path(nxt).exists()
+        verb = "check" if started else "start"
+        console.print(f"next: {nxt.number} · {nxt.title} (`distlab {verb} {nxt.number}`)")
+    else:
+        console.print("every written problem has passed: well done")
+
+
+@app.command()
 def platforms() -> None:
     """The shipped platforms (the clusters the virtual clock can model)."""
     from .platforms import list_platforms
@@ -259,6 +285,45 @@ def bench(
     from .bench import run_benchmarks
 
     run_benchmarks(console, quick=quick)
+
+
+dev_app = typer.Typer(help="For authors: lint the bank, scaffold a problem.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+
+
+@dev_app.command("lint")
+def dev_lint(
+    problems: Optional[str] = typer.Option(None, help="comma-separated numbers (default: all written)"),
+    run: bool = typer.Option(True, help="also prove starters fail and references pass"),
+    jobs: int = typer.Option(2, help="problems checked at the same time"),
+) -> None:
+    """Validates every card; proves every starter fails and every reference passes."""
+    from .devkit import lint
+
+    only = [f"{int(p):02d}" for p in problems.split(",")] if problems else None
+    findings = lint(_bank(), only=only, run=run, jobs=jobs)
+    table = Table("problem", "", "what", "finding", box=None)
+    for f in findings:
+        table.add_row(f.problem, "[green]ok[/]" if f.ok else "[red]FAIL[/]", f.what, f.message)
+    console.print(table)
+    bad = [f for f in findings if not f.ok]
+    console.print(f"{len(findings) - len(bad)} ok, {len(bad)} failing")
+    raise typer.Exit(1 if bad else 0)
+
+
+@dev_app.command("new")
+def dev_new(
+    slug: str = typer.Argument(..., help="lower-case-with-dashes"),
+    title: Optional[str] = typer.Option(None, help="the problem's title"),
+    tier: str = typer.Option("advanced", help="basic, advanced or expert"),
+) -> None:
+    """Scaffolds problems/NN-SLUG with a valid card, starter, reference and check."""
+    from .devkit import new_problem
+
+    if tier not in TIERS:
+        raise UsageError(f"tier must be one of {', '.join(TIERS)}")
+    folder = new_problem(_bank(), slug, title, tier)
+    console.print(f"wrote {folder} and added it to the index; next: distlab dev lint --problems {folder.name[:2]}")
 
 
 def _terminate(signum: int, frame: Optional[FrameType]) -> None:
