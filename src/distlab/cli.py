@@ -184,6 +184,35 @@ def run(
 
 
 @app.command()
+def tune(
+    problem: str = typer.Argument(..., help="number or slug"),
+    param: str = typer.Option(..., "--param", help="NAME=V1,V2,... passed to the problem's main()"),
+    metric: str = typer.Option("virtual_s", help="a run metric (virtual_s, idle_fraction, ...) or a key main() returns"),
+    solution: Optional[str] = typer.Option(None, help="'reference', 'starter' or a path"),
+    ranks: int = typer.Option(4, help="number of ranks"),
+    backend: str = typer.Option("mpi", help="mpi or gloo"),
+    platform: Optional[str] = typer.Option(None, help="a shipped platform or a .toml file"),
+    fixed: list[str] = typer.Option([], "--fixed", help="NAME=VALUE held fixed in every run"),
+    out: Optional[Path] = typer.Option(None, help="output prefix (default: workspace/tune/NN-NAME)"),
+) -> None:
+    """The Tune step: sweeps one parameter, writes the data (CSV) and the curve (PNG)."""
+    from .freerun import RunOptions
+    from .tune import parse_param, sweep
+
+    name, values = parse_param(param)
+    bad = [p for p in fixed if "=" not in p]
+    if bad:
+        raise UsageError(f"--fixed takes NAME=VALUE; got {bad[0]!r}")
+    entry = _bank().ready_problem(problem)
+    ws = Workspace()
+    path = _solution_for(entry, solution, ws)
+    base = RunOptions(ranks, backend, platform, params=dict(p.split("=", 1) for p in fixed))
+    prefix = out or ws.root / "tune" / f"{entry.number}-{name}"
+    csv_path, png = sweep(entry, path, base, name, values, metric, prefix, console)
+    console.print(f"wrote {csv_path}" + (f" and {png}" if png else " (no point to plot)"))
+
+
+@app.command()
 def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
     """Shows one more hint each time."""
     entry = _bank().ready_problem(problem)

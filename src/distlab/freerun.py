@@ -16,14 +16,15 @@ from rich.markup import escape
 
 from .bank import Entry
 from .errors import UsageError
+from .platforms import Platform
 from .platforms import resolve as resolve_platform
 from .runtime import chrome
 from .runtime.faults import FaultPlan, load_fault_plan
 from .runtime.jobspec import Job, Limits, Task, program_module_name
-from .runtime.launcher import launch
+from .runtime.launcher import LaunchResult, launch
 from .runtime.learner import SolutionLoadError, compile_check
-from .runtime.metrics import format_seconds, summarize
-from .runtime.netsim import replay
+from .runtime.metrics import RunMetrics, format_seconds, summarize
+from .runtime.netsim import Replay, replay
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,23 @@ class RunOptions:
     deadline_s: float | None = None
 
 
-def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console) -> int:
-    """Runs and reports; returns the exit code (0 the run completed, 1 it ended badly)."""
+@dataclass
+class RunOutcome:
+    """What one free run produced; ``result`` says whether it ended well."""
+
+    result: LaunchResult
+    platform: Platform
+    plan: FaultPlan | None
+    summary: Any = None  # rank 0's return value
+    traces: dict[int, list[Any]] = field(default_factory=dict)
+    played: Replay | None = None
+    metrics: RunMetrics | None = None
+
+
+def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
+    """Runs the problem's ``main`` on real ranks and replays it; prints nothing.
+
+    Raises UsageError for bad options and SolutionLoadError for a file that does not compile."""
     card = entry.card()
     if options.backend not in card.backends:
         raise UsageError(f"problem {entry.number} runs on {', '.join(card.backends)}, not {options.backend}")
@@ -49,12 +65,7 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
     platform = resolve_platform(options.platform or card.platform)
     platform.check_world(options.ranks)
     plan = _fault_plan(options)
-    try:
-        compile_check(solution)
-    except SolutionLoadError as exc:
-        console.print(f"[red]{escape(exc.summary)}[/]\n{escape(exc.detail)}")
-        return 1
-
+    compile_check(solution)
     program_file = entry.path / "check.py"
     task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
     job = Job(
@@ -73,12 +84,32 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         platform=platform,
         online_clock=True,  # a free run shows comm.now() figures; checks turn it on when needed
     )
+    result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))
+    outcome = RunOutcome(result, platform, plan)
+    if result.ok:
+        outcomes = result.task_outcomes(0)
+        outcome.summary = outcomes[0].value if outcomes else None
+        outcome.traces = {rank: o.trace or [] for rank, o in enumerate(outcomes)}
+        outcome.played = replay(outcome.traces, platform)
+        outcome.metrics = summarize(outcome.played, outcome.traces)
+    return outcome
+
+
+def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console) -> int:
+    """Runs and reports; returns the exit code (0 the run completed, 1 it ended badly)."""
+    try:
+        compile_check(solution)
+    except SolutionLoadError as exc:
+        console.print(f"[red]{escape(exc.summary)}[/]\n{escape(exc.detail)}")
+        return 1
+    platform_name = options.platform or entry.card().platform
     console.print(
         f"[bold]distlab run {entry.number}[/] · {escape(entry.title)} · ranks {options.ranks} · "
-        f"backend {options.backend} · platform {platform.name}"
-        + (f" · faults {options.faults} (seed {plan.seed})" if plan else "")
+        f"backend {options.backend} · platform {platform_name}"
+        + (f" · faults {options.faults}" if options.faults else "")
     )
-    result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))
+    outcome = execute(entry, solution, options)
+    result, plan = outcome.result, outcome.plan
     for event in result.fault_events:
         console.print(f"[yellow]fault:[/] {escape(event)}")
     for reason in result.restarted_after:
@@ -90,15 +121,12 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         if plan:
             console.print(f"replay with: --faults {options.faults} --seed {plan.seed}", style="dim")
         return 1
-    outcomes = result.task_outcomes(0)
-    summary = outcomes[0].value if outcomes else None
-    if summary is not None:
-        console.print(f"rank 0: {escape(str(summary))}")
-    traces = {rank: o.trace or [] for rank, o in enumerate(outcomes)}
-    played = replay(traces, platform)
-    metrics = summarize(played, traces)
+    assert outcome.metrics is not None and outcome.played is not None
+    if outcome.summary is not None:
+        console.print(f"rank 0: {escape(str(outcome.summary))}")
+    metrics = outcome.metrics
     headline = (
-        f"virtual {format_seconds(played.makespan)}"
+        f"virtual {format_seconds(metrics.virtual_s)}"
         if options.clock == "virtual"
         else f"wall {format_seconds(metrics.wall_s)}"
     )
@@ -106,9 +134,9 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
     for line in metrics.lines():
         console.print(f"  {escape(line)}", style="dim")
     if options.trace:
-        meta: dict[str, Any] = {"problem": entry.number, "platform": platform.name,
+        meta: dict[str, Any] = {"problem": entry.number, "platform": outcome.platform.name,
                                 "backend": options.backend, "ranks": options.ranks}
-        chrome.export(options.trace, traces, played, meta)
+        chrome.export(options.trace, outcome.traces, outcome.played, meta)
         console.print(f"trace written to {options.trace} (open it in Perfetto or chrome://tracing)")
     return 0
 
