@@ -22,9 +22,13 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return ws
 
 
-def run_cli(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 120, cwd: Path | None = None, workspace: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs the distlab CLI as a user would, in a child process; returns its exit code and output."""
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
+    if workspace is not None:
+        env["DISTLAB_WORKSPACE"] = str(workspace)
     return subprocess.run(
         [*DISTLAB, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd or REPO
     )

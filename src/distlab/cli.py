@@ -213,6 +213,31 @@ def tune(
 
 
 @app.command()
+def report(
+    problem: Optional[str] = typer.Argument(None, help="number or slug"),
+    all_problems: bool = typer.Option(False, "--all", help="one page per written problem"),
+    solution: Optional[str] = typer.Option(None, help="'reference', 'starter' or a path"),
+    out: Optional[Path] = typer.Option(None, help="the HTML file (or folder with --all)"),
+) -> None:
+    """A self-contained HTML report: card, results, timeline, metrics, sweeps."""
+    from .report import build
+    from .workspace import write_atomically
+
+    bank, ws = _bank(), Workspace()
+    if all_problems == (problem is not None):
+        raise UsageError("give a problem number, or --all")
+    entries = [e for e in bank.entries if e.ready] if all_problems else [bank.ready_problem(problem or "")]
+    for entry in entries:
+        path = _solution_for(entry, solution, ws)
+        if all_problems:
+            target = (out or ws.root / "reports") / f"{entry.number}.html"
+        else:
+            target = out or ws.root / "reports" / f"{entry.number}.html"
+        write_atomically(target, build(entry, path, ws))
+        console.print(f"wrote {target}")
+
+
+@app.command()
 def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
     """Shows one more hint each time."""
     entry = _bank().ready_problem(problem)

@@ -36,6 +36,7 @@ def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the learner's own files from their tools
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -1,0 +1,163 @@
+"""`distlab report N`: one self-contained HTML page about a problem and the learner's work on it.
+
+Sections: the scenario card; the last check results with each performance figure beside its
+bound; a per-rank timeline of a free run on the virtual clock (drawn as inline SVG); the metrics
+of that run; the sweep curves the learner made with `distlab tune`. Everything is inline (CSS, SVG,
+PNG as data URIs), so the file can be mailed or attached to an assessment.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from .bank import Entry
+from .freerun import RunOptions, RunOutcome, execute
+from .runtime.chrome import virtual_spans
+from .runtime.metrics import format_seconds
+from .workspace import Workspace
+
+COLORS = {"compute": "#4c78a8", "comm": "#f58518", "wait": "#e45756", "mark": "#54a24b"}
+
+STYLE = """
+body { font: 15px/1.5 system-ui, sans-serif; max-width: 1000px; margin: 2em auto; color: #222; }
+h1 { font-size: 1.6em; margin-bottom: 0; } h2 { border-bottom: 1px solid #ddd; margin-top: 2em; }
+.meta { color: #666; } table { border-collapse: collapse; width: 100%; }
+td, th { border-bottom: 1px solid #eee; padding: 4px 8px; text-align: left; vertical-align: top; }
+.passed { color: #1a7f37; font-weight: 600; } .failed, .error { color: #cf222e; font-weight: 600; }
+pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; font-size: 13px; }
+.legend span { display: inline-block; margin-right: 1em; } .swatch { width: 12px; height: 12px;
+display: inline-block; margin-right: 4px; vertical-align: middle; }
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text))
+
+
+def card_section(entry: Entry) -> str:
+    card = entry.card()
+    s = card.scenario
+    items = lambda xs: "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in xs) + "</ul>"  # noqa: E731
+    steps = "".join(
+        f"<li><b>{name}</b>: {_e(text)}</li>"
+        for name, text in (("Define", card.steps.define), ("Instrument", card.steps.instrument),
+                           ("Simulate", card.steps.simulate), ("Tune", card.steps.tune))
+    )
+    return (
+        f'<section id="card"><h2>Scenario</h2><p>{_e(s.background.strip())}</p>'
+        f"<h3>Constraints</h3>{items(s.constraints)}<h3>Fault injection</h3>{items(s.faults)}"
+        f"<h3>Monitoring metrics</h3>{items(s.metrics)}<h3>The DIST path</h3><ul>{steps}</ul></section>"
+    )
+
+
+def results_section(results: dict[str, Any] | None, number: str) -> str:
+    if results is None:
+        return (f'<section id="results"><h2>Check results</h2><p>No results yet: run '
+                f"<code>distlab check {number}</code>.</p></section>")
+    rows = "".join(
+        f'<tr><td class="{_e(c["status"])}">{_e(c["status"])}</td><td>{_e(c["name"])}</td>'
+        f'<td>{c["score"]}/{c["max_score"]}</td><td><pre>{_e(c["message"])}</pre></td></tr>'
+        if c["message"] else
+        f'<tr><td class="{_e(c["status"])}">{_e(c["status"])}</td><td>{_e(c["name"])}</td>'
+        f'<td>{c["score"]}/{c["max_score"]}</td><td></td></tr>'
+        for c in results["checks"]
+    )
+    totals = results.get("totals", {})
+    perf = ""
+    if totals.get("virtual_s") is not None and totals.get("bound_s"):
+        measured, bound = totals["virtual_s"], totals["bound_s"]
+        perf = (f'<p id="performance"><b>Performance</b> ({_e(totals.get("clock", "virtual"))} clock): '
+                f"{format_seconds(measured)} against the bound {format_seconds(bound)} "
+                f"({measured / bound:.3f}x)</p>")
+    return (
+        f'<section id="results"><h2>Check results</h2><p class="meta">{_e(results["footer"])}<br>'
+        f'solution {_e(results["solution"])} · {_e(results["started_at"])}</p>{perf}'
+        f"<table><tr><th>status</th><th>check</th><th>score</th><th>message</th></tr>{rows}</table>"
+        "</section>"
+    )
+
+
+def timeline_svg(outcome: RunOutcome, width: int = 940) -> str:
+    """Each rank a row; each span a bar on the virtual clock, colored by what the rank did."""
+    assert outcome.played is not None
+    spans = virtual_spans(outcome.traces, outcome.played)
+    ranks = sorted(outcome.traces)
+    end = outcome.played.makespan or 1e-9
+    row, left = 22, 70
+    height = row * len(ranks) + 30
+    scale = (width - left - 10) / end
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="per-rank timeline">']
+    for i, rank in enumerate(ranks):
+        y = i * row + 4
+        parts.append(f'<text x="4" y="{y + 14}" font-size="12">rank {rank}</text>')
+        parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row - 6}" fill="#f3f3f3"/>')
+    for span in spans:
+        if span.duration_s <= 0 or span.category == "mark":
+            continue
+        y = ranks.index(span.rank) * row + 4
+        x, w = left + span.start_s * scale, max(span.duration_s * scale, 0.5)
+        parts.append(
+            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 6}" '
+            f'fill="{COLORS.get(span.category, "#999")}"><title>{_e(span.name)} '
+            f"{format_seconds(span.start_s)} + {format_seconds(span.duration_s)}</title></rect>"
+        )
+    axis_y = row * len(ranks) + 20
+    parts.append(f'<text x="{left}" y="{axis_y}" font-size="11">0</text>')
+    parts.append(f'<text x="{width - 10}" y="{axis_y}" font-size="11" text-anchor="end">'
+                 f"{format_seconds(end)}</text></svg>")
+    return "".join(parts)
+
+
+def timeline_section(outcome: RunOutcome | None, note: str) -> str:
+    if outcome is None or outcome.played is None:
+        return f'<section id="timeline"><h2>Timeline</h2><p>{_e(note)}</p></section>'
+    legend = "".join(f'<span><i class="swatch" style="background:{c}"></i>{k}</span>'
+                     for k, c in COLORS.items() if k != "mark")
+    metrics = outcome.metrics
+    assert metrics is not None
+    lines = "".join(f"<li>{_e(line)}</li>" for line in metrics.lines())
+    return (f'<section id="timeline"><h2>Timeline of a free run (virtual clock)</h2>'
+            f'<p class="meta">{_e(note)}</p><div class="legend">{legend}</div>{timeline_svg(outcome)}'
+            f'<h3>Metrics</h3><ul id="metrics">{lines}</ul></section>')
+
+
+def sweeps_section(ws: Workspace, number: str) -> str:
+    images = sorted((ws.root / "tune").glob(f"{number}-*.png")) if (ws.root / "tune").exists() else []
+    if not images:
+        return (f'<section id="sweeps"><h2>Sweeps</h2><p>No sweep yet: try '
+                f"<code>distlab tune {number} --param NAME=V1,V2,...</code>.</p></section>")
+    figures = "".join(
+        f'<figure><img alt="{_e(p.stem)}" src="data:image/png;base64,'
+        f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{_e(p.stem)}</figcaption></figure>'
+        for p in images
+    )
+    return f'<section id="sweeps"><h2>Sweeps</h2>{figures}</section>'
+
+
+def build(entry: Entry, solution: Path, ws: Workspace, ranks: int = 4) -> str:
+    results_file = ws.results_path(entry)
+    results = json.loads(results_file.read_text()) if results_file.exists() else None
+    outcome, note = None, ""
+    try:
+        outcome = execute(entry, solution, RunOptions(ranks=ranks))
+        note = f"{ranks} ranks, {solution.name}, platform {outcome.platform.name}"
+        if not outcome.result.ok:
+            note = f"the free run ended badly: {outcome.result.message}"
+    except Exception as exc:  # noqa: BLE001 - the page is still worth having without a timeline
+        note = f"no timeline: {exc}"
+    card = entry.card()
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>distlab report {entry.number}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{entry.number} · {_e(entry.title)}</h1>"
+        f'<p class="meta">{_e(card.tier)} tier · platform {_e(card.platform)} · made {stamp}</p>'
+        f"{results_section(results, entry.number)}{timeline_section(outcome, note)}"
+        f"{sweeps_section(ws, entry.number)}{card_section(entry)}</body></html>"
+    )
