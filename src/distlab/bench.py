@@ -14,7 +14,6 @@ targets live here and not in tests: timings on a shared machine are for people t
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
@@ -41,7 +40,7 @@ from .benchmarks.timings import (
     write_json_atomically,
 )
 from .errors import HarnessError
-from .runtime.launcher import mpiexec_path
+from .runtime.launcher import mpi_env, mpiexec_path
 from .runtime.processes import kill_session
 
 RESULTS_FILE = Path("bench-results") / "bench.json"
@@ -81,21 +80,6 @@ class Figure:
 # -- running the two halves ---------------------------------------------------------------------
 
 
-def bench_mpi_env() -> dict[str, str]:
-    """The environment of a real check's ranks (see launcher._mpi_env), so the same transport is
-    measured."""
-    env = dict(os.environ)
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        # 4 ranks share 2 cores: a rank waiting for a message must give its core away.
-        OMPI_MCA_mpi_yield_when_idle="1",
-        OMPI_MCA_btl="self,sm,tcp",
-        PRTE_MCA_prte_silence_shared_fs="1",
-    )
-    return env
-
-
 def mpi_command(out: Path, quick: bool) -> list[str]:
     ranks = [sys.executable, "-m", "distlab.benchmarks.mpi_ranks", "--out", str(out)]
     flags = ["--quick"] if quick else []
@@ -133,7 +117,7 @@ def _end(process: subprocess.Popen[str]) -> None:
 
 def run_mpi_timings(out: Path, quick: bool) -> MpiTimings:
     """Runs the MPI half on 4 ranks; rank 0 writes ``out``, which is read back."""
-    code, output = run_to_end(mpi_command(out, quick), bench_mpi_env(), MPI_TIMEOUT_S)
+    code, output = run_to_end(mpi_command(out, quick), mpi_env(), MPI_TIMEOUT_S)
     if code != 0 or not out.exists():
         raise HarnessError(f"the MPI benchmark failed (exit {code}):\n{_tail(output)}")
     return MpiTimings.read(out)

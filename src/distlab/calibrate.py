@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import platform as host_platform
 import statistics
 import tempfile
@@ -42,7 +41,7 @@ from .bank import Bank
 from .errors import HarnessError, UsageError
 from .platforms import Platform, load_platform
 from .runtime.collectives_cost import ring_allreduce_time
-from .runtime.jobspec import Job, Task, TaskOutcome
+from .runtime.jobspec import Job, Task, TaskOutcome, make_job
 from .runtime.launcher import LaunchResult, launch
 from .runtime.metrics import format_seconds
 from .runtime.netsim import replay
@@ -264,17 +263,8 @@ def check_writable(path: Path) -> None:
 
 def _job(program: str, tasks: Sequence[Task], backend: str, solution: Path | None) -> Job:
     program_file = Path(calibration_ranks.__file__)
-    return Job(
-        program_file=str(program_file),
-        program_module=calibration_ranks.__name__,
-        program=program,
-        solution_file=str(solution) if solution else None,
-        tasks_blob=pickle.dumps(tuple(tasks)),
-        task_labels=tuple(t.label for t in tasks),
-        backend=backend,
-        world_size=max(t.ranks for t in tasks),
-        supervisor_pid=os.getpid(),
-    )
+    return make_job(program_file, program, tasks, backend, solution,
+                    program_module=calibration_ranks.__name__)
 
 
 def _launch(job: Job, what: str, deadline_s: float) -> LaunchResult:

@@ -5,8 +5,6 @@ times, the metrics) and can keep a Chrome trace of it.
 
 from __future__ import annotations
 
-import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from .platforms import Platform
 from .platforms import resolve as resolve_platform
 from .runtime import chrome
 from .runtime.faults import FaultPlan, load_fault_plan
-from .runtime.jobspec import Job, Limits, Task, program_module_name
+from .runtime.jobspec import Limits, Task, make_job
 from .runtime.launcher import LaunchResult, launch
 from .runtime.learner import SolutionLoadError, compile_check
 from .runtime.metrics import RunMetrics, format_seconds, summarize
@@ -66,22 +64,10 @@ def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
     platform.check_world(options.ranks)
     plan = _fault_plan(options)
     compile_check(solution)
-    program_file = entry.path / "check.py"
     task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
-    job = Job(
-        program_file=str(program_file),
-        program_module=program_module_name(program_file),
-        program="main",
-        solution_file=str(solution),
-        tasks_blob=pickle.dumps((task,)),
-        task_labels=(task.label,),
-        backend=options.backend,
-        world_size=options.ranks,
-        limits=Limits(),
-        supervisor_pid=os.getpid(),
-        device_flops=tuple(platform.device_of(r).flops for r in range(options.ranks)),
-        faults=plan,
-        platform=platform,
+    job = make_job(
+        entry.path / "check.py", "main", [task], options.backend, solution,
+        limits=Limits(), faults=plan, platform=platform,
         online_clock=True,  # a free run shows comm.now() figures; checks turn it on when needed
     )
     result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))

@@ -25,7 +25,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..runtime.jobspec import Job, Limits, Task, TaskOutcome, program_module_name
+from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job
 from ..runtime.launcher import LaunchResult, launch
 from ..platforms import Platform
 from ..runtime.metrics import RunMetrics, summarize
@@ -232,24 +232,11 @@ class CheckContext:
         world = max(task.ranks for task in tasks)
         platform = platform or s.platform
         platform.check_world(world)
-        tasks_blob = pickle.dumps(tuple(tasks))
-        job = Job(
-            program_file=str(s.program_file),
-            program_module=program_module_name(s.program_file),
-            program=program.__name__,
-            solution_file=str(s.solution_file),
-            tasks_blob=tasks_blob,
-            task_labels=tuple(t.label or f"task {i + 1} on {t.ranks} rank(s)" for i, t in enumerate(tasks)),
-            backend=s.backend,
-            world_size=world,
-            limits=s.limits,
-            supervisor_pid=_own_pid(),
-            device_flops=tuple(platform.device_of(r).flops for r in range(world)),
-            platform=platform,
-            faults=s.faults,
-            online_clock=online_clock,
+        job = make_job(
+            s.program_file, program.__name__, tasks, s.backend, s.solution_file,
+            limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
         )
-        key = pickle.dumps((job.program, tasks_blob, deadline_s, online_clock, platform))
+        key = pickle.dumps((job.program, job.tasks_blob, deadline_s, online_clock, platform))
         cached = s.cache.get(key)
         if isinstance(cached, Run):
             return cached
@@ -265,9 +252,3 @@ class CheckContext:
         s.cache[key] = run
         s.totals.add(result, runs)
         return run
-
-
-def _own_pid() -> int:
-    import os
-
-    return os.getpid()

@@ -68,6 +68,37 @@ class Job:
     online_clock: bool = False
 
 
+def make_job(
+    program_file: Path,
+    program: str,
+    tasks: list[Task] | tuple[Task, ...],
+    backend: str = "mpi",
+    solution_file: Path | None = None,
+    program_module: str | None = None,
+    **options: Any,
+) -> Job:
+    """A Job for ``program`` of ``program_file`` over ``tasks``: the derived fields (module name,
+    pickled tasks, labels, world size, device FLOP/s of the platform, this process as supervisor)
+    filled in; ``options`` are the other Job fields (limits, faults, platform, online_clock, ...)."""
+    tasks = tuple(tasks)
+    world = max(task.ranks for task in tasks)
+    platform = options.get("platform")
+    if platform is not None and "device_flops" not in options:
+        options["device_flops"] = tuple(platform.device_of(r).flops for r in range(world))
+    return Job(
+        program_file=str(program_file),
+        program_module=program_module or program_module_name(program_file),
+        program=program,
+        solution_file=str(solution_file) if solution_file else None,
+        tasks_blob=pickle.dumps(tasks),
+        task_labels=tuple(t.label or f"task {i + 1} on {t.ranks} rank(s)" for i, t in enumerate(tasks)),
+        backend=backend,
+        world_size=world,
+        supervisor_pid=os.getpid(),
+        **options,
+    )
+
+
 @dataclass
 class TaskOutcome:
     value: Any

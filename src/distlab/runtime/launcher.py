@@ -211,7 +211,8 @@ def mpiexec_path() -> str:
     return found
 
 
-def _mpi_env() -> dict[str, str]:
+def mpi_env() -> dict[str, str]:
+    """The environment of mpiexec for a job (and for the benchmarks, which measure the same)."""
     env = dict(os.environ)
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
@@ -303,7 +304,7 @@ def _start(job: Job, job_dir: Path, attempt: int = 0) -> _Processes:
             *worker,
         ]
         # mpiexec hands its environment to the ranks it starts on this host.
-        env = _mpi_env()
+        env = mpi_env()
         env[ATTEMPT_ENV] = str(attempt)
         procs.popens.append(
             subprocess.Popen(
