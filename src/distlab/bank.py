@@ -92,7 +92,7 @@ class _Reader:
             raise self._fail(key, "is missing")
         return self.data[key]
 
-    def str(self, key: str, choices: tuple[str, ...] = ()) -> str:
+    def string(self, key: str, choices: tuple[str, ...] = ()) -> str:
         value = self._get(key)
         if not isinstance(value, str) or not value.strip():
             raise self._fail(key, f"must be a non-empty string; got {value!r}")
@@ -100,13 +100,13 @@ class _Reader:
             raise self._fail(key, f"must be one of {', '.join(choices)}; got {value!r}")
         return value
 
-    def int(self, key: str, minimum: int = 0) -> int:
+    def integer(self, key: str, minimum: int = 0) -> int:
         value = self._get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise self._fail(key, f"must be an integer >= {minimum}; got {value!r}")
         return value
 
-    def strs(self, key: str, choices: tuple[str, ...] = (), min_items: int = 1) -> tuple[str, ...]:
+    def strings(self, key: str, choices: tuple[str, ...] = (), min_items: int = 1) -> tuple[str, ...]:
         value = self._get(key)
         if not isinstance(value, list) or len(value) < min_items:
             raise self._fail(key, f"must be a list of at least {min_items} string(s); got {value!r}")
@@ -117,7 +117,7 @@ class _Reader:
                 raise self._fail(key, f"entries must be among {', '.join(choices)}; got {item!r}")
         return tuple(value)
 
-    def ints(self, key: str, minimum: int = 1) -> tuple[int, ...]:
+    def integers(self, key: str, minimum: int = 1) -> tuple[int, ...]:
         value = self._get(key)
         if not isinstance(value, list) or not value:
             raise self._fail(key, f"must be a non-empty list of integers; got {value!r}")
@@ -157,13 +157,13 @@ CARD_KEYS = {
 def load_card(path: Path) -> Card:
     data = _read_toml(path)
     r = _Reader(data, str(path))
-    version = r.int("format_version", minimum=1)
+    version = r.integer("format_version", minimum=1)
     if version != FORMAT_VERSION:
         raise CardError(
             f"{path}: key 'format_version' is {version}; this distlab reads version {FORMAT_VERSION}"
         )
     r.unknown_keys(CARD_KEYS)
-    card_id = r.str("id")
+    card_id = r.string("id")
     if not (len(card_id) == 2 and card_id.isdigit()):
         raise CardError(f"{path}: key 'id' must be two digits like \"03\"; got {card_id!r}")
     scenario = r.table("scenario")
@@ -173,28 +173,28 @@ def load_card(path: Path) -> Card:
     return Card(
         format_version=version,
         id=card_id,
-        slug=r.str("slug"),
-        title=r.str("title"),
-        tier=r.str("tier", TIERS),
-        tags=r.strs("tags"),
-        world_sizes=r.ints("world_sizes"),
-        platform=r.str("platform"),
-        time_limit_s=r.int("time_limit_s", minimum=1),
-        backends=r.strs("backends", BACKENDS),
-        solution_file=r.str("solution_file"),
+        slug=r.string("slug"),
+        title=r.string("title"),
+        tier=r.string("tier", TIERS),
+        tags=r.strings("tags"),
+        world_sizes=r.integers("world_sizes"),
+        platform=r.string("platform"),
+        time_limit_s=r.integer("time_limit_s", minimum=1),
+        backends=r.strings("backends", BACKENDS),
+        solution_file=r.string("solution_file"),
         scenario=Scenario(
-            background=scenario.str("background"),
-            constraints=scenario.strs("constraints"),
-            faults=scenario.strs("faults"),
-            metrics=scenario.strs("metrics"),
+            background=scenario.string("background"),
+            constraints=scenario.strings("constraints"),
+            faults=scenario.strings("faults"),
+            metrics=scenario.strings("metrics"),
         ),
         steps=Steps(
-            define=steps.str("define"),
-            instrument=steps.str("instrument"),
-            simulate=steps.str("simulate"),
-            tune=steps.str("tune"),
+            define=steps.string("define"),
+            instrument=steps.string("instrument"),
+            simulate=steps.string("simulate"),
+            tune=steps.string("tune"),
         ),
-        hints=r.strs("hints", min_items=1),
+        hints=r.strings("hints", min_items=1),
     )
 
 
@@ -243,7 +243,7 @@ def _load_index(root: Path) -> list[Entry]:
     path = root / "index.toml"
     data = _read_toml(path)
     r = _Reader(data, str(path))
-    if r.int("format_version", minimum=1) != FORMAT_VERSION:
+    if r.integer("format_version", minimum=1) != FORMAT_VERSION:
         raise CardError(f"{path}: unsupported format_version")
     problems = data.get("problem")
     if not isinstance(problems, list) or not problems:
@@ -252,13 +252,13 @@ def _load_index(root: Path) -> list[Entry]:
     seen: set[str] = set()
     for i, raw in enumerate(problems):
         item = _Reader(raw, str(path), f"problem[{i}].")
-        number = item.str("number")
+        number = item.string("number")
         if number in seen:
             raise CardError(f"{path}: problem number {number} appears twice")
         seen.add(number)
-        slug = item.str("slug")
+        slug = item.string("slug")
         entries.append(
-            Entry(number, slug, item.str("title"), item.str("tier", TIERS), root / f"{number}-{slug}")
+            Entry(number, slug, item.string("title"), item.string("tier", TIERS), root / f"{number}-{slug}")
         )
     return entries
 

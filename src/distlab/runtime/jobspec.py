@@ -11,7 +11,7 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .stats import CommStats
 
@@ -71,7 +71,7 @@ class Job:
 def make_job(
     program_file: Path,
     program: str,
-    tasks: list[Task] | tuple[Task, ...],
+    tasks: Sequence[Task],
     backend: str = "mpi",
     solution_file: Path | None = None,
     program_module: str | None = None,
