@@ -238,6 +238,30 @@ def report(
 
 
 @app.command()
+def exam(
+    out: Path = typer.Option(..., help="the exam folder (for the candidate's files and the results)"),
+    problems: Optional[str] = typer.Option(None, help="comma-separated problem numbers, to open an exam"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="duration, e.g. 90m or 1h30m"),
+    submit: bool = typer.Option(False, "--submit", help="grade the exam in --out"),
+) -> None:
+    """A timed assessment: open it (--problems, --time), then grade it (--submit)."""
+    from . import exam as exams
+
+    bank = _bank()
+    if submit:
+        summary = exams.submit(bank, out, console)
+        console.print(f"exam score {summary['score']}/{summary['max_score']}: "
+                      f"{out / 'results.json'} and {out / 'report.html'}")
+        return
+    if not problems or not time_limit:
+        raise UsageError("open an exam with --problems and --time, or grade one with --submit")
+    opened = exams.open_exam(bank, [p.strip() for p in problems.split(",")],
+                             exams.parse_duration(time_limit), out)
+    console.print(f"exam open until {exams._iso(opened.deadline)}: edit the files in {out / 'work'}, "
+                  f"then run: distlab exam --out {out} --submit")
+
+
+@app.command()
 def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
     """Shows one more hint each time."""
     entry = _bank().ready_problem(problem)

@@ -1,0 +1,177 @@
+"""`distlab exam`: a timed assessment on hidden variants, for team leads and interviewers.
+
+Call order: `distlab exam --problems 03,07 --time 90m --out DIR` opens the exam: DIR/exam.json
+records the problems, fresh secret seeds and the deadline, and DIR/work/ gets the starters for the
+candidate to edit. `distlab exam --out DIR --submit` grades: every problem is checked on its
+secret seed (expected values are computed in the checker, outside the candidate's processes), the
+files are kept with their SHA-256 in DIR/submitted/, and the assessor gets DIR/results.json (one
+document, every problem) and DIR/report.html. A file changed after the deadline is graded as it
+was not: it scores zero, and the report says so.
+
+Integrity: besides the message counters of the communicator, a submitted file that imports an
+engine directly (mpi4py, torch.distributed) to go around the communicator is flagged and scores
+zero. The seeds live in DIR/exam.json: give the candidate DIR/work/ only, and keep DIR yourself.
+(Counting messages below the proxy, with Open MPI's own monitoring, is not done yet.)
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import html
+import json
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .bank import Bank, Entry
+from .errors import StateError, UsageError
+from .grading import results as results_io
+from .grading.console import ConsoleReporter
+from .grading.runner import Options, check_problem
+from .workspace import write_atomically
+
+EXAM_FILE = "exam.json"
+BYPASS_MODULES = ("mpi4py", "torch.distributed")
+
+
+def parse_duration(text: str) -> float:
+    """'90m', '1h30m', '45s', '2h' -> seconds."""
+    parts = re.fullmatch(r"\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*", text)
+    if not parts or not any(parts.groups()):
+        raise UsageError(f"--time takes a duration like 90m, 1h30m or 45s; got {text!r}")
+    h, m, s = (int(g) if g else 0 for g in parts.groups())
+    return float(h * 3600 + m * 60 + s)
+
+
+@dataclass(frozen=True)
+class Exam:
+    problems: list[str]
+    seeds: dict[str, int]
+    started_at: float
+    deadline: float
+    folder: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": 1, "problems": self.problems, "seeds": self.seeds,
+                "started_at": self.started_at, "deadline": self.deadline}
+
+    @classmethod
+    def load(cls, folder: Path) -> "Exam":
+        try:
+            data = json.loads((folder / EXAM_FILE).read_text())
+            return cls(list(data["problems"]), {k: int(v) for k, v in data["seeds"].items()},
+                       float(data["started_at"]), float(data["deadline"]), folder)
+        except FileNotFoundError:
+            raise UsageError(f"{folder} holds no exam: open one with --problems and --time") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"{folder / EXAM_FILE} is damaged ({exc}); open a new exam") from None
+
+
+def open_exam(bank: Bank, problems: list[str], seconds: float, folder: Path) -> Exam:
+    if (folder / EXAM_FILE).exists():
+        raise UsageError(f"{folder} already holds an exam: grade it with --submit, or use another --out")
+    entries = [bank.ready_problem(p) for p in problems]
+    folder.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    exam = Exam([e.number for e in entries], {e.number: secrets.randbelow(10**9) for e in entries},
+                now, now + seconds, folder)
+    write_atomically(folder / EXAM_FILE, json.dumps(exam.to_json(), indent=2) + "\n")
+    for entry in entries:
+        target = folder / "work" / entry.card().solution_file
+        write_atomically(target, (entry.path / "starter.py").read_text())
+    return exam
+
+
+def bypasses(path: Path) -> list[str]:
+    """Engine modules the file imports directly (going around the communicator)."""
+    try:
+        tree = ast.parse(path.read_text())
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            for banned in BYPASS_MODULES:
+                if name == banned or name.startswith(banned + "."):
+                    found.append(banned)
+    return sorted(set(found))
+
+
+def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
+    exam = Exam.load(folder)
+    submitted_at = time.time()
+    documents = []
+    for number in exam.problems:
+        entry = bank.ready_problem(number)
+        work = folder / "work" / entry.card().solution_file
+        kept = folder / "submitted" / work.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work, kept)
+        digest = hashlib.sha256(kept.read_bytes()).hexdigest()
+        late = work.stat().st_mtime > exam.deadline
+        results = check_problem(entry, kept, Options(seed=exam.seeds[number]), ConsoleReporter(console))
+        doc = results.to_json()
+        doc["file_sha256"] = digest
+        doc["late"] = late
+        doc["bypass"] = bypasses(kept)
+        if late or doc["bypass"]:
+            doc["score"] = 0
+            doc["passed"] = False
+        documents.append(doc)
+    summary = {
+        "schema": "distlab.exam/1",
+        "started_at": _iso(exam.started_at),
+        "deadline": _iso(exam.deadline),
+        "submitted_at": _iso(submitted_at),
+        "score": sum(d["score"] for d in documents),
+        "max_score": sum(d["max_score"] for d in documents),
+        "problems": documents,
+    }
+    write_atomically(folder / "results.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_atomically(folder / "report.html", assessor_page(summary))
+    return summary
+
+
+def assessor_page(summary: dict[str, Any]) -> str:
+    e = html.escape
+    rows = []
+    for doc in summary["problems"]:
+        flags = []
+        if doc["late"]:
+            flags.append("changed after the deadline")
+        if doc["bypass"]:
+            flags.append("imports " + ", ".join(doc["bypass"]) + " directly")
+        checks = "".join(
+            f"<li>{e(c['status'])}: {e(c['name'])} ({c['score']}/{c['max_score']})"
+            + (f"<br><small>{e(c['message'])}</small>" if c["message"] else "") + "</li>"
+            for c in doc["checks"]
+        )
+        rows.append(
+            f"<section><h2>{e(doc['problem'])} · {e(doc['title'])}: {doc['score']}/{doc['max_score']}</h2>"
+            f"<p>{e('; '.join(flags)) or 'no integrity flag'} · seed {doc['seed']} · "
+            f"sha256 {e(doc['file_sha256'][:16])}…</p><ul>{checks}</ul></section>"
+        )
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>distlab exam</title>"
+        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:900px;margin:2em auto}</style>"
+        f"</head><body><h1>Exam: {summary['score']}/{summary['max_score']}</h1>"
+        f"<p>started {e(summary['started_at'])} · deadline {e(summary['deadline'])} · submitted "
+        f"{e(summary['submitted_at'])}</p>{''.join(rows)}</body></html>"
+    )
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")

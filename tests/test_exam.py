@@ -1,0 +1,66 @@
+"""Exam mode from the CLI: open, work, submit; late and bypassing files score zero, flagged."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from distlab.errors import UsageError
+from distlab.exam import bypasses, parse_duration
+
+from conftest import PROBLEMS, run_cli
+
+REFERENCE = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
+
+
+def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    opened = run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder))
+    assert opened.returncode == 0, opened.stdout
+    seed = json.loads((folder / "exam.json").read_text())["seeds"]["03"]
+    (folder / "work" / "03-ring-allreduce.py").write_text(REFERENCE)
+    graded = run_cli("exam", "--out", str(folder), "--submit")
+    assert graded.returncode == 0, graded.stdout
+    results = json.loads((folder / "results.json").read_text())
+    assert results["schema"] == "distlab.exam/1"
+    assert results["score"] == results["max_score"] == 12
+    problem = results["problems"][0]
+    assert problem["seed"] == seed and problem["late"] is False and problem["bypass"] == []
+    assert (folder / "submitted" / "03-ring-allreduce.py").read_text() == REFERENCE
+    assert "Exam: 12/12" in (folder / "report.html").read_text()
+
+
+def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    assert run_cli("exam", "--problems", "03", "--time", "1s", "--out", str(folder)).returncode == 0
+    work = folder / "work" / "03-ring-allreduce.py"
+    work.write_text("from mpi4py import MPI\n" + REFERENCE)
+    later = time.time() + 60
+    os.utime(work, (later, later))
+    graded = run_cli("exam", "--out", str(folder), "--submit")
+    assert graded.returncode == 0
+    problem = json.loads((folder / "results.json").read_text())["problems"][0]
+    assert problem["late"] is True and problem["bypass"] == ["mpi4py"] and problem["score"] == 0
+    page = (folder / "report.html").read_text()
+    assert "changed after the deadline" in page and "imports mpi4py directly" in page
+
+
+def test_exam_usage_errors_are_sentences(tmp_path: Path) -> None:
+    out = run_cli("exam", "--out", str(tmp_path / "none"), "--submit")
+    assert out.returncode == 2 and "holds no exam" in out.stdout + out.stderr
+    out = run_cli("exam", "--out", str(tmp_path / "x"), "--problems", "03")
+    assert out.returncode == 2 and "--problems and --time" in out.stdout + out.stderr
+
+
+def test_durations_and_bypass_detection(tmp_path: Path) -> None:
+    assert parse_duration("90m") == 5400 and parse_duration("1h30m") == 5400
+    assert parse_duration("45s") == 45
+    with pytest.raises(UsageError):
+        parse_duration("soon")
+    f = tmp_path / "s.py"
+    f.write_text("import torch.distributed as dist\nimport numpy\n")
+    assert bypasses(f) == ["torch.distributed"]
