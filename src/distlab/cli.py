@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -24,8 +24,8 @@ from .workspace import Workspace
 
 app = typer.Typer(
     add_completion=False,
-    no_args_is_help=True,
-    help="distlab: distributed-training problems, checked on real processes.",
+    help="distlab: distributed-training problems, checked on real processes. "
+    "With no command: watch mode on the next problem.",
 )
 console = Console(highlight=False)
 
@@ -101,6 +101,44 @@ def _solution_for(entry: Entry, solution: Optional[str], ws: Workspace) -> Path:
     return entry.path / "starter.py"
 
 
+def _check_and_record(entry: Entry, path: Path, options: "Any", verbose: bool, own: bool) -> "Any":
+    """Checks, writes the results file, and records progress when it is the learner's own file."""
+    from .grading import results as results_io
+    from .grading.console import ConsoleReporter
+    from .grading.runner import check_problem
+
+    ws = Workspace()
+    results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
+    results_io.write(results, ws.results_path(entry))
+    if own and path == ws.solution_path(entry):
+        progress = ws.load_progress()
+        state = progress.of(entry.number)
+        state.attempts += 1
+        state.max_score = results.max_score
+        state.best_score = max(state.best_score, results.score)
+        state.passed = state.passed or results.passed
+        ws.save_progress(progress)
+    return results
+
+
+@app.callback(invoke_without_command=True)
+def watch_mode(
+    ctx: typer.Context,
+    poll: bool = typer.Option(False, "--poll", help="watch mode: poll the file instead of notifications"),
+) -> None:
+    """Watch mode when no command is given: the next problem, re-checked on every save."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from . import watch
+    from .grading.runner import Options
+
+    def check_it(entry: Entry, path: Path) -> bool:
+        return bool(_check_and_record(entry, path, Options(), False, own=True).passed)
+
+    raise typer.Exit(watch.run(_bank(), Workspace(), console, poll, check_it,
+                               lambda entry: hint(entry.number), list_problems))
+
+
 @app.command()
 def check(
     problem: str = typer.Argument(..., help="number or slug"),
@@ -122,8 +160,7 @@ def check(
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
-    from .grading.console import ConsoleReporter
-    from .grading.runner import Options, check_problem
+    from .grading.runner import Options
 
     if backend not in ("mpi", "gloo"):
         raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
@@ -135,19 +172,9 @@ def check(
     if clock not in ("virtual", "wall"):
         raise UsageError(f"unknown clock {clock!r}: use virtual or wall")
     options = Options(backend, seed, time_limit, platform, faults, clock)
-    results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
-    results_io.write(results, ws.results_path(entry))
+    results = _check_and_record(entry, path, options, verbose, own=solution is None)
     if json_out:
         results_io.write(results, json_out)
-    is_own = solution is None and path == ws.solution_path(entry)
-    if is_own:
-        progress = ws.load_progress()
-        state = progress.of(entry.number)
-        state.attempts += 1
-        state.max_score = results.max_score
-        state.best_score = max(state.best_score, results.score)
-        state.passed = state.passed or results.passed
-        ws.save_progress(progress)
     raise typer.Exit(0 if results.passed else 1)
 
 
