@@ -6,8 +6,12 @@
 
 from __future__ import annotations
 
+from ..platforms import Platform, parse_platform, resolve, uniform
 from ..runtime.faults import parse_fault_plan
 from ..runtime.jobspec import Task
 from .api import CheckContext, CheckFailed, Checklist, Run
 
-__all__ = ["CheckContext", "CheckFailed", "Checklist", "Run", "Task", "parse_fault_plan"]
+__all__ = [
+    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "Task", "parse_fault_plan",
+    "parse_platform", "resolve", "uniform",
+]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn, Protocol
 
 import numpy as np
 
@@ -210,7 +210,7 @@ class CheckContext:
         if not condition:
             raise CheckFailed(f"expected {expected}; saw {seen}")
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         raise CheckFailed(message)
 
     def launch(

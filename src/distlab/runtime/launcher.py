@@ -348,7 +348,9 @@ def launch(
     """
     if keep_dir is None and os.environ.get("DISTLAB_KEEP_JOBS"):
         # For debugging the harness: leave every job folder (logs, stacks, states) in place.
-        keep_dir = Path(tempfile.mkdtemp(prefix="distlab-job-", dir=os.environ["DISTLAB_KEEP_JOBS"]))
+        keep_root = Path(os.environ["DISTLAB_KEEP_JOBS"])
+        keep_root.mkdir(parents=True, exist_ok=True)
+        keep_dir = Path(tempfile.mkdtemp(prefix="distlab-job-", dir=keep_root))
     faults = _process_faults(job)
     started = time.monotonic()  # the clock of the deadline and of at_s triggers, for every attempt
     earlier: list[str] = []
