@@ -79,3 +79,12 @@ def test_judge_deadline_and_crash() -> None:
 
 def test_missing_states_are_never_a_deadlock() -> None:
     assert not is_stuck([st(0, peers=(1,))], 2)
+
+
+def test_a_launcher_that_died_before_any_rank_is_retried_only_for_known_reasons() -> None:
+    from distlab.runtime.launcher import LaunchResult, failed_to_start
+
+    pmix = LaunchResult("crashed", "mpi", 2, 0.1, details="launcher output:\nThe PMIx server's listener thread failed to start")
+    assert failed_to_start(pmix)
+    assert not failed_to_start(LaunchResult("crashed", "mpi", 2, 0.1, details="Segmentation fault"))
+    assert not failed_to_start(LaunchResult("deadlock", "mpi", 2, 0.1, details=pmix.details))

@@ -9,9 +9,10 @@ from __future__ import annotations
 from ..platforms import Platform, parse_platform, resolve, uniform
 from ..runtime.faults import parse_fault_plan
 from ..runtime.jobspec import Task
-from .api import CheckContext, CheckFailed, Checklist, Run
+from .api import CheckContext, CheckFailed, Checklist, Run, TaskRun
 
 __all__ = [
-    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "Task", "parse_fault_plan",
+    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "Task", "TaskRun",
+    "parse_fault_plan",
     "parse_platform", "resolve", "uniform",
 ]

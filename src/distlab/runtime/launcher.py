@@ -187,6 +187,15 @@ def due_signals(
     return actions
 
 
+STARTUP_FAILURES = ("PMIx server's listener thread failed to start", "PRTE has lost communication")
+
+
+def failed_to_start(result: LaunchResult) -> bool:
+    """The launcher died before any rank reported anything, for a known start-up reason."""
+    return (result.status == "crashed" and not result.outcomes
+            and any(reason in result.details for reason in STARTUP_FAILURES))
+
+
 def should_restart(status: str, attempt: int, restarts_allowed: int, time_left_s: float) -> bool:
     """A crash (a kill included) starts the job again while the plan's budget and the deadline
     allow. An exception in the learner's code is not retried: it would only fail the same way."""
@@ -355,10 +364,16 @@ def launch(
     started = time.monotonic()  # the clock of the deadline and of at_s triggers, for every attempt
     earlier: list[str] = []
     attempt = 0
+    start_retried = False
     while True:
         kept = keep_dir if keep_dir is None or attempt == 0 else keep_dir / f"attempt-{attempt}"
         result = _run_attempt(job, attempt, started, deadline_s, stall_s, kept, faults)
         time_left = deadline_s - (time.monotonic() - started)
+        if not start_retried and failed_to_start(result) and time_left > 5:
+            # Open MPI's launcher sometimes fails to start on a heavily loaded machine before any
+            # rank runs; nothing of the learner's ran, so trying once more is safe.
+            start_retried = True
+            continue
         if faults is None or not should_restart(result.status, attempt, faults.restarts, time_left):
             break
         earlier.append(f"attempt {attempt} {result.status}: {result.message}")
