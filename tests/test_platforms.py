@@ -24,7 +24,7 @@ from distlab.platforms import (
 )
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
-SHIPPED = ["cluster-100", "laptop", "rack", "seed-lab", "three-dc"]
+SHIPPED = ["cluster-100", "ethernet-50us", "laptop", "rack", "seed-lab", "three-dc"]
 
 
 def fresh(name: str) -> Platform:

@@ -30,7 +30,7 @@ from ..runtime.launcher import LaunchResult, launch
 from ..platforms import Platform
 from ..runtime.metrics import RunMetrics, summarize
 from ..runtime.netsim import Replay, replay
-from ..runtime.stats import CommStats
+from ..runtime.stats import COLLECTIVES, CommStats
 from ..runtime.trace import Event
 
 
@@ -144,8 +144,10 @@ class SessionTotals:
         self.min_ranks = min(self.min_ranks or run.world_size, run.world_size)
         for task in tasks:
             for stats in task.stats:
-                self.messages += stats.messages_sent
-                self.bytes += stats.bytes_sent
+                # Point-to-point messages, plus each built-in collective call and its buffer.
+                collectives = [op for op in stats.calls if op in COLLECTIVES]
+                self.messages += stats.messages_sent + sum(stats.calls[op] for op in collectives)
+                self.bytes += stats.bytes_sent + sum(stats.op_bytes[op] for op in collectives)
 
 
 @dataclass
