@@ -1,0 +1,322 @@
+"""Problem 01, the synchronous parameter server: its checks, end to end and piece by piece.
+
+End to end: `distlab check 01` runs once per solution (the reference, the starter, every fixture in
+tests/fixtures/01/) in a child process, on real MPI ranks, with one fixed seed, so a failure here
+replays with `distlab check 01 --seed 4242 --solution ...`. Each test reads what a learner reads
+(the console) and what a tool reads (--json), and makes sure no rank outlived the command.
+
+Piece by piece: the pure helpers of check.py (the tiling of the key ranges, the balance, the
+out-of-step detector, the bound, the averaging mistakes, the byte verdict, the AUC) are called
+directly, with no process started.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+SEED = 4242
+HERE = FIXTURES / "01"
+CHECK_PY = PROBLEMS / "01-sync-parameter-server" / "check.py"
+
+
+def _load_check() -> ModuleType:
+    name = "distlab_problem_01_check_under_test"
+    spec = importlib.util.spec_from_file_location(name, CHECK_PY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load_check()
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """One `distlab check 01` run."""
+
+    rc: int
+    out: str
+    flat: str  # whitespace runs made one space (rich wraps long lines)
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+    def check(self, name_start: str) -> dict[str, Any]:
+        assert self.results is not None, self.out
+        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
+        assert found, f"no check named {name_start!r}"
+        return found[0]
+
+    def statuses(self) -> dict[str, str]:
+        assert self.results is not None, self.out
+        return {c["name"]: c["status"] for c in self.results["checks"]}
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run_check(*args: str) -> Checked:
+    with tempfile.TemporaryDirectory(prefix="dl1-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "01", *args, "--seed", str(SEED), "--json", str(json_path),
+                       timeout=240)
+        wall = time.monotonic() - start
+        leftovers = _leftovers()
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[str, ...], Checked] = {}
+
+    def get(*args: str) -> Checked:
+        if args not in cache:
+            cache[args] = _run_check(*args)
+        return cache[args]
+
+    yield get
+
+
+def fixture(name: str) -> tuple[str, ...]:
+    return ("--solution", str(HERE / name))
+
+
+MODEL = "the model after K steps"
+PAIRS = "works for every (S, W)"
+BYTES = "bytes per worker per step"
+BALANCE = "shards balanced"
+LATE = "a late worker"
+TIME = "virtual time per step"
+
+# fixture -> (the check that must fail, substrings of its message, checks that must pass)
+BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
+    "mixes_steps.py": (LATE, ["with worker rank", "late", "it mixed two steps",
+                              "answer the pull of step k only after applying step k - 1"],
+                       [BYTES, BALANCE]),
+    "whole_gradient.py": (BYTES, ["pushes the whole gradient to every server",
+                                  "x one pull + one push of the model"],
+                          [MODEL, PAIRS, BALANCE, LATE, TIME]),
+    "mean_of_means.py": (MODEL, ["MEAN gradient was averaged over the W",
+                                 "divide by the total number of examples"],
+                         [BYTES, BALANCE]),
+    "all_on_server0.py": (BALANCE, ["server 1: 0", "split the key range into S nearly equal parts"],
+                          [MODEL, PAIRS, BYTES, LATE, TIME]),
+    "serial_server.py": (TIME, ["waited for each other's compute",
+                                "wait for that worker's push before it serves the next"],
+                         [MODEL, PAIRS, BYTES, BALANCE, LATE]),
+}
+
+
+def assert_clean(run: Checked) -> None:
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    failing, needles, passing = BUGGY[name]
+    run = checked(*fixture(name))
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    result = run.check(failing)
+    assert result["status"] == "failed", run.out
+    for needle in needles:
+        assert needle in result["message"], f"{needle!r} missing from {result['message']!r}"
+        assert needle in run.flat  # and the learner sees it on the console
+    for name_start in passing:
+        assert run.check(name_start)["status"] == "passed", run.check(name_start)["message"]
+    assert f"distlab check 01 --seed {SEED}" in run.flat  # the replay hint
+    if name == "mean_of_means.py":
+        # The same mistake under the late worker is named as itself, not as mixed steps.
+        assert "mixed" not in run.check(LATE)["message"]
+
+
+@pytest.mark.slow
+def test_alternative_with_pull_requests_passes(checked: Callable[..., Checked]) -> None:
+    run = checked(*fixture("alt_pull_requests.py"))
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["score"] == run.results["max_score"]
+
+
+@pytest.mark.slow
+def test_reference_passes_with_metrics(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference")
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 14
+    assert r["footer"].startswith("passed 01") and f"seed {SEED}" in r["footer"]
+    assert r["totals"]["launches"] == 1  # every case, the late worker's too, in one launch
+    metrics = run.check(MODEL)["metrics"]
+    assert metrics["pull_p50_s"] > 0 and metrics["push_p50_s"] > 0
+    assert 0 < metrics["sync_compute_ratio"] < 100
+    assert len(run.check(BYTES)["metrics"]["bytes_per_server"]) >= 2
+    assert abs(run.check(BYTES)["metrics"]["worst_bytes_over_model"] - 1) < 0.05
+    timed = run.check(TIME)["metrics"]
+    assert timed["bound_s"] <= timed["measured_s"] <= 1.02 * timed["bound_s"]
+    assert "pull P50" in run.flat and "sync/compute" in run.flat
+
+
+@pytest.mark.slow
+def test_starter_fails_with_a_helpful_message(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat and "distlab start 01" in run.flat
+    assert "still the initial weights on every key: no update was applied" in run.flat
+    assert "it neither pulled nor pushed" in run.flat
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+def test_free_run_trains_and_reports() -> None:
+    proc = run_cli("run", "01", "--solution", "reference", "--ranks", "3",
+                   "--param", "steps=8", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    flat = " ".join(proc.stdout.split())
+    assert "S=1 W=2" in flat and "held-out AUC" in flat
+    assert "equals single-process gradient descent" in flat
+    assert not _leftovers()
+
+
+# -- the pure helpers ----------------------------------------------------------------------------
+
+
+def small_case(**changes: Any) -> Any:
+    base: dict[str, Any] = {"servers": 2, "workers": 3, "keys": 301, "batches": (20, 35, 9),
+                            "steps": 4, "lr": 0.8, "seed": 11, "what": "a unit test"}
+    base.update(changes)
+    return check.Case(**base)
+
+
+def test_tiling_names_gaps_overlaps_and_strays() -> None:
+    assert check.tiling_problem(10, [(0, 4), (4, 10)]) is None
+    assert check.tiling_problem(10, [(4, 10), (0, 4)]) is None  # any order of servers
+    assert check.tiling_problem(10, [(0, 10), (10, 10)]) is None  # empty shards tile too
+    assert "keys 4..5 are held by no server" in check.tiling_problem(10, [(0, 4), (6, 10)])
+    assert "keys 8..9 are held by no server" in check.tiling_problem(10, [(0, 4), (4, 8)])
+    assert "another server holds too" in check.tiling_problem(10, [(0, 6), (4, 10)])
+    assert "outside the model's 0..9" in check.tiling_problem(10, [(0, 5), (5, 12)])
+
+
+def test_balance_ratio() -> None:
+    assert check.balance([5, 5, 5]) == 1.0
+    assert check.balance([4, 5]) == 1.25
+    assert check.balance([10, 0]) == float("inf")
+
+
+def test_out_of_step_detector() -> None:
+    workers = [2, 3]
+    in_step = [("pull", 2), ("pull", 3), ("push", 3), ("push", 2),
+               ("pull", 2), ("pull", 3), ("push", 2), ("push", 3)]
+    assert check.first_out_of_step(in_step, workers) is None
+    stale = [("pull", 2), ("pull", 3), ("push", 2), ("pull", 2)]
+    message = check.first_out_of_step(stale, workers)
+    assert message is not None and "shard for step 1" in message and "worker rank 3" in message
+    assert "stale pull" in message
+    mixed = [("push", 2), ("push", 2)]
+    message = check.first_out_of_step(mixed, workers)
+    assert message is not None and "push of step 1 from worker rank 2" in message
+
+
+def test_step_bound_on_a_uniform_platform() -> None:
+    from distlab.platforms import uniform
+
+    case = small_case(servers=2, workers=3, keys=1001, batches=(50, 80, 20))
+    platform = uniform(5, 1e-6, 1e-9, flops=1e10)
+    b = check.step_bound(case, platform)
+    shard = 501 * 8  # ceil(1001 / 2) keys of 8 bytes
+    wire = 1e-6 + max(3 * shard, 1001 * 8) * 1e-9
+    assert b.wire == pytest.approx(wire)
+    assert b.compute == pytest.approx(4 * 80 * 1001 / 1e10)
+    assert b.compute_sum == pytest.approx(4 * 150 * 1001 / 1e10)
+    assert b.bound == pytest.approx(2 * wire + b.compute)
+    assert b.limit == pytest.approx(1.1 * b.bound + 5 * 1e-6)
+
+
+def test_averaging_mistakes_are_recognised() -> None:
+    case = small_case()
+    layout = [(0, 151), (151, 301)]
+    right = check.sgd(case)
+    assert check.close(right, check.trajectory(case, case.steps)[-1])
+    for what, weights in check.averaging_mistakes(case):
+        wrong = check.sgd(case, weights)
+        assert not check.close(wrong, right), what
+        message, named = check.diagnose_model(case, wrong, layout)
+        assert named and "is wrong" in message
+    message, named = check.diagnose_model(case, check.initial_weights(case), layout)
+    assert named and "still the initial weights" in message
+    message, named = check.diagnose_model(case, check.trajectory(case, 3)[-1], layout)
+    assert named and "after 3 steps, not 4" in message
+    broken = right.copy()
+    broken[200] += 1.0
+    message, named = check.diagnose_model(case, broken, layout)
+    assert not named and "key 200" in message and "only server(s) 1" in message
+
+
+def test_the_data_is_the_same_in_every_process() -> None:
+    case = small_case()
+    X1, y1 = check.worker_data(case, 1)
+    X2, y2 = check.worker_data(case, 1)
+    assert np.array_equal(X1, X2) and np.array_equal(y1, y2)
+    assert X1.shape == (35, 301) and set(np.unique(y1)) <= {0.0, 1.0}
+    assert np.all(np.abs(X1).sum(axis=1) >= 1)  # every row has the bias and hashed fields
+    batch = check.Batch(X1, y1)
+    w = check.initial_weights(case)
+    assert batch.size == 35
+    assert np.allclose(batch.gradient(w), X1.T @ (1 / (1 + np.exp(-(X1 @ w))) - y1))
+    with pytest.raises(ValueError, match="the whole model"):
+        batch.gradient(w[:10])
+
+
+def test_bytes_verdict_names_the_whole_gradient_push() -> None:
+    from distlab.runtime.stats import CommStats
+
+    case = small_case(servers=2, keys=1000, steps=2)
+    good = CommStats()
+    for s in (0, 1):
+        good.count_send(s, 2 * (500 * 8 + 8))
+        good.count_recv(s, 2 * 500 * 8)
+    ratio, problem = check.worker_bytes_problem(case, 0, good)
+    assert problem is None and ratio == pytest.approx(1.001)  # the counts: 8 bytes per slice
+    whole = CommStats()
+    for s in (0, 1):
+        whole.count_send(s, 2 * (1000 * 8 + 8))
+        whole.count_recv(s, 2 * 500 * 8)
+    ratio, problem = check.worker_bytes_problem(case, 0, whole)
+    assert problem is not None and "pushes the whole gradient to every server" in problem
+    ratio, problem = check.worker_bytes_problem(case, 1, CommStats())
+    assert problem is not None and "worker rank 3" in problem and "neither pulled nor pushed" in problem
+
+
+def test_auc() -> None:
+    y = np.array([0, 0, 1, 1.0])
+    assert check.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
+    assert check.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
+    assert check.auc(y, np.zeros(4)) == 0.5
