@@ -1,0 +1,336 @@
+"""Problem 02, the alpha-beta model: the checks' pure helpers, then `distlab check 02` end to end.
+
+The unit tests run check.py's formulas, the hidden cluster and the diagnoses in this process (no
+ranks), and prove what the ring check relies on: the replay charges a ring Allreduce on the hidden
+cluster exactly 2(p-1) max over links of (alpha + n/p beta), and at the two sizes the check
+times, a prediction from the slowest alpha and the slowest beta is within 10% of that.
+The end-to-end tests check every solution in tests/fixtures/02/ once, through the real CLI on real
+MPI ranks, and read what a learner reads (the console) and what a tool reads (--json). No rank,
+mpiexec or prterun may outlive a command. All runs use one seed, so a failure here replays with
+`distlab check 02 --seed 4242`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+from distlab.runtime.netsim import replay
+
+SEED = 4242
+HERE = FIXTURES / "02"
+PROBLEM = PROBLEMS / "02-alpha-beta"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load(PROBLEM / "check.py", "problem02_check_under_test")
+reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
+
+
+# -- the formulas --------------------------------------------------------------------------------
+
+
+def test_formulas_by_hand() -> None:
+    a, b, n = 2e-6, 1e-9, 1000.0  # n beta = 1 us
+    assert check.formula("ring", 4, n, a, b) == pytest.approx(6 * a + 1.5 * n * b)
+    assert check.formula("recursive_doubling", 8, n, a, b) == pytest.approx(3 * (a + n * b))
+    assert check.formula("binomial_tree", 8, n, a, b) == pytest.approx(6 * (a + n * b))
+    assert check.formula("rabenseifner", 8, n, a, b) == pytest.approx(6 * a + 1.75 * n * b)
+    # ceil(lg p) for trees over p ranks that are not a power of two
+    assert check.formula("binomial_tree", 6, n, a, b) == pytest.approx(6 * (a + n * b))
+    for algorithm in check.ALGORITHMS:
+        assert check.formula(algorithm, 1, n, a, b) == 0.0
+    assert [check.lg(p) for p in (1, 2, 3, 4, 5, 8, 9, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10]
+    with pytest.raises(ValueError):
+        check.formula("tree", 4, n, a, b)
+
+
+def test_reference_predict_and_choose_agree_with_the_checker() -> None:
+    rng = np.random.default_rng(0)
+    for case in check.draw_predict_cases(rng):
+        want = check.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
+        assert reference.predict(case.algorithm, case.p, case.n, case.alpha, case.beta) == \
+            pytest.approx(want, rel=1e-12, abs=1e-300)
+    cases = check.draw_choose_cases(rng)
+    assert check.judge_choices(cases, [reference.choose(c.p, c.n, c.alpha, c.beta) for c in cases]) is None
+
+
+def test_reference_fit_recovers_a_line() -> None:
+    sizes = [8, 1000, 50_000, 600_000]
+    alpha, beta = reference.fit_line(sizes, [3e-6 + n * 2e-10 for n in sizes])
+    assert alpha == pytest.approx(3e-6, rel=1e-9) and beta == pytest.approx(2e-10, rel=1e-9)
+
+
+def test_crossover_is_where_the_choice_flips() -> None:
+    for p in (4, 16, 1024, 5, 6, 100):
+        a, b = 3e-6, 1e-10
+        cross = check.crossover(p, a, b)
+        assert cross is not None and cross > 0
+        small, large = check.fastest(p, cross / 1.01, a, b), check.fastest(p, cross * 1.01, a, b)
+        assert small & set(check.LATENCY_OPTIMAL) and not large & set(check.LATENCY_OPTIMAL), p
+    # p = 2: recursive doubling wins everywhere; p = 3: the ring wins everywhere.
+    assert check.crossover(2, 3e-6, 1e-10) is None and check.fastest(2, 1e12, 3e-6, 1e-10) == {"recursive_doubling"}
+    assert check.crossover(3, 3e-6, 1e-10) is None and check.fastest(3, 1, 3e-6, 1e-10) == {"ring"}
+    # Non-powers of two never offer recursive doubling or Rabenseifner.
+    assert check.candidates(6) == ("ring", "binomial_tree")
+
+
+def test_the_choose_grid_brackets_crossovers_from_both_sides() -> None:
+    cases = check.draw_choose_cases(np.random.default_rng(5))
+    notes = [c.note for c in cases]
+    assert notes.count("just below the crossover") >= 4
+    assert notes.count("just below the crossover") == notes.count("just above the crossover")
+    kinds = {frozenset(check.fastest(c.p, c.n, c.alpha, c.beta)) for c in cases}
+    assert {frozenset({a}) for a in check.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
+
+
+# -- the hidden cluster and the ring ----------------------------------------------------------------
+
+
+def test_hidden_cluster_is_seeded_and_varied() -> None:
+    first, again, other = check.cluster_setup(11), check.cluster_setup(11), check.cluster_setup(12)
+    assert first == again and first != other
+    platform = first.cluster.platform()
+    p = first.p
+    assert p in check.WORLD_SIZES and platform.max_ranks() == p
+    links = check.ring_links(platform, p)
+    assert len({a for a, _ in links}) > 1 and len({b for _, b in links}) > 1  # every link its own
+    # link r -> r+1: both cables' latencies, the slower cable's bandwidth
+    c = first.cluster
+    for r, (alpha, beta) in enumerate(links):
+        s = (r + 1) % p
+        assert alpha == pytest.approx((c.latency_us[r] + c.latency_us[s]) * 1e-6)
+        assert beta == pytest.approx(8 / (min(c.bandwidth_gbps[r], c.bandwidth_gbps[s]) * 1e9))
+    assert list(first.sizes) == sorted(set(first.sizes)) and len(first.sizes) >= 5
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ring_sizes_keep_the_slowest_link_prediction_within_10_percent(seed: int) -> None:
+    setup = check.cluster_setup(seed)
+    platform = setup.cluster.platform()
+    links = check.ring_links(platform, setup.p)
+    worst_a, worst_b = max(a for a, _ in links), max(b for _, b in links)
+    small, large = setup.ring
+    assert small % (8 * setup.p) == 0 and large % (8 * setup.p) == 0
+    assert large <= 16 << 20  # a real Allreduce on 8 ranks of a 2-core machine
+    for nbytes in setup.ring:
+        predicted = check.formula("ring", setup.p, nbytes, worst_a, worst_b)
+        actual = check.ring_replay_time(links, setup.p, nbytes)
+        assert actual * (1 - 1e-12) <= predicted <= 1.08 * actual
+
+
+@pytest.mark.parametrize("seed", [0, 3, 9])
+def test_replay_charges_the_built_in_ring_its_slowest_link(seed: int) -> None:
+    setup = check.cluster_setup(seed)
+    platform = setup.cluster.platform()
+    p = setup.p
+    for nbytes in (*setup.ring, 8 * p * 1000):
+        traces = {r: [("coll", "Allreduce", tuple(range(p)), 0, nbytes, -1, 0.0, 0.0)] for r in range(p)}
+        assert replay(traces, platform).makespan == pytest.approx(
+            check.ring_replay_time(check.ring_links(platform, p), p, nbytes), rel=1e-9)
+
+
+# -- the diagnoses --------------------------------------------------------------------------------
+
+
+LINKS = [(2e-6, 1e-10), (3e-6, 2e-10), (4e-6, 1.5e-10)]
+
+
+@pytest.mark.parametrize("fit, symptom", [
+    ((2.05e-6, 0.98e-10), None),
+    ((0.0, 0.0), "nothing was measured yet"),
+    ((0.0, 5e-10), "latency was ignored"),
+    ((4e-6, 2e-10), "the round trip was reported as the one-way time"),
+    ((3e-6, 2e-10), "which are the values of link 1 -> 2"),
+    ((2e-4, 3e-8), "wall clock"),
+    ((2.5e-6, 1e-10), "1.25x and 1x"),
+])
+def test_link_verdicts_name_the_symptom(fit: tuple[float, float], symptom: str | None) -> None:
+    verdict = check.judge_link(0, 3, check.as_fitted(fit), LINKS)
+    if symptom is None:
+        assert verdict is None
+    else:
+        assert verdict is not None and symptom in verdict and "link 0 -> 1" in verdict
+
+
+def test_unusable_measure_values_are_described() -> None:
+    for value, text in ((None, "returned None, not a pair"), ((1.0,), "not a pair"),
+                        ((float("nan"), 1.0), "not finite")):
+        fitted = check.as_fitted(value)
+        assert fitted.problem and text in fitted.problem
+        assert text in str(check.judge_link(1, 3, fitted, LINKS))
+    assert check.as_fitted(np.array([1e-6, 2e-10])) == check.Fitted(1e-6, 2e-10)
+
+
+def test_prediction_verdicts_name_the_symptom() -> None:
+    a, b = 2e-6, 1e-9
+    rab = check.Case("rabenseifner", 8, 10**6, a, b)
+    wrong = 2 * 3 * a + 2 * 7 * 3 / 8 * 10**6 * b
+    assert "(p-1) lg p" in str(check.judge_prediction(rab, wrong))
+    tree = check.Case("binomial_tree", 8, 10**6, a, b)
+    assert "one tree" in str(check.judge_prediction(tree, 3 * (a + 10**6 * b)))
+    odd = check.Case("binomial_tree", 6, 10**6, a, b)
+    assert "ceil(lg p) = 3" in str(check.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
+    assert "ZeroDivisionError" in str(check.judge_prediction(tree, check.Raised("ZeroDivisionError: x")))
+    assert check.judge_prediction(tree, check.formula("binomial_tree", 8, 10**6, a, b)) is None
+
+
+def test_choice_verdicts_name_the_symptom() -> None:
+    cases = check.draw_choose_cases(np.random.default_rng(1))
+    always = check.judge_choices(cases, ["ring"] * len(cases))
+    assert always is not None and "answered 'ring' for all" in always
+    small = check.Case("", 16, 8, 5e-6, 1e-10)
+    big = check.Case("", 16, 1 << 30, 5e-6, 1e-10)
+    odd = check.Case("", 6, 1 << 30, 5e-6, 1e-10)
+    assert "latency-bound" in str(check.judge_choices([small, big], ["rabenseifner", "rabenseifner"]))
+    assert "bandwidth-bound" in str(check.judge_choices([small, big], ["recursive_doubling"] * 2))
+    assert "not a power of two" in str(check.judge_choices([odd, small], ["rabenseifner", "recursive_doubling"]))
+    assert "not an algorithm name" in str(check.judge_choices([small], [check.Raised("returned None, not an algorithm name")]))
+    assert "none of" in str(check.judge_choices([small], ["rd"]))
+
+
+# -- end to end: `distlab check 02` -----------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """One `distlab check 02` run."""
+
+    rc: int
+    out: str
+    flat: str  # every run of whitespace made one space (rich wraps long lines)
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+    def status(self) -> dict[str, str]:
+        assert self.results is not None, self.out
+        return {c["name"].split(":")[0].split(" within")[0]: c["status"] for c in self.results["checks"]}
+
+    def failed(self) -> list[str]:
+        assert self.results is not None, self.out
+        return [c["name"] for c in self.results["checks"] if c["status"] != "passed"]
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[str, ...], Checked] = {}
+
+    def get(*args: str) -> Checked:
+        if args not in cache:
+            with tempfile.TemporaryDirectory(prefix="dl2-") as scratch:
+                json_path = Path(scratch) / "results.json"
+                start = time.monotonic()
+                proc = run_cli("check", "02", *args, "--seed", str(SEED), "--json", str(json_path),
+                               timeout=150)
+                wall = time.monotonic() - start
+                leftovers = _leftovers()
+                results = json.loads(json_path.read_text()) if json_path.exists() else None
+            out = proc.stdout + proc.stderr
+            cache[args] = Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
+        return cache[args]
+
+    yield get
+
+
+FIT, SPIKES, PREDICT, CHOOSE, RING = (
+    "fitted alpha and beta", "the fit holds", "predict equals", "choose finds", "predicted ring time")
+
+# fixture -> (the checks that must fail, the symptom the output must name)
+BUGGY: dict[str, tuple[set[str], list[str]]] = {
+    "latency_ignored.py": ({FIT, SPIKES, RING}, ["the fit has no intercept, so latency was ignored"]),
+    "round_trip.py": ({FIT, SPIKES, RING}, ["both are twice the hidden values",
+                                            "the round trip was reported as the one-way time"]),
+    "rabenseifner_plogp.py": ({PREDICT, CHOOSE}, ["a (p-1) lg p term",
+                                                 "n/2 + n/4 + ... = (p-1)/p n in all"]),
+    "always_ring.py": ({CHOOSE}, ["choose answered 'ring' for all", "small messages are latency-bound"]),
+    "mean_of_repeats.py": ({SPIKES}, ["Without spikes this link fitted well",
+                                      "keep the fastest, not the mean"]),
+}
+
+
+def _failed_prefixes(run: Checked) -> set[str]:
+    names = run.failed()
+    return {prefix for prefix in (FIT, SPIKES, PREDICT, CHOOSE, RING)
+            if any(name.startswith(prefix) for name in names)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    failing, symptoms = BUGGY[name]
+    run = checked("--solution", str(HERE / name))
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert run.rc == 1, run.out
+    assert _failed_prefixes(run) == failing, run.out
+    for text in symptoms:
+        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    assert f"distlab check 02 --seed {SEED}" in run.flat, run.out
+    assert run.results is not None and 0 < run.results["score"] < run.results["max_score"], run.out
+
+
+@pytest.mark.slow
+def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", str(HERE / "alt_polyfit.py"))
+    assert not run.leftovers, run.out
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["score"] == run.results["max_score"], run.out
+
+
+@pytest.mark.slow
+def test_reference_passes_and_reports_its_figures(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference")
+    assert not run.leftovers, run.out
+    assert run.rc == 0, run.out
+    assert "passed 02" in run.flat, run.out
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 14, run.out
+    assert [c["status"] for c in r["checks"]] == ["passed"] * 5
+    by_name = {c["name"]: c for c in r["checks"]}
+    fit = next(c for name, c in by_name.items() if name.startswith(FIT))
+    assert fit["metrics"]["worst_fit_error"] < 1e-6  # the virtual clock is exact
+    ring = next(c for name, c in by_name.items() if name.startswith(RING))
+    assert ring["metrics"]["measured_s"] == pytest.approx(ring["metrics"]["bound_s"], rel=1e-9)
+    # Two launches: the hidden cluster (measure, spikes, two rings) and the formulas (one rank).
+    assert r["totals"]["launches"] == 2
+    assert r["totals"]["clock"] == "virtual"
+
+
+@pytest.mark.slow
+def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert not run.leftovers, run.out
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat, run.out
+    assert "nothing was measured yet" in run.flat, run.out
+    assert "not an algorithm name" in run.flat, run.out
+    assert run.results is not None and run.results["score"] == 0, run.out
+    assert "Traceback" not in run.out, run.out
