@@ -9,10 +9,10 @@ from __future__ import annotations
 from ..platforms import Platform, parse_platform, resolve, uniform
 from ..runtime.faults import parse_fault_plan
 from ..runtime.jobspec import Task
-from .api import CheckContext, CheckFailed, Checklist, Run, TaskRun
+from .api import CheckContext, CheckFailed, Checklist, Run, RunFailed, TaskRun
 
 __all__ = [
-    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "Task", "TaskRun",
+    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "RunFailed", "Task", "TaskRun",
     "parse_fault_plan",
     "parse_platform", "resolve", "uniform",
 ]

@@ -220,9 +220,17 @@ def mpiexec_path() -> str:
     return found
 
 
+def rank_env() -> dict[str, str]:
+    """What every rank inherits: one math thread per rank unless the user asked otherwise (as
+    torchrun does), because several ranks share the cores and spinning threads steal them."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def mpi_env() -> dict[str, str]:
     """The environment of mpiexec for a job (and for the benchmarks, which measure the same)."""
-    env = dict(os.environ)
+    env = rank_env()
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -324,7 +332,7 @@ def _start(job: Job, job_dir: Path, attempt: int = 0) -> _Processes:
     elif job.backend == "gloo":
         port = free_port()
         for rank in range(job.world_size):
-            env = dict(os.environ)
+            env = rank_env()
             env[ATTEMPT_ENV] = str(attempt)
             env.update(
                 RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
