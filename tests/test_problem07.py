@@ -1,0 +1,371 @@
+"""Problem 07, the gradient sync storm: check.py's pure helpers, then `distlab check 07` end to end.
+
+The unit tests run the model, the budgets and the diagnoses in this process, with the reference
+Fusion over a fake comm (no ranks). The end-to-end tests check every solution in tests/fixtures/07/
+once, through the real CLI on real MPI ranks, and read what a learner reads (the console) and
+what a tool reads (--json); no rank, mpiexec or prterun may outlive a command. All runs use one
+seed, so a failure here replays with `distlab check 07 --seed 4242`. The free run's sweep (the
+Tune step's data) is run once too.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+SEED = 4242
+HERE = FIXTURES / "07"
+PROBLEM = PROBLEMS / "07-sync-storm"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load(PROBLEM / "check.py", "problem07_check_under_test")
+reference = _load(PROBLEM / "reference.py", "problem07_reference_under_test")
+
+
+# -- unit tests of check.py's helpers -------------------------------------------------------------
+
+
+class FakeComm:
+    """One rank alone: Allreduce leaves the sum (its own values) and notes the buffer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:
+        self.calls.append((str(recvbuf.dtype), int(recvbuf.nbytes)))
+
+
+def small_case(p: int = 1, seed: int = 3, big: bool = True) -> Any:
+    rng = np.random.default_rng(seed)
+    return check.make_case(p, rng, check.DTYPE_ORDER, big_table=big)
+
+
+def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
+    case = small_case()
+    spec = case.spec
+    grads = check.gradients(spec, check.init_params(spec), *check.make_batch(spec, 0, 0, 0))
+    names = check.tensor_names(spec)
+    assert len(grads) == len(names) >= 200  # hundreds of small tensors
+    assert [(str(g.dtype), g.nbytes) for g in grads] == check.step_shapes(spec)
+    assert {str(g.dtype) for g in grads} == set(check.DTYPE_ORDER)
+    # The fingerprints need more than float64's 53 bits, and their sums over 8 ranks fit int64.
+    fp = grads[names.index("fingerprints")]
+    assert int(np.abs(fp).max()) > 2**53
+    assert int(np.abs(fp).max()) * 8 < 2**63
+
+
+def test_two_dtype_variants_carry_only_their_dtypes() -> None:
+    rng = np.random.default_rng(5)
+    for dtypes in (("float32", "int64"), ("float32", "float64")):
+        case = check.make_case(2, rng, dtypes, big_table=False)
+        grads = check.gradients(case.spec, check.init_params(case.spec),
+                                *check.make_batch(case.spec, 0, 0, 1))
+        assert {str(g.dtype) for g in grads} == set(dtypes)
+        assert len(grads) == len(check.tensor_names(case.spec))
+
+
+def test_budgets_and_threshold_choice() -> None:
+    case = small_case()
+    by_dtype = check.nbytes_by_dtype(case)
+    total = sum(by_dtype.values())
+    assert check.collective_budget(case) == math.ceil(total / case.threshold) + 3
+    # The big table is larger than the threshold; the ordinary float32 tensors fill 4-7 buffers.
+    assert check.largest(case)[1] > case.threshold
+    assert by_dtype["float32"] - check.largest(case, "float32")[1] > 4 * case.threshold
+    buffers = [min(b, case.threshold + check.largest(case, d)[1]) for d, b in by_dtype.items()]
+    assert check.memory_budget(case, 10) == (sum(buffers) + max(buffers) + check.MEMORY_SLACK
+                                             + 10 * check.SLACK_PER_CALL)
+
+
+def test_parse_bytes() -> None:
+    assert check.parse_bytes("0") == 0
+    assert check.parse_bytes("65536") == 65536
+    assert check.parse_bytes("64K") == check.parse_bytes("64KiB") == 65536
+    assert check.parse_bytes("1M") == 1 << 20
+    assert check.parse_bytes("1.5k") == 1536
+
+
+def test_auc() -> None:
+    labels = np.array([0, 0, 1, 1.0])
+    assert check.auc(np.array([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
+    assert check.auc(np.array([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
+    assert check.auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5  # ties count half
+    rng = np.random.default_rng(0)
+    scores, labels = rng.integers(0, 5, 120).astype(float), (rng.random(120) < 0.4).astype(float)
+    pos, neg = scores[labels > 0.5], scores[labels < 0.5]
+    pairs = np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
+    assert check.auc(scores, labels) == pytest.approx(pairs)
+
+
+def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
+    """One rank: the sums are the tensors themselves; the calls show the packing."""
+    case = small_case()
+    spec = case.spec
+    grads = check.gradients(spec, check.init_params(spec), *check.make_batch(spec, 0, 0, 0))
+    before = [g.copy() for g in grads]
+    comm = FakeComm()
+    fusion = reference.Fusion(comm, case.threshold)
+    for _ in range(2):  # two cycles: the second starts empty
+        comm.calls.clear()
+        for g in grads:
+            fusion.add(g)
+        fusion.flush()
+        assert all(np.array_equal(a, b) for a, b in zip(grads, before))
+        assert len(comm.calls) <= check.collective_budget(case)
+        for dtype, nbytes in comm.calls:
+            assert nbytes <= case.threshold + check.largest(case, dtype)[1]
+        sent = {d: sum(n for dd, n in comm.calls if dd == d) for d in check.DTYPE_ORDER}
+        assert sent == check.nbytes_by_dtype(case)  # every byte once, each in its own dtype
+        # every buffer but the last of its dtype holds at least the threshold
+        for dtype in check.DTYPE_ORDER:
+            sizes = [n for d, n in comm.calls if d == dtype]
+            assert all(n >= case.threshold for n in sizes[:-1])
+    assert fusion.pending == {}
+    zero = reference.Fusion(FakeComm(), 0)  # threshold 0: one Allreduce per tensor
+    for g in grads[:10]:
+        zero.add(g)
+    zero.flush()
+    assert len(zero.comm.calls) == 10
+
+
+def test_per_tensor_sums_and_single_process_training() -> None:
+    case = small_case(p=3, big=False)
+    per_rank, want = check.first_step(case)
+    assert len(per_rank) == 3
+    for i in (0, 1, 2, len(want) - 1):
+        assert want[i].dtype == per_rank[0][i].dtype
+        assert np.array_equal(want[i], per_rank[0][i] + per_rank[1][i] + per_rank[2][i])
+    final = check.single_process_training(case)
+    start = check.flat_params(check.init_params(case.spec))
+    assert len(final) == len(start)
+    assert all(np.isfinite(a).all() for a in final)
+    assert any(not np.array_equal(a, b) for a, b in zip(final, start))
+
+
+def test_diagnoses_name_the_symptoms() -> None:
+    case = small_case(p=2, big=False)
+    per_rank, want = check.first_step(case)
+    own = per_rank[0]
+    step = check.StepRecord({"Allreduce": 9}, 0, [], 0)
+    assert check.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
+
+    # float64 through a float32 buffer
+    got = [w.copy() for w in want]
+    i64 = next(i for i, w in enumerate(want) if w.dtype == np.float64 and w.size > 4)
+    got[i64] = want[i64].astype(np.float32).astype(np.float64)
+    message = check.diagnose_sums(case, 0, got, want, own, step)
+    assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
+
+    # int64 through a float64 buffer
+    got = [w.copy() for w in want]
+    fp = check.tensor_names(case.spec).index("fingerprints")
+    got[fp] = want[fp].astype(np.float64).astype(np.int64)
+    message = check.diagnose_sums(case, 0, got, want, own, step)
+    assert message and "floating-point buffer" in message
+
+    # the last tensors of each dtype never reduced
+    got = [w.copy() for w in want]
+    for i in (len(want) - 1, len(want) - 2, len(want) - 3):
+        got[i] = own[i].copy()
+    message = check.diagnose_sums(case, 0, got, want, own, step)
+    assert message and "the last partial buffer was never sent" in message
+
+    # nothing reduced at all
+    nothing = check.StepRecord({}, 0, [], 0)
+    message = check.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
+    assert message and "no collective at all" in message
+
+    # averaged instead of summed
+    got = [w / 2 if w.dtype.kind == "f" else w.copy() for w in want]
+    message = check.diagnose_sums(case, 0, got, want, own, step)
+    assert message and "divided by p" in message
+
+
+def test_plan_is_a_pure_function_of_the_seed() -> None:
+    class Ctx:
+        def __init__(self, seed: int) -> None:
+            self.seed = seed
+
+    plan = check.plan_for
+    a, b, c = plan(Ctx(1)), plan(Ctx(1)), plan(Ctx(2))  # type: ignore[arg-type]
+    assert a == b and a != c
+    assert [case.p for case in a.cases][:3] == [1, 2, 4] and a.cases[3].p in (3, 5)
+    assert a.world <= 8
+    for case in a.cases:
+        assert 200 <= len(check.tensor_names(case.spec)) or len(case.spec.dtypes) == 2
+
+
+# -- end to end, through the CLI ------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """One `distlab check 07` run."""
+
+    rc: int
+    out: str
+    flat: str  # whitespace runs made one space (rich wraps long lines)
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+    def status(self, name_start: str) -> str:
+        assert self.results is not None, self.out
+        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
+        assert found, f"no check named {name_start!r}"
+        return str(found[0]["status"])
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run_check(*args: str) -> Checked:
+    with tempfile.TemporaryDirectory(prefix="dl7-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "07", *args, "--seed", str(SEED), "--json", str(json_path),
+                       timeout=240)
+        wall = time.monotonic() - start
+        leftovers = _leftovers()
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[str, ...], Checked] = {}
+
+    def get(*args: str) -> Checked:
+        if args not in cache:
+            cache[args] = _run_check(*args)
+        return cache[args]
+
+    yield get
+
+
+def fixture(name: str) -> tuple[str, ...]:
+    return ("--solution", str(HERE / name))
+
+
+# name -> (substrings the output must contain, {check name start: status}).
+BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
+    "mixed_dtypes.py": (
+        ["(float64, shape", "equals the per-tensor sum only to float32 precision",
+         "pack each dtype in a buffer of its own"],
+        {"results equal": "failed"},
+    ),
+    "no_final_flush.py": (
+        ["tensors added still hold this rank's own gradient",
+         "the last partial buffer was never sent", "flush() must send every buffer"],
+        {"results equal": "failed"},
+    ),
+    "per_tensor.py": (
+        ["one collective per tensor", "about as slow as one Allreduce per tensor"],
+        {"results equal": "passed", "training": "passed", "collectives per step": "failed",
+         "step at least 10x": "failed"},
+    ),
+    "unbounded_buffer.py": (
+        ["in one Allreduce; a buffer may hold at most threshold + its largest tensor",
+         "the threshold was ignored until flush()"],
+        {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
+         "buffer memory bounded": "failed"},
+    ),
+    "threshold_elements.py": (
+        ["compared with a number of elements instead of bytes"],
+        {"results equal": "passed", "buffer memory bounded": "failed"},
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    must, statuses = BUGGY[name]
+    run = checked(*fixture(name))
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert run.rc == 1, run.out
+    for text in must:
+        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    for check_name, status in statuses.items():
+        assert run.status(check_name) == status, run.out
+    assert run.results is not None and run.results["score"] < run.results["max_score"]
+    assert f"distlab check 07 --seed {SEED}" in run.flat  # the replay hint
+
+
+@pytest.mark.slow
+def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
+    run = checked(*fixture("alt_arena.py"))
+    assert not run.leftovers
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["score"] == run.results["max_score"]
+
+
+@pytest.mark.slow
+def test_reference_passes(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference")
+    assert not run.leftovers
+    assert run.rc == 0, run.out
+    assert "passed 07" in run.flat
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 13
+    assert all(c["status"] == "passed" and c["message"] == "" for c in r["checks"])
+    speed = next(c for c in r["checks"] if c["name"].startswith("step at least 10x"))
+    assert speed["metrics"]["worst_speedup"] >= 10
+    assert 0 < speed["metrics"]["measured_s"] <= speed["metrics"]["bound_s"]
+    assert r["totals"]["clock"] == "virtual"
+
+
+@pytest.mark.slow
+def test_starter_fails_with_a_helpful_message(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert not run.leftovers
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat
+    assert "every tensor still holds this rank's own gradient (no collective at all" in run.flat
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+def test_free_run_sweep_writes_the_tune_csv(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.csv"
+    proc = run_cli("run", "07", "--solution", "reference", "--ranks", "2",
+                   "--param", "sweep=1", "--param", "thresholds=0,16K,256K",
+                   "--param", f"out={out}", timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert not _leftovers()
+    rows = list(csv.reader(out.read_text().splitlines()))
+    assert rows[0] == ["threshold_bytes", "virtual_step_s"]
+    times = {int(t): float(s) for t, s in rows[1:]}
+    assert sorted(times) == [0, 16384, 262144]
+    # threshold 0 is one Allreduce per tensor: the slowest; fusion cuts the latency terms
+    assert times[0] > 5 * times[16384] > 0 and times[262144] <= times[16384]
+    assert "fastest at 262144 B" in " ".join(text.split())
