@@ -41,6 +41,8 @@ def describe_event(event: Event) -> tuple[str, str, dict[str, Any]]:
         return "wait", "wait", {"requests": len(event[1]), "from": peers}
     if kind == COLL:
         return event[1], "comm", {"group": list(event[2]), "bytes": event[4]}
+    if kind == "icoll":  # a nonblocking collective posted; its wait is drawn as a "wait"
+        return "I" + str(event[2]).lower(), "comm", {"group": list(event[3]), "bytes": event[5]}
     if kind == MARK:
         return event[1], "mark", {}
     return str(kind), "other", {}

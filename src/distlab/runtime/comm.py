@@ -9,6 +9,8 @@ this proxy, which
 * keeps the rank's online virtual clock (``clock.py``) and applies the message-level faults of
   the fault plan (delay, spike, bandwidth, drop, partition, dead, hung: ``faults_decide.py``);
 * records every call as an event for the replay and the trace (``trace.py``);
+* runs ``Iallreduce`` (a nonblocking collective) as a request: its Wait is where the rank waits
+  for the whole group, and where the online clock settles it (see ``Comm._settle``);
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
   blocking ``Send`` to each other deadlock the same way on every engine and every transport.
 """
@@ -16,6 +18,7 @@ this proxy, which
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
@@ -27,7 +30,7 @@ from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .stats import CommStats
 from .clock import Timekeeper
 from .faults_decide import MessageAction, MessageFaults
-from .trace import COLL, COMPUTE, MARK, RECV, SEND, WAIT, TraceRecorder
+from .trace import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT, TraceRecorder
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
 
@@ -101,7 +104,7 @@ class _Completed:
 
 
 class Request:
-    """A pending Isend or Irecv, as mpi4py's ``MPI.Request``."""
+    """A pending Isend, Irecv or Iallreduce, as mpi4py's ``MPI.Request``."""
 
     def __init__(
         self,
@@ -113,6 +116,7 @@ class Request:
         is_recv: bool,
         trace_id: int,
         match_index: int | None = None,
+        collective: str | None = None,
     ) -> None:
         self._comm = comm
         self._inner = inner
@@ -126,12 +130,22 @@ class Request:
         self._match_index = match_index
         self._completed = False
         self._matched = (-1, -1)
+        # For a nonblocking collective: its op ("Allreduce"), and the virtual time it was posted.
+        self._collective = collective
+        self._posted_at = 0.0
+        self._settled = False  # the online clock has placed it (see Comm._settle)
         self.arrival = 0.0  # virtual time at which it completes (set on completion for a receive)
+
+    def _peers(self) -> tuple[int, ...]:
+        """What the slot shows a rank blocked on this request as waiting for."""
+        if self._collective is not None:
+            return (ALL_PEERS,)  # a collective waits for every rank of its group
+        return (self._comm._world(self._peer),)
 
     def Wait(self, status: Any = None) -> None:  # noqa: N802
         if not self._completed:
             comm = self._comm
-            comm._slot.blocked("Wait", (comm._world(self._peer),), self._nbytes)
+            comm._slot.blocked("Wait", self._peers(), self._nbytes)
             wall0 = time.perf_counter()
             source, tag = self._inner.wait()
             comm._slot.running()
@@ -153,6 +167,10 @@ class Request:
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
+        if self._collective is not None:
+            if self._comm._clock is not None:
+                self._comm._settle(self)
+            return
         if self._is_recv:
             self._matched = (source, tag)
             self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
@@ -165,8 +183,13 @@ class Request:
         if not pending:
             return
         comm = pending[0]._comm
-        peers = tuple(comm._world(r._peer) for r in pending)
-        comm._slot.blocked("Waitall", peers, sum(r._nbytes for r in pending))
+        peers: tuple[int, ...]
+        if any(r._collective is not None for r in pending):
+            # Blocked on a collective, it waits for every rank of the group (as a lone Wait does).
+            op, peers = "Wait", (ALL_PEERS,)
+        else:
+            op, peers = "Waitall", tuple(comm._world(r._peer) for r in pending)
+        comm._slot.blocked(op, peers, sum(r._nbytes for r in pending))
         wall0 = time.perf_counter()
         for request in pending:
             source, tag = request._inner.wait()
@@ -210,6 +233,10 @@ class Comm:
         self._compute_multiplier = compute_multiplier
         self._device_flops = device_flops
         self._steps_started = 0
+        # Nonblocking collectives the online clock has not placed yet, in the order they were
+        # posted, and when the last one placed ends (they queue on the group's links).
+        self._unsettled: deque[Request] = deque()
+        self._icoll_free_at = 0.0
         # Read on every call: kept as plain attributes rather than looked up through the engine.
         self._size = engine.size
         self._world_ranks = list(engine.world_ranks)
@@ -520,6 +547,9 @@ class Comm:
         self._slot.running()
         op, nbytes, root, wall0 = self._coll_started
         if self._clock is not None:
+            # Earlier nonblocking collectives first: every rank settles them in the same order.
+            while self._unsettled:
+                self._settle(self._unsettled[0])
             self._clock.collective(op, nbytes)
         if self._trace is not None:
             group = tuple(self._engine.world_ranks)
@@ -559,6 +589,58 @@ class Comm:
         self._collective("Allreduce", send_array.nbytes)
         self._engine.allreduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op))
         self._collective_done()
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> Request:  # noqa: N802
+        """Nonblocking Allreduce: starts it and returns a Request; recvbuf holds the result once
+        the request has completed (Wait, Test, Waitall). Counted as an "Allreduce" in stats."""
+        if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
+            sendbuf = recvbuf
+        send_array = _buffer(sendbuf, "Iallreduce sendbuf")
+        recv_array = _buffer(recvbuf, "Iallreduce recvbuf")
+        _same_size(send_array, recv_array, "Iallreduce")
+        self._check_hung()
+        nbytes = send_array.nbytes
+        # Counted under the collective's own name, so stats.collectives_used() and per-op counts
+        # see it; blocking or not shows in the trace ("coll" versus "icoll").
+        self.stats.count_call("Allreduce", nbytes)
+        wall0 = time.perf_counter()
+        inner = self._engine.iallreduce(
+            _distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op)
+        )
+        req = 0
+        if self._trace is not None:
+            group = tuple(self._engine.world_ranks)
+            index = self._trace.next_collective_index(group)
+            req = self._trace.new_request()
+            self._trace.add(
+                (ICOLL, req, "Allreduce", group, index, nbytes, -1, wall0, time.perf_counter())
+            )
+        handle = Request(self, inner, -1, -1, nbytes, False, req, collective="Allreduce")
+        if self._clock is not None:
+            handle._posted_at = self._clock.now
+            self._unsettled.append(handle)
+        return handle
+
+    def _settle(self, request: Request) -> None:
+        """Places nonblocking collectives on the online clock, in the order they were posted, up
+        to ``request``; sets each one's ``arrival`` (its end).
+
+        A collective starts when its last member has posted it, and not before the previous one
+        has ended (they share the group's links), then takes what the blocking one takes. The
+        start is agreed on with the blocking collective's clock exchange (``Timekeeper.collective``
+        from a clock set to the post time), so every rank must settle the same collectives in the
+        same order: they do, in post order, at a Wait or Test that completes one, or before the
+        next blocking collective."""
+        clock = self._clock
+        assert clock is not None
+        while not request._settled and self._unsettled:
+            first = self._unsettled.popleft()
+            now = clock.now
+            clock.now = max(first._posted_at, self._icoll_free_at)
+            clock.collective(first._collective or "Allreduce", first._nbytes)
+            first.arrival = self._icoll_free_at = clock.now
+            clock.now = now
+            first._settled = True
 
     def Reduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None, op: Any = ops.SUM

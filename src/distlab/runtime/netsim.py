@@ -25,12 +25,15 @@ The model:
   message it matched). "wait" ends at the latest completion among its requests, or at once.
 - A built-in collective ("coll") starts when the last participant arrives, runs the flows of its
   standard algorithm (``collectives_cost``) through the same fluid model, and every participant
-  leaves when its last flow ends. Inside, each rank goes step by step like a hand-written
+  leaves when its last flow ends. A nonblocking one ("icoll", e.g. ``Iallreduce``) is the same
+  collective, but posting it takes no time: a member goes on at once (its compute overlaps the
+  flows), the collective starts when the last member has posted it, and a "wait" on its request
+  ends when its last flow ends (at once if it has already ended). Inside, each rank goes step by step like a hand-written
   Sendrecv loop: it posts a step's sends once its own previous step is done (its sends
   delivered and the step's receives arrived), not when the whole group's step is.
 - Per rank: compute_s + comm_s + idle_s == makespan, where comm_s is time blocked in waits and
-  collectives (sync_wait_s is the part of it spent in collectives waiting for the last peer to
-  arrive) and idle_s is the time after the rank's last event until the slowest rank finishes.
+  collectives (sync_wait_s is the part of it spent in blocking collectives waiting for the last
+  peer to arrive) and idle_s is the time after the rank's last event until the slowest rank finishes.
 
 Not modelled: per-message CPU overheads, eager versus rendezvous protocols (a flow moves whether
 or not its receive is posted), and requests completed by Test instead of Wait.
@@ -55,7 +58,7 @@ from typing import Any, Protocol, TypeVar
 from distlab.errors import DistlabError
 
 from .collectives_cost import Schedule, collective_schedule
-from .trace import COLL, COMPUTE, MARK, RECV, SEND, WAIT, Event
+from .trace import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT, Event
 
 # -- the network, as the platforms package provides it ------------------------------------------
 
@@ -121,7 +124,7 @@ class Replay:
     makespan: float
     compute_s: dict[int, float]
     comm_s: dict[int, float]  # blocked in waits and collectives
-    sync_wait_s: dict[int, float]  # part of comm_s: in collectives, before the last peer came
+    sync_wait_s: dict[int, float]  # part of comm_s: in blocking collectives, before the last peer came
     idle_s: dict[int, float]  # makespan - finish == makespan - (compute_s + comm_s)
     marks: dict[int, tuple[tuple[str, float], ...]]  # rank -> (name, time) of each "mark"
     pair_bytes: dict[tuple[int, int], int]  # (src, dst) -> bytes, collectives included
@@ -288,19 +291,24 @@ class _Rank:
         self.spans: list[tuple[float, float]] = []
         self.marks: list[tuple[str, float]] = []
         self.compute = self.comm = self.sync_wait = 0.0
-        self.requests: dict[int, _Flow | _Recv] = {}
+        self.requests: dict[int, _Flow | _Recv | _Coll] = {}  # _Coll: a nonblocking collective
         self.outstanding = 0  # requests the current wait still needs
         self.done = False
 
 
 class _Coll:
     __slots__ = ("op", "group", "index", "root", "p", "where", "arrival", "nbytes", "arrived",
-                 "start", "schedule", "step", "sends_left", "recv_left", "flows_left")
+                 "start", "schedule", "step", "sends_left", "recv_left", "flows_left",
+                 "blocking", "event", "end", "waiters")
 
     def __init__(self, op: str, group: tuple[int, ...], index: int, root: int) -> None:
         self.op, self.group, self.index, self.root, self.p = op, group, index, root, len(group)
         self.where = {rank: g for g, rank in enumerate(group)}
         self.arrival: list[float | None] = [None] * self.p
+        self.blocking = [True] * self.p  # False for a member that posted it nonblocking
+        self.event = [0] * self.p  # each member's "coll" or "icoll" event, for FlowRecord.event
+        self.end: float | None = None  # set when its last flow has ended
+        self.waiters: list[_Rank] = []  # ranks whose current wait includes it (nonblocking)
         self.nbytes = [0] * self.p
         self.arrived = 0
         self.start = 0.0
@@ -378,11 +386,12 @@ class _Replayer:
                     self.sent[key] = (r, i)
                     channel = key[:4]
                     self.channel_sends[channel] = self.channel_sends.get(channel, 0) + 1
-                elif e[0] == COLL:
-                    callers = self.coll_callers.setdefault((tuple(e[2]), e[3]), [])
+                elif e[0] in (COLL, ICOLL):
+                    op, group, index = e[1:4] if e[0] == COLL else e[2:5]
+                    callers = self.coll_callers.setdefault((tuple(group), index), [])
                     if r in callers:
                         raise ReplayError(
-                            f"rank {r}, event {i}: {e[1]} #{e[3]} over ranks {list(e[2])} is "
+                            f"rank {r}, event {i}: {op} #{index} over ranks {list(group)} is "
                             "recorded twice; the trace is corrupt", r, i)
                     callers.append(r)
 
@@ -464,8 +473,16 @@ class _Replayer:
                 spans.append((t, t))
             elif kind == COLL:
                 rs.pc, rs.t = i, t
-                self._arrive(rs, i, e)  # always blocks; the collective's end wakes every member
+                # Always blocks; the collective's end wakes every blocking member.
+                self._arrive(rs, i, e[1], e[2], e[3], e[4], e[5], t, blocking=True)
                 return
+            elif kind == ICOLL:
+                # Posted: the rank goes on; a later wait on the request blocks until it ends.
+                coll = self._arrive(rs, i, e[2], e[3], e[4], e[5], e[6], t, blocking=False)
+                if e[1] in rs.requests:
+                    raise ReplayError(f"rank {r}, event {i}: request {e[1]} is posted twice", r, i)
+                rs.requests[e[1]] = coll
+                spans.append((t, t))
             elif kind == MARK:
                 spans.append((t, t))
                 rs.marks.append((str(e[1]), t))
@@ -485,6 +502,11 @@ class _Replayer:
                 raise ReplayError(
                     f"rank {rs.rank}, event {i}: wait on request {req}, which no earlier send or "
                     "receive of this rank posted", rs.rank, i)
+            if isinstance(got, _Coll):
+                if got.end is None:
+                    got.waiters.append(rs)
+                    outstanding += 1
+                continue
             if isinstance(got, _Flow):
                 flow: _Flow | None = got
             else:
@@ -549,8 +571,10 @@ class _Replayer:
 
     # -- collectives -----------------------------------------------------------------------------
 
-    def _arrive(self, rs: _Rank, i: int, e: Event) -> None:
-        op, group, index, nbytes, root = str(e[1]), tuple(e[2]), int(e[3]), e[4], int(e[5])
+    def _arrive(self, rs: _Rank, i: int, op: Any, group: Any, index: Any, nbytes: Any, root: Any,
+                t: float, blocking: bool) -> _Coll:
+        """Rank ``rs`` reaches collective call ``i`` at time t; the last member starts it."""
+        op, group, index, root = str(op), tuple(group), int(index), int(root)
         r = rs.rank
         coll = self.colls.get((group, index))
         if coll is None:
@@ -562,11 +586,14 @@ class _Replayer:
             raise ReplayError(
                 f"rank {r}, event {i}: calls {op} (root {root}) as collective #{index} over ranks "
                 f"{list(group)}, where the others call {coll.op} (root {coll.root})", r, i)
-        coll.arrival[g] = rs.t
+        coll.arrival[g] = t
+        coll.blocking[g] = blocking
+        coll.event[g] = i
         coll.nbytes[g] = self._nbytes(nbytes, r, i)
         coll.arrived += 1
         if coll.arrived == coll.p:
             self._begin(coll, r, i)
+        return coll
 
     def _open_coll(self, r: int, i: int, op: str, group: tuple[int, ...], index: int,
                    root: int) -> _Coll:
@@ -586,7 +613,8 @@ class _Replayer:
         arrivals = [a for a in coll.arrival if a is not None]
         coll.start = start = max(arrivals)
         for g, member in enumerate(coll.group):
-            self.ranks[member].sync_wait += start - arrivals[g]
+            if coll.blocking[g]:  # a member that posted it nonblocking was not waiting
+                self.ranks[member].sync_wait += start - arrivals[g]
         key = (coll.op, tuple(coll.nbytes), coll.root)
         schedule = self.schedules.get(key)
         if schedule is None:
@@ -620,8 +648,7 @@ class _Replayer:
             if s < len(steps):
                 coll.sends_left[g] = len(steps[s])
                 for dst, nbytes in steps[s]:
-                    flow = self._post(coll.group[g], coll.group[dst], nbytes, t,
-                                      self.ranks[coll.group[g]].pc)
+                    flow = self._post(coll.group[g], coll.group[dst], nbytes, t, coll.event[g])
                     flow.coll, flow.src_g, flow.dst_g, flow.step = coll, g, dst, s
         coll.step[g] = s
 
@@ -639,8 +666,15 @@ class _Replayer:
             self._step(coll, flow.dst_g, now)
 
     def _finish(self, coll: _Coll, end: float) -> None:
-        for member in coll.group:
-            self._wake(self.ranks[member], end)
+        coll.end = end
+        for g, member in enumerate(coll.group):
+            if coll.blocking[g]:
+                self._wake(self.ranks[member], end)
+        for rs in coll.waiters:  # ranks waiting on it as a request
+            rs.outstanding -= 1
+            if rs.outstanding == 0:
+                self._wake(rs, end)
+        coll.waiters = []
         del self.colls[(coll.group, coll.index)]
 
     # -- flows -----------------------------------------------------------------------------------
@@ -811,6 +845,11 @@ class _Replayer:
         waits = []
         for req in tuple(e[1]):
             got = rs.requests[req]
+            if isinstance(got, _Coll) and got.end is None:
+                absent = [m for g, m in enumerate(got.group) if got.arrival[g] is None]
+                waits.append(f"{got.label()} (posted without blocking), which rank(s) {absent} "
+                             "have not reached" if absent else f"{got.label()}")
+                continue
             if isinstance(got, _Recv) and got.key is not None and got.key not in self.messages:
                 src = got.key[1]
                 other = self.ranks[src]

@@ -18,10 +18,18 @@ Event kinds (the first field), with wall-clock begin and end (``time.perf_counte
       a receive is posted (src may be -1: any source; tag may be -1: any tag).
   ("wait", reqs, matches, wall0, wall1)
       blocks until every request in ``reqs`` (a tuple) has completed. ``matches`` maps each
-      receive request among them to the message it matched, as (ctx, src, tag, k).
+      receive request among them to the message it matched, as (ctx, src, tag, k); sends and
+      nonblocking collectives have no entry.
   ("coll", op, group, index, nbytes, root, wall0, wall1)
       a built-in collective over ``group`` (a tuple of world ranks, in group-rank order);
       ``index`` counts collectives on that group, so the replay can line up the participants.
+  ("icoll", req, op, group, index, nbytes, root, wall0, wall1)
+      a nonblocking collective is posted (``comm.Iallreduce``: op "Allreduce"), as request
+      ``req``; the other fields as for "coll", and ``index`` shares the group's count with the
+      blocking collectives (MPI orders every collective of a communicator together). The rank
+      goes on at once; a later "wait" naming ``req`` (with no entry in ``matches``) blocks until
+      the collective has finished. In the replay the collective starts when the last member has
+      posted it, and its flows run while the ranks compute.
   ("mark", name, wall0, wall1)
       a marker set by problem code (for example "step" at each training step boundary).
 
@@ -35,6 +43,7 @@ from typing import Any
 Event = tuple[Any, ...]
 
 COMPUTE, SEND, RECV, WAIT, COLL, MARK = "compute", "send", "recv", "wait", "coll", "mark"
+ICOLL = "icoll"
 
 
 class TraceRecorder:

@@ -74,6 +74,11 @@ class Engine(Protocol):
 
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None: ...
 
+    def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> EngineRequest:
+        """Nonblocking allreduce; in place when ``sendbuf is recvbuf``. ``recvbuf`` holds the
+        result once the request has completed; neither buffer may be touched before that."""
+        ...
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:

@@ -17,6 +17,8 @@ Where gloo differs from MPI, and what this engine does about it:
   ``Work.get_future()`` is not implemented for them; ``test`` therefore waits in a helper thread.
 * Gloo has no pair to the own rank: messages to self go through a local mailbox instead.
 * Gloo has no reduce-scatter: it is an allreduce on a copy, then this rank's block is copied out.
+* A nonblocking allreduce is ``all_reduce(..., async_op=True)`` on a tensor over ``recvbuf`` (the
+  send buffer copied in first): gloo runs it on its own threads while the caller goes on.
 * Point-to-point transfers, broadcasts and allgathers move raw bytes (a ``uint8`` view), so any
   NumPy dtype works there; reductions use the array's own dtype, which torch must support.
 """
@@ -154,6 +156,27 @@ class _Request:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's wait()
             self._error = exc
         self._finished.set()
+
+
+class _CollRequest:
+    """A pending nonblocking collective: torch's ``Work``, whose completion gloo does report."""
+
+    def __init__(self, work: Any, keep: Any) -> None:
+        self._work = work
+        self._keep = keep  # the tensor over recvbuf, alive until the collective completes
+        self._done = False
+
+    def wait(self) -> tuple[int, int]:
+        if not self._done:
+            self._work.wait()
+            self._done = True
+            self._keep = None
+        return ANY_SOURCE, ANY_TAG
+
+    def test(self) -> bool:
+        if not self._done and self._work.is_completed():
+            self.wait()  # returns at once; raises if the collective failed
+        return self._done
 
 
 class _EagerSends:
@@ -422,6 +445,15 @@ class GlooEngine:
         _, dist = _torch()
         recvbuf.reshape(-1)[...] = sendbuf.reshape(-1)
         dist.all_reduce(_typed(recvbuf), group=self._group, op=_reduce_op(op))
+
+    def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _CollRequest:
+        self._check_eager()
+        _, dist = _torch()
+        if sendbuf is not recvbuf:
+            recvbuf.reshape(-1)[...] = sendbuf.reshape(-1)
+        tensor = _typed(recvbuf)
+        work = dist.all_reduce(tensor, group=self._group, op=_reduce_op(op), async_op=True)
+        return _CollRequest(work, tensor)
 
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op

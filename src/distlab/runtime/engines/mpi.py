@@ -113,6 +113,10 @@ class MpiEngine:
         send = _mpi().IN_PLACE if sendbuf is recvbuf else sendbuf
         self._comm.Allreduce(send, recvbuf, op=_mpi_op(op))
 
+    def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _Request:
+        send = _mpi().IN_PLACE if sendbuf is recvbuf else sendbuf
+        return _Request(self._comm.Iallreduce(send, recvbuf, op=_mpi_op(op)), is_recv=False)
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
