@@ -1,0 +1,280 @@
+"""Problem 06, DDP from scratch: the checker's pure helpers, then `distlab check 06` end to end.
+
+First the pieces of check.py that need no process: the bucket rule, the caps that give a wanted
+number of buckets, the overlap arithmetic on replayed windows, and the model's declared work
+(backward work comes just before each layer's gradients). Then every solution in
+tests/fixtures/06/, the reference and the starter are checked once each through the real CLI, on
+real MPI ranks with one fixed seed (a failure replays with `distlab check 06 --seed 4242`); each
+buggy one must fail with its symptom named, the correct alternative must pass, and no rank may
+outlive the command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+SEED = 4242
+HERE = FIXTURES / "06"
+FOLDER = PROBLEMS / "06-ddp-from-scratch"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def check() -> ModuleType:
+    return _load(FOLDER / "check.py", "problem06_check")
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+
+
+def test_plan_buckets_follows_the_card(check: ModuleType) -> None:
+    plan = check.plan_buckets
+    assert plan([], 10) == []
+    assert plan([4, 4, 4], 100) == [[0, 1, 2]]  # everything fits: one bucket
+    assert plan([4, 4, 4], 8) == [[0, 1], [2]]  # exactly at the cap still fits
+    assert plan([4, 4, 4], 7) == [[0], [1], [2]]
+    assert plan([2, 50, 2, 2], 10) == [[0], [1], [2, 3]]  # over the cap: a bucket of its own
+    ref = _load(FOLDER / "reference.py", "problem06_reference")
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        sizes = [int(x) for x in rng.integers(1, 100, size=int(rng.integers(1, 12)))]
+        cap = int(rng.integers(1, 300))
+        assert ref.plan_buckets(sizes, cap) == plan(sizes, cap)  # the reference keeps the rule
+
+
+def test_caps_giving_a_count_really_give_it(check: ModuleType) -> None:
+    sizes = [64, 4096, 64, 4096, 64, 4096, 32, 512]
+    rng = np.random.default_rng(1)
+    for count in (1, 2, 3, 4):
+        ranges = check.caps_giving(sizes, count)
+        assert ranges, count
+        for lo, hi in ranges:
+            assert len(check.plan_buckets(sizes, lo)) == count
+            assert len(check.plan_buckets(sizes, hi - 1)) == count
+        for _ in range(20):
+            cap = check.pick_cap(sizes, count, rng)
+            assert len(check.plan_buckets(sizes, cap)) == count
+            # Never exactly a run's size: "at most the cap" and "below the cap" agree on it.
+            assert cap not in {sum(sizes[i:j]) for i in range(len(sizes)) for j in range(i + 1, len(sizes) + 1)}
+    with pytest.raises(ValueError):
+        check.pick_cap(sizes, 99, rng)
+
+
+def test_union_length_and_hidden_fraction(check: ModuleType) -> None:
+    assert check.union_length([]) == 0.0
+    assert check.union_length([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+    assert check.union_length([(0, 10), (2, 3)]) == pytest.approx(10.0)
+    assert check.hidden_fraction(0.0, 5.0) == 1.0
+    assert check.hidden_fraction(5.0, 5.0) == 0.0
+    assert check.hidden_fraction(1.0, 4.0) == pytest.approx(0.75)
+    assert check.hidden_fraction(1.0, 0.0) == 0.0
+
+
+def test_windows_read_backward_compute_launches_and_waits(check: ModuleType) -> None:
+    events = [
+        ("mark", "step", 0, 0), ("compute", 1.0, "forward", 0, 0),
+        ("mark", "backward", 0, 0),
+        ("compute", 2.0, "backward", 0, 0),
+        ("icoll", 1, "Allreduce", (0, 1), 0, 8, -1, 0, 0),
+        ("compute", 2.0, "backward", 0, 0),
+        ("icoll", 2, "Allreduce", (0, 1), 1, 8, -1, 0, 0),
+        ("wait", (1,), {}, 0, 0),  # inside backward: blocked 0.5
+        ("compute", 1.0, "backward", 0, 0),
+        ("wait", (2,), {}, 0, 0),
+        ("mark", "synced", 0, 0),
+    ]
+    spans = ((0, 0), (0, 1), (1, 1), (1, 3), (3, 3), (3, 5), (5, 5), (5, 5.5), (5.5, 6.5),
+             (6.5, 7), (7, 7))
+    [w] = check.windows(events, spans)
+    assert (w.begin, w.end, w.compute_s, w.compute_end) == (1, 7, 5.0, 6.5)
+    assert w.launches == (3, 5)
+    assert w.blocked_in_backward == pytest.approx(0.5)
+
+
+def test_backward_work_is_declared_just_before_each_layers_gradients(check: ModuleType) -> None:
+    case = check.Case("t", 1, (8, 16, 16, 4), 3, 10**9, 1, 0.1, 1e-6, side_after=0, side_used=(True,))
+    model = check.build_model(case, 0)
+    log: list[tuple[str, Any]] = []
+
+    class Clock:
+        def compute(self, seconds: float, label: str = "") -> None:
+            log.append((label, round(seconds * 1e6, 3)))
+
+    model.comm, model.forward_s_per_param = Clock(), case.forward_s_per_param
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: log.append(("grad", names[id(p)])))
+    x, y = check.global_batch(case, 0)
+    out, side = model(x, use_side=True)
+    log.clear()
+    check.loss_of(out, side, y).backward()
+    sizes = {name: n for name, n, _ in check.layout(case)}
+    backward_order = [name for name, _, _ in reversed(check.layout(case))]
+    grads = [entry[1] for entry in log if entry[0] == "grad"]
+    assert grads == backward_order  # gradients arrive in reverse parameter order
+    # Each layer's backward work (2x its forward: 2 us per parameter) just before its gradients.
+    first = log.index(("grad", "fc2.bias"))
+    assert log[first - 1] == ("backward", 2.0 * (sizes["fc2.weight"] + sizes["fc2.bias"]))
+
+
+def test_cases_are_hidden_variants_of_the_seed(check: ModuleType) -> None:
+    class Ctx:
+        def __init__(self, seed: int) -> None:
+            from distlab.platforms import resolve
+
+            self.seed, self.platform = seed, resolve("laptop")
+
+    a, b, again = check.main_cases(Ctx(1)), check.main_cases(Ctx(2)), check.main_cases(Ctx(1))
+    assert a == again and a != b
+    for cases in (a, b):
+        counts = [len(check.plan_buckets([n for _, _, n in reversed(check.layout(c))], c.cap_bytes))
+                  for c in cases]
+        assert counts[0] == 1 and counts[1] == 2 and counts[2] >= 3 and 6 <= counts[3] <= 8
+        sizes = [n for _, _, n in check.layout(cases[2])]
+        assert cases[2].cap_bytes < max(sizes)
+    side = check.side_case(Ctx(1))
+    assert any(side.side_used) and not all(side.side_used)
+
+
+def test_single_process_training_learns(check: ModuleType) -> None:
+    case = check.Case("t", 2, (8, 32, 32, 4), 11, 10**9, 40, 0.1, 0.0)
+    model = check.build_model(case, 0)
+    x, y = check.global_batch(case, 0)
+    before = float(check.loss_of(*model(x), y).detach())
+    trained = check.single_process(case)
+    offset = 0
+    for p in model.parameters():
+        p.data.copy_(__import__("torch").from_numpy(trained[offset:offset + p.numel()]).view_as(p))
+        offset += p.numel()
+    assert float(check.loss_of(*model(x), y).detach()) < 0.8 * before
+
+
+# -- end to end: the CLI on every solution --------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    rc: int
+    out: str
+    flat: str
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run_check(*args: str) -> Checked:
+    with tempfile.TemporaryDirectory(prefix="dl6-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "06", *args, "--seed", str(SEED), "--json", str(json_path), timeout=240)
+        wall = time.monotonic() - start
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, [])
+
+
+# name -> substrings the output must contain (the symptom, named).
+BUGGY: dict[str, list[str]] = {
+    "forward_order.py": ["every allreduce started only after backward had ended", "reverse parameter order"],
+    "wait_each.py": ["for them before backward ended", "wait for them all once, at the end of backward"],
+    "sum_not_average.py": ["times too far each step", "summed over the ranks, not averaged"],
+    "no_broadcast.py": ["still held its own initial weights", "broadcast rank 0's weights",
+                        "were they broadcast from rank 0?"],
+    "duplicate_launch.py": ["a bucket was launched twice"],
+    "unused_silent.py": ["silently wrong weights are the one outcome that is not allowed"],
+}
+PASSING = ["alt_tensor_hooks_strict.py"]
+
+
+@pytest.fixture(scope="module")
+def checked() -> dict[str, Checked]:
+    """Every CLI run of this file, two at a time (each waits on its ranks much of the time)."""
+    runs: dict[str, tuple[str, ...]] = {"reference": ("--solution", "reference"), "starter": ()}
+    for name in [*BUGGY, *PASSING]:
+        runs[name] = ("--solution", str(HERE / name))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run_check, *args) for name, args in runs.items()}
+        done = {name: future.result() for name, future in futures.items()}
+    leftovers = _leftovers()
+    for run in done.values():
+        run.leftovers = leftovers
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_reference_passes_and_writes_results_json(checked: dict[str, Checked]) -> None:
+    run = checked["reference"]
+    assert not run.leftovers, run.leftovers
+    assert run.rc == 0, run.out
+    assert "passed 06" in run.flat
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 14
+    assert [c["status"] for c in r["checks"]] == ["passed"] * 5
+    overlap = next(c for c in r["checks"] if c["name"].startswith("at least half"))
+    assert overlap["metrics"]["hidden_fraction"] >= 0.5
+    assert r["totals"]["bound_s"] <= r["totals"]["virtual_s"]
+    assert r["checks"][-1]["metrics"]["outcome"] == "handled"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_starter_fails_with_a_helpful_message(checked: dict[str, Checked]) -> None:
+    run = checked["starter"]
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat
+    assert "no collective ran in any step" in run.flat
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: dict[str, Checked]) -> None:
+    run = checked[name]
+    assert not run.leftovers, run.leftovers
+    assert run.rc == 1, run.out
+    for text in BUGGY[name]:
+        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    assert run.results is not None and run.results["score"] < run.results["max_score"]
+    assert f"distlab check 06 --seed {SEED}" in run.flat
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", PASSING)
+def test_alternative_solution_passes(name: str, checked: dict[str, Checked]) -> None:
+    run = checked[name]
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["score"] == run.results["max_score"]
+    # It refuses a parameter without a gradient with a clear error, which the card accepts.
+    assert run.results["checks"][-1]["metrics"]["outcome"] == "error"
+    assert "received no gradient in this step" in run.flat
