@@ -1,0 +1,389 @@
+"""Problem 05, data parallel or model parallel: the checker's rule, its diagnoses, and end to end.
+
+Two halves. The first tests check.py's pure helpers without starting a process: the memory model
+on a case worked by hand, the planning rule on the named table (pinned, so a change of the rule
+shows), the hidden-case generator, the reference's plan against the rule, and the messages that
+name each symptom. The second runs `distlab check 05` as a learner would, once per solution in
+tests/fixtures/05/ (plus the reference and the starter), reads the console and the --json file,
+and makes sure no rank outlived the command. All CLI runs use seed 4242, so a failure here
+replays with `distlab check 05 --seed 4242 --solution ...`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+SEED = 4242
+HERE = FIXTURES / "05"
+FOLDER = PROBLEMS / "05-dp-or-mp"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def check() -> ModuleType:
+    return _load(FOLDER / "check.py", "problem05_check")
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModuleType:
+    return _load(FOLDER / "reference.py", "problem05_reference")
+
+
+# == the memory model and the rule =================================================================
+
+
+def test_memory_model_by_hand(check: ModuleType) -> None:
+    """GPT 1.3B on 8 x 24 GiB, batch 16, pure DP: 16 bytes per parameter, 2 sequences per device."""
+    model = check.gpt("GPT 1.3B", 24, 2048, 2048)
+    assert model["params"] == 12 * 24 * 2048**2 + 13 * 24 * 2048 + 50304 * 2048
+    m = check.memory_per_device(model, 16, 8, 1, 1)
+    assert m.state == 16 * model["params"]
+    assert m.activations == 2 * 2048 * 24 * 2048 * 34
+    assert m.total > 24 * 2**30  # does not fit, although 4 bytes per parameter would
+    assert check.memory_per_device(model, 16, 8, 1, 1, bytes_per_param=4).total < 24 * 2**30
+    # TP splits 24 of the 34 activation bytes; PP splits the layers (and so all of them).
+    m = check.memory_per_device(model, 16, 2, 4, 1)
+    assert m.state == Fraction(16 * model["params"], 4)
+    assert m.activations == 8 * 2048 * 24 * 2048 * (10 + Fraction(24, 4))
+    m = check.memory_per_device(model, 16, 2, 1, 4)
+    assert m.activations == 8 * 2048 * 6 * 2048 * 34
+
+
+NAMED_ANSWERS = [
+    {"dp": 8, "tp": 1, "pp": 1},  # a small model fits: pure DP
+    {"dp": 4, "tp": 2, "pp": 1},  # the optimizer state decides
+    {"dp": 4, "tp": 2, "pp": 1},  # 7B on one 8-GPU server
+    {"dp": 4, "tp": 1, "pp": 2},  # activations decide: PP splits them, TP does not (all)
+    {"dp": 2, "tp": 8, "pp": 2},  # 70B on four servers
+    None,  # 175B on one server
+    {"dp": 4, "tp": 2, "pp": 1},  # a batch of 4 on 8 devices
+    {"dp": 4, "tp": 1, "pp": 2},  # one GPU per node
+]
+
+
+def test_named_cases_have_the_pinned_answers(check: ModuleType) -> None:
+    got = [check.best_plan(c.model, c.devices, c.batch) for c in check.NAMED_CASES]
+    assert got == NAMED_ANSWERS
+    # The named table catches the classic mistakes whatever the seed.
+    fours = [check.best_plan(c.model, c.devices, c.batch, bytes_per_param=4) for c in check.NAMED_CASES]
+    assert fours[1] == {"dp": 8, "tp": 1, "pp": 1} != NAMED_ANSWERS[1]
+    pp_first = [check.best_plan(c.model, c.devices, c.batch, tp_first=False) for c in check.NAMED_CASES]
+    assert pp_first != NAMED_ANSWERS
+    no_acts = [check.best_plan(c.model, c.devices, c.batch, activations=False) for c in check.NAMED_CASES]
+    assert no_acts[3] == {"dp": 8, "tp": 1, "pp": 1} != NAMED_ANSWERS[3]
+
+
+def test_layout_faults_name_each_rule(check: ModuleType) -> None:
+    model = check.gpt("m", 24, 1024, 1024)
+    devices = check.cluster(16, 8, 80)
+    assert check.layout_faults(model, devices, 16, {"dp": 2, "tp": 8, "pp": 1}) == []
+    faults = check.layout_faults(model, devices, 6, {"dp": 4, "tp": 16, "pp": 5})
+    text = " | ".join(faults)
+    assert "dp * tp * pp = 320" in text and "tp = 16 does not divide the 8 devices of a node" in text
+    assert "pp = 5 does not divide the 24 layers" in text and "dp = 4 does not divide the batch of 6" in text
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4242])
+def test_hidden_cases_are_replayable_spread_and_off_the_boundary(check: ModuleType, seed: int) -> None:
+    cases = check.plan_cases(seed)
+    again = check.plan_cases(seed)
+    assert [(c.model, c.devices, c.batch) for c in cases] == [(c.model, c.devices, c.batch) for c in again]
+    hidden = cases[len(check.NAMED_CASES):]
+    assert len(hidden) == 24 and all(check.margin_ok(c) for c in hidden)
+    answers = [check.best_plan(c.model, c.devices, c.batch) for c in hidden]
+    assert any(a == {"dp": c.devices["count"], "tp": 1, "pp": 1} for a, c in zip(answers, hidden))
+    assert any(a and a["tp"] > 1 for a in answers) and any(a and a["pp"] > 1 for a in answers)
+    assert check.plan_cases(seed + 100) != cases
+
+
+def test_reference_plan_agrees_with_the_rule(check: ModuleType, reference: ModuleType) -> None:
+    for seed in range(5):
+        for case in check.plan_cases(seed):
+            assert reference.plan(case.model, case.devices, case.batch) == \
+                check.best_plan(case.model, case.devices, case.batch), case.describe()
+
+
+def test_plan_diagnoses_name_the_mistake(check: ModuleType) -> None:
+    A = check.PlanAnswer
+    trap, acts, big, none = (check.NAMED_CASES[i] for i in (1, 3, 4, 5))
+    assert check.diagnose_plan(trap, A(layout={"dp": 4, "tp": 2, "pp": 1})) is None
+    msg = check.diagnose_plan(trap, A(layout={"dp": 8, "tp": 1, "pp": 1}))
+    assert "expected dp=4 tp=2 pp=1; saw dp=8 tp=1 pp=1" in msg
+    assert "the optimizer state is missing" in msg and "25.9 GiB per device" in msg
+    # Here both misreadings give dp=8: the message names both, unless one was seen on every case.
+    msg = check.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}))
+    assert "the optimizer state is missing" in msg and "; or the rule's answer without activations" in msg
+    msg = check.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}), "no activations")
+    assert "the activations are missing" in msg and "optimizer" not in msg
+    pp_first = check.best_plan(big.model, big.devices, big.batch, tp_first=False)
+    assert pp_first != NAMED_ANSWERS[4]
+    assert "with PP tried before TP" in check.diagnose_plan(big, A(layout=pp_first))
+    msg = check.diagnose_plan(check.NAMED_CASES[0], A(layout={"dp": 4, "tp": 2, "pp": 1}))
+    assert "less model parallelism" in msg
+    assert check.diagnose_plan(none, A(layout=None)) is None
+    assert "does not fit" in check.diagnose_plan(none, A(layout={"dp": 1, "tp": 8, "pp": 1}))
+    assert "but dp=4 tp=2 pp=1 fits" in check.diagnose_plan(trap, A(layout=None))
+    assert "not a legal layout" in check.diagnose_plan(trap, A(layout={"dp": 2, "tp": 2, "pp": 1}))
+    assert "plan raised ValueError: x" in check.diagnose_plan(trap, A(error="ValueError: x"))
+    assert "not a dict with keys dp, tp, pp" in check.diagnose_plan(trap, A(other="(4, 2, 1)"))
+
+
+@pytest.mark.parametrize("name", ["4 bytes", "no activations", "PP first"])
+def test_a_misreading_seen_on_every_case_is_named(check: ModuleType, name: str) -> None:
+    cases = check.plan_cases(SEED)
+    kwargs = check.MISREADINGS[name][0]
+    answers = [check.PlanAnswer(layout=check.best_plan(c.model, c.devices, c.batch, **kwargs)) for c in cases]
+    assert check.misreading_of(cases, answers) == name
+    right = [check.PlanAnswer(layout=check.best_plan(c.model, c.devices, c.batch)) for c in cases]
+    assert check.misreading_of(cases, right) is None
+
+
+def test_normalize_accepts_numpy_ints_and_refuses_the_rest(check: ModuleType) -> None:
+    assert check.normalize({"dp": np.int64(4), "tp": 2, "pp": 1}) == ({"dp": 4, "tp": 2, "pp": 1}, None)
+    assert check.normalize(None) == (None, None)
+    assert check.normalize((4, 2, 1)) == (None, "(4, 2, 1)")
+    assert check.normalize({"dp": 4.5, "tp": 2, "pp": 1})[0] is None
+    assert check.normalize({"DP": 4, "tp": 2, "pp": 1})[0] is None
+
+
+# == the MLP diagnoses, on results made up here ======================================================
+
+
+def _results(check: ModuleType, case: Any, outs: list[np.ndarray], x_grads: list[np.ndarray]) -> list[Any]:
+    from distlab.runtime.stats import CommStats
+
+    return [check.MlpResult(o, g, [], [], CommStats(), CommStats()) for o, g in zip(outs, x_grads)]
+
+
+def test_mlp_diagnoses_name_the_symptom(check: ModuleType) -> None:
+    case = check.MlpCase(p=3, batch=2, seq=3, hidden=16, ffn=24, blocks=1, seed=7)
+    want = check.single_device(case)
+    b2 = want.weights[0][3]
+    right = [want.out] * 3
+    grads = [want.x_grad] * 3
+    assert check.diagnose_output(case, _results(check, case, right, grads), want) is None
+    assert check.diagnose_input_grad(case, _results(check, case, right, grads), want) is None
+
+    biased = [want.out + 2 * b2] * 3
+    msg = check.diagnose_output(case, _results(check, case, biased, grads), want)
+    assert "by exactly (p - 1) * b2" in msg
+
+    # Without g, rank r holds its partial sum plus the whole bias.
+    x0, _, ((w1, b1, w2, _),) = check.mlp_inputs(case)
+    import torch
+    import torch.nn.functional as F
+
+    hidden = F.gelu(torch.from_numpy(x0) @ torch.from_numpy(w1).T + torch.from_numpy(b1)).numpy()
+    parts = [hidden[..., r * 8:(r + 1) * 8] @ w2[:, r * 8:(r + 1) * 8].T + b2 for r in range(3)]
+    msg = check.diagnose_output(case, _results(check, case, parts, grads), want)
+    assert "each rank holds only its own partial sum" in msg and "(g)" in msg
+
+    split = [want.x_grad * w for w in (0.2, 0.3, 0.5)]
+    msg = check.diagnose_input_grad(case, _results(check, case, right, split), want)
+    assert "add up to it" in msg and "must allreduce in backward" in msg
+    msg = check.diagnose_input_grad(case, _results(check, case, right, [3 * want.x_grad] * 3), want)
+    assert "p = 3 times too large" in msg
+
+
+def test_mlp_variants_replay_and_fit_the_tolerances(check: ModuleType) -> None:
+    tasks = check.mlp_cases(SEED)
+    assert tasks == check.mlp_cases(SEED) != check.mlp_cases(SEED + 1)
+    assert [cases[0].p for cases in tasks] == [2, 3, 4]
+    for cases in tasks:
+        assert cases[0].blocks == 1 and 2 <= cases[1].blocks <= 3
+        for case in cases:
+            assert case.ffn % 12 == 0
+            # The replicated b2 keeps a correct split well inside the 1% tolerance.
+            share = case.whole_params / case.p
+            assert (share + case.hidden * (1 - 1 / case.p)) / share - 1 < check.MEMORY_TOLERANCE / 2
+
+
+def test_shards_follow_the_card(check: ModuleType) -> None:
+    whole = np.arange(24.0).reshape(4, 6)
+    assert check.shard("fc1.weight", whole, 1, 2).tolist() == whole[2:4].tolist()
+    assert check.shard("fc2.weight", whole, 2, 3).tolist() == whole[:, 4:6].tolist()
+    assert check.shard("fc2.bias", whole[0], 1, 2).tolist() == whole[0].tolist()
+
+
+# == end to end through the CLI =======================================================================
+
+
+@dataclass
+class Checked:
+    rc: int
+    out: str
+    flat: str  # whitespace runs made one space (rich wraps long lines)
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+    def check(self, name_start: str) -> dict[str, Any]:
+        assert self.results is not None, self.out
+        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
+        assert found, f"no check named {name_start!r}"
+        return found[0]
+
+    def messages(self) -> str:
+        assert self.results is not None, self.out
+        return " ".join(" ".join(c["message"].split()) for c in self.results["checks"])
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run(*args: str) -> Checked:
+    with tempfile.TemporaryDirectory(prefix="dl5-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "05", "--seed", str(SEED), *args, "--json", str(json_path), timeout=240)
+        wall = time.monotonic() - start
+        leftovers = _leftovers()
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[str, ...], Checked] = {}
+
+    def get(*args: str) -> Checked:
+        if args not in cache:
+            cache[args] = _run(*args)
+        return cache[args]
+
+    yield get
+
+
+PLAN, MLP, SPLIT, COUNT, TIME = ("plan picks", "TP MLP", "each rank keeps", "one allreduce", "TP communication")
+
+
+def line_of(name: str, needle: str) -> int:
+    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in {name}")
+
+
+# fixture -> (checks that must fail, substrings of the failure messages)
+BUGGY: dict[str, tuple[set[str], list[str]]] = {
+    "no_backward_allreduce.py": (
+        {MLP, COUNT, TIME},
+        ["the input gradient dL/dx differs", "each rank holds only its own shard's part",
+         "f (in front of the column-parallel layer) must allreduce in backward",
+         "backward made 0 allreduce call(s), expected exactly 1"],
+    ),
+    "forward_allreduce_twice.py": (
+        {COUNT, TIME},
+        ["forward made 2 allreduce call(s), expected exactly 1", "f's forward must be the identity"],
+    ),
+    "bias_every_rank.py": (
+        {MLP},
+        ["by exactly (p - 1) * b2 on every rank", "added on every rank"],
+    ),
+    "plan_no_optimizer.py": (
+        {PLAN},
+        ["the optimizer state decides", "expected dp=4 tp=2 pp=1; saw dp=8 tp=1 pp=1",
+         "the optimizer state is missing"],
+    ),
+    "row_split_wrong_dim.py": (
+        {MLP, SPLIT, COUNT, TIME},
+        ["RuntimeError: mat1 and mat2 shapes cannot be multiplied",
+         f"row_split_wrong_dim.py, line {line_of('row_split_wrong_dim.py', 'partial = F.linear')}",
+         "not graded: its run failed in an earlier check"],
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    failing, needles = BUGGY[name]
+    run = checked("--solution", str(HERE / name))
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert run.rc == 1, run.out
+    assert run.results is not None and not run.results["passed"]
+    for check_name in (PLAN, MLP, SPLIT, COUNT, TIME):
+        status = run.check(check_name)["status"]
+        assert status == ("failed" if check_name in failing else "passed"), (check_name, run.out)
+    for needle in needles:
+        assert needle in run.messages(), f"{needle!r} missing from:\n{run.out}"
+    assert f"distlab check 05 --seed {SEED}" in run.flat
+    if name == "row_split_wrong_dim.py":
+        # The MLP crashed, the plan was still graded on its own.
+        assert "asking plan on its own" in run.flat
+
+
+@pytest.mark.slow
+def test_reference_passes(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference")
+    assert not run.leftovers, "\n".join(run.leftovers)
+    assert run.rc == 0, run.out
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 14
+    assert r["totals"]["launches"] == 1  # one launch serves every check
+    assert r["totals"]["bound_s"] <= r["totals"]["virtual_s"] * 1.0001
+    assert run.check(PLAN)["metrics"]["cases"] == 32
+    assert run.check(MLP)["metrics"]["cases"] == 6
+    assert "passed 05" in run.flat
+
+
+@pytest.mark.slow
+def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", str(HERE / "alt_functional.py"), "--backend", "gloo")
+    assert not run.leftovers, "\n".join(run.leftovers)
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["backend"] == "gloo"
+    assert run.results["score"] == run.results["max_score"]
+
+
+@pytest.mark.slow
+def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert not run.leftovers, "\n".join(run.leftovers)
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat
+    text = run.messages()
+    assert "plan answered pure DP (dp = the device count) for all 32 cases" in text
+    assert re.search(r"fc1\.weight\.grad has shape \(\d+, \d+\), expected \(\d+, \d+\): rank r keeps rows", text)
+    assert "the whole block, unsplit" in text
+    assert "forward made 0 allreduce call(s)" in text
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+def test_free_run_summary() -> None:
+    proc = run_cli("run", "05", "--solution", "reference", "--ranks", "2", "--param", "hidden=128",
+                   "--param", "tokens=64", timeout=180)
+    flat = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, flat
+    assert "p=2, 2 block(s), hidden 128, 64 tokens: output matches one device" in flat
+    assert "plan(7B, 8 x 80 GiB, batch 8) = {'dp': 4, 'tp': 2, 'pp': 1}" in flat
+    assert not _leftovers()
