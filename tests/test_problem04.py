@@ -1,0 +1,390 @@
+"""Problem 04, gradient compression: the checker's pure helpers, then `distlab check 04` and
+`distlab run 04` end to end through the real CLI.
+
+The helpers (the single-process simulations the checks compare against, the byte accounting,
+the volume formula, the AUC) are tested directly, without processes. The end-to-end part checks
+every solution in tests/fixtures/04/ once, on real ranks with one fixed seed (a failure here
+replays with `distlab check 04 --seed 4242 --solution ...`), reads what a learner reads (the
+console) and what a tool reads (--json), and makes sure no rank outlived the command.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+
+from distlab.runtime.launcher import mpiexec_path
+from distlab.runtime.stats import CommStats
+
+SEED = 4242
+HERE = FIXTURES / "04"
+PROBLEM = PROBLEMS / "04-gradient-compression"
+
+
+def _load_check() -> ModuleType:
+    name = "problem04_check_under_test"
+    spec = importlib.util.spec_from_file_location(name, PROBLEM / "check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load_check()
+
+
+# -- the pure helpers ------------------------------------------------------------------------------
+
+
+def test_volume_formula_and_its_inverse() -> None:
+    assert check.volume_ratio(0.2) == pytest.approx(0.2 + 0.8 / 32)
+    assert 1 / check.volume_ratio(0.2) == pytest.approx(4.444, abs=1e-3)  # the catalog's speed-up
+    assert check.volume_ratio(0.0) == pytest.approx(1 / 32)
+    assert check.volume_ratio(1.0) == pytest.approx(1.0)
+
+
+def test_byte_bounds() -> None:
+    assert check.fp32_ring_bytes(1000, 4) == pytest.approx(6000)  # 2(p-1)/p * 4n
+    assert check.fp32_ring_bytes(1000, 1) == 0
+    # 1/30 of float32 plus 8 bytes of scale for each of the 2(p-1) messages.
+    assert check.onebit_bytes_bound(30_000, 4) == pytest.approx(180_000 / 30 + 6 * 8)
+
+
+def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> None:
+    stats = CommStats()
+    stats.count_call("Sendrecv", 100)
+    stats.count_send(1, 100)
+    stats.count_call("Allreduce", 4000)
+    assert check.wire_bytes(stats, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
+    stats.count_call("Allgather", 10)
+    assert check.wire_bytes(stats, 4) == pytest.approx(100 + 6000 + 30)
+    assert check.wire_bytes(CommStats(), 4) == 0
+
+
+def test_auc() -> None:
+    labels = np.array([0, 0, 1, 1], dtype=np.float32)
+    assert check.auc(np.array([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
+    assert check.auc(np.array([0.4, 0.3, 0.2, 0.1]), labels) == 0.0
+    assert check.auc(np.zeros(4), labels) == 0.5  # ties count half
+    assert check.auc(np.array([0.1, 0.3, 0.2, 0.4]), labels) == 0.75
+
+
+def test_compress_packs_8_per_byte_with_a_mean_abs_scale_per_chunk() -> None:
+    x = np.array([1, -2, 3, -4, 5, -6, 7, -8, 9, 0.5, -0.5, 10, -10], dtype=np.float32)
+    signs, scales = check.sim_compress(x, 2)  # chunks of 7 and 6 elements: one byte each
+    assert signs.dtype == np.uint8 and signs.size == 2
+    assert np.array_equal(np.unpackbits(signs[:1], count=7), x[:7] >= 0)
+    assert scales == pytest.approx([np.abs(x[:7]).mean(), np.abs(x[7:]).mean()])
+    out = check.sim_decompress(signs, scales, x.size)
+    assert np.array_equal(np.sign(out), np.where(x >= 0, 1, -1))
+    assert np.abs(out[7:]) == pytest.approx(np.full(6, scales[1]))
+
+
+def test_error_feedback_carries_the_residual() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(50).astype(np.float32)
+    error0 = rng.standard_normal(50).astype(np.float32)
+    error = error0.copy()
+    sent = sum(check.sim_feedback(x, error, 3) for _ in range(20))
+    # Nothing is lost: what was sent plus what is still owed is everything that came in.
+    assert sent + error == pytest.approx(20 * x + error0, abs=1e-4)
+    assert np.abs(error).max() < 20 * np.abs(x).max()  # it does not grow with the calls
+
+
+def test_onebit_allreduce_is_unbiased_over_time_with_error_feedback() -> None:
+    rng = np.random.default_rng(2)
+    p, n = 4, 103
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    bounds = check.chunk_bounds(n, p)
+    werr = [np.zeros(n, np.float32) for _ in range(p)]
+    serr = [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)]
+    rounds = 400
+    total = sum(check.sim_onebit_allreduce(xs, werr, serr) for _ in range(rounds))
+    mean = np.sum(xs, axis=0) / p
+    assert total / rounds == pytest.approx(mean, abs=0.05)
+    without = check.sim_onebit_allreduce(xs, None, None)
+    assert not np.allclose(without, mean, atol=0.05)  # one compression alone is far off
+
+
+def test_topk_keeps_the_largest_and_the_rest_in_the_error() -> None:
+    grads = [np.array([5, -1, 0.5, 3], np.float32), np.array([0, 4, -2, 1], np.float32)]
+    errors = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
+    out = check.sim_topk(grads, errors, 0.5)  # k = 2
+    assert out == pytest.approx(np.array([5, 4 - 0, -2, 3], np.float32) / 2)
+    assert errors[0] == pytest.approx([0, -1, 0.5, 0])
+    assert errors[1] == pytest.approx([0, 0, 0, 1])
+    assert check.sim_topk(grads, None, 1.0) == pytest.approx((grads[0] + grads[1]) / 2)
+    assert check.topk_count(1000, 0.001) == 1 and check.topk_count(10, 0.0) == 1
+
+
+def test_onebit_adam_simulation_is_adam_during_warmup_and_variants_differ() -> None:
+    case = check.AdamCase(p=3, n=40, seed=5, steps=6, warmup=2)
+    grads = check.adam_gradients(case)
+    params0 = np.ones(case.n, np.float32)
+    everything_warm = check.sim_onebit_adam(params0, grads, case.lr, warmup=case.steps)
+    theta = params0.copy()
+    adam = check.Adam(theta, case.lr)
+    for step_grads in grads:
+        adam.step((np.sum(step_grads, axis=0) / case.p).astype(np.float32))
+    assert everything_warm[-1][0] == pytest.approx(theta, rel=1e-5)
+    correct = check.sim_onebit_adam(params0, grads, case.lr, case.warmup)
+    assert all(np.array_equal(correct[-1][0], correct[-1][r]) for r in range(case.p))
+    # Every named mistake gives other parameters, so the check can tell them apart.
+    finals = {v: check.sim_onebit_adam(params0, grads, case.lr, case.warmup, v)[-1][0]
+              for v in check.ADAM_VARIANTS}
+    for variant, final in finals.items():
+        if variant != "correct":
+            assert not np.allclose(final, finals["correct"], rtol=1e-4, atol=1e-6), variant
+
+
+def test_plan_is_a_function_of_the_seed() -> None:
+    assert _plans_equal(check.plan_for(7), check.plan_for(7))  # --seed replays the variants
+    a, b = check.plan_for(7), check.plan_for(8)
+    assert (a.train.seed, a.wires[0].n) != (b.train.seed, b.wires[0].n)
+    assert a.train.warmup / a.train.steps in check.WARMUP_FRACTIONS
+    assert {w.p for w in a.wires} <= {2, 3, 4}
+
+
+def _plans_equal(a: Any, b: Any) -> bool:
+    def key(plan: Any) -> tuple[Any, ...]:  # the codec case holds arrays: compared apart
+        return (plan.train, plan.wires, plan.adam, plan.slow_worker, plan.timed)
+
+    same_codec = all(np.array_equal(u, v) for (u, *_), (v, *_) in zip(a.codec.vectors, b.codec.vectors))
+    return key(a) == key(b) and same_codec
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """One `distlab check 04` run."""
+
+    rc: int
+    out: str
+    flat: str  # whitespace runs made one space (rich wraps long lines)
+    results: dict[str, Any] | None
+    wall_s: float
+    leftovers: list[str]
+
+    def status(self, name_start: str) -> str:
+        assert self.results is not None, self.out
+        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
+        assert found, f"no check named {name_start!r}"
+        return str(found[0]["status"])
+
+
+def _leftovers(wait_s: float = 1.5) -> list[str]:
+    end = time.monotonic() + wait_s
+    while (found := job_processes()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
+
+
+def _run_check(*args: str) -> Checked:
+    with tempfile.TemporaryDirectory(prefix="dl4-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", "04", *args, "--seed", str(SEED), "--json", str(json_path),
+                       timeout=180)
+        wall = time.monotonic() - start
+        leftovers = _leftovers()
+        results = json.loads(json_path.read_text()) if json_path.exists() else None
+    out = proc.stdout + proc.stderr
+    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[Callable[..., Checked]]:
+    cache: dict[tuple[str, ...], Checked] = {}
+
+    def get(*args: str) -> Checked:
+        if args not in cache:
+            cache[args] = _run_check(*args)
+        return cache[args]
+
+    yield get
+
+
+# name -> (substrings the output must contain, checks that must fail, checks that must pass)
+BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "no_error_feedback.py": (
+        ["worker_error is still all zeros",
+         ("they match 1-bit Adam with this mistake: 1-bit Adam without error feedback on "
+          "either side"),
+         "below FP32 Adam's"],
+        ["1-bit allreduce", "1-bit Adam: warmup", "trained AUC"],
+        ["compressor", "FP16", "top-k"],
+    ),
+    "signs_one_per_byte.py": (
+        ["signs take", "one per element, 8x", "use np.packbits",
+         "about 8x the packed size: are the signs sent one per byte?"],
+        ["compressor", "1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
+        ["FP16", "top-k"],
+    ),
+    "global_scale.py": (
+        ["the mean |x| of the whole vector; expected one scale per chunk",
+         "it matches workers that compress with one scale for the whole vector"],
+        ["compressor", "1-bit allreduce", "1-bit Adam: warmup"],
+        ["FP16", "top-k"],
+    ),
+    "missing_scale.py": (
+        ["every scale is 1: the magnitudes are lost", "the scales are missing"],
+        ["compressor", "1-bit allreduce", "1-bit Adam: warmup"],
+        ["FP16", "top-k"],
+    ),
+    "variance_not_frozen.py": (
+        ["the variance keeps being updated after the warmup", "freeze it at the end of the warmup",
+         "weights differ from rank 0's"],
+        ["1-bit Adam: warmup", "trained AUC"],
+        ["compressor", "FP16", "1-bit allreduce", "top-k", "1-bit Adam's volume"],
+    ),
+    "fp16_as_float32.py": (
+        ["float32 went on the wire; cast the buffer to float16 before the allreduce"],
+        ["FP16"],
+        ["compressor", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "trained AUC"],
+    ),
+    "fp16_overflow.py": (
+        ["values near 30000 on every rank", "passes 65504", "divide by p before casting"],
+        ["FP16"],
+        ["compressor", "1-bit allreduce", "top-k"],
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    must, failing, passing = BUGGY[name]
+    run = checked("--solution", str(HERE / name))
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert run.rc == 1, run.out
+    for text in must:
+        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    for check_name in failing:
+        assert run.status(check_name) == "failed", (check_name, run.out)
+    for check_name in passing:
+        assert run.status(check_name) == "passed", (check_name, run.out)
+    assert f"distlab check 04 --seed {SEED}" in run.flat  # the replay hint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ("--solution", "reference"),
+    ("--solution", str(HERE / "alt_point_to_point.py")),
+    ("--solution", "reference", "--backend", "gloo"),
+], ids=["reference", "alt_point_to_point", "reference-gloo"])
+def test_correct_solutions_pass(args: tuple[str, ...], checked: Callable[..., Checked]) -> None:
+    run = checked(*args)
+    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert run.rc == 0, run.out
+    assert "passed 04" in run.flat
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 20
+    assert all(c["status"] == "passed" and c["message"] == "" for c in r["checks"])
+    metrics = {k: v for c in r["checks"] for k, v in c["metrics"].items()}
+    assert metrics["fp16_over_fp32_p4"] == pytest.approx(0.5, abs=0.01)
+    assert metrics["onebit_over_fp32_p4"] < 1 / 30
+    assert metrics["volume_ratio"] == pytest.approx(metrics["volume_formula"], rel=0.05)
+    assert metrics["auc_fp32"] - metrics["auc_onebit"] <= 0.01
+    assert r["totals"]["clock"] == "virtual" and r["totals"]["bound_s"] > 0
+
+
+@pytest.mark.slow
+def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert not run.leftovers
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat
+    assert "signs is empty" in run.flat
+    assert "no reduction happened" in run.flat
+    assert "the parameters never changed" in run.flat
+    assert "Traceback" not in run.out
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+def test_free_run_and_the_topk_sweep(tmp_path: Path) -> None:
+    # 50 steps instead of the checks' 300: the same code path, a sixth of the time.
+    proc = run_cli("run", "04", "--solution", "reference", "--param", "steps=50", timeout=120)
+    flat = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, flat
+    assert "fp16 AUC" in flat and "onebit AUC" in flat and "w + (1-w)/32" in flat
+
+    out = tmp_path / "sweep.csv"
+    proc = run_cli("run", "04", "--solution", "reference", "--param", "sweep=1",
+                   "--param", f"out={out}", "--param", "steps=50", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["keep_fraction", "error_feedback", "auc"]
+    seen = {(float(r["keep_fraction"]), r["error_feedback"]) for r in rows}
+    for keep in (0.5, 0.2, 0.1, 0.01, 0.001):
+        assert (keep, "yes") in seen and (keep, "no") in seen
+    auc = {(float(r["keep_fraction"]), r["error_feedback"]): float(r["auc"]) for r in rows}
+    # The lesson of the curve: at 90% compression error feedback holds the quality, and
+    # without it the model is worse.
+    assert auc[(0.1, "yes")] > auc[(0.1, "no")]
+    assert not job_processes()
+
+
+@pytest.mark.slow
+def test_the_reference_runs_on_plain_mpi4py(tmp_path: Path) -> None:
+    """The learner's file needs nothing of distlab: it runs on mpi4py's own COMM_WORLD."""
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib.util, numpy as np
+        from mpi4py import MPI
+        def load(name, path):
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            import sys; sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+        ref = load("ref", "{PROBLEM}/reference.py")
+        chk = load("chk", "{PROBLEM}/check.py")
+        comm = MPI.COMM_WORLD
+        p, rank, n = comm.size, comm.rank, 1001
+        xs = [np.random.default_rng([3, r]).standard_normal(n).astype(np.float32) for r in range(p)]
+        grad = xs[rank].copy()
+        ref.fp16_allreduce(comm, grad)
+        assert np.allclose(grad, np.mean(xs, axis=0), atol=1e-2)
+        bounds = chk.chunk_bounds(n, p)
+        x, werr = xs[rank].copy(), np.zeros(n, np.float32)
+        serr = np.zeros(bounds[rank + 1] - bounds[rank], np.float32)
+        ref.onebit_allreduce(comm, x, werr, serr)
+        want = chk.sim_onebit_allreduce([v.copy() for v in xs], [np.zeros(n, np.float32) for _ in xs],
+                                        [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)])
+        assert np.allclose(x, want, atol=1e-6)
+        g = xs[rank].copy()
+        ref.topk_allreduce(comm, g, 0.1, np.zeros(n, np.float32))
+        assert np.allclose(g, chk.sim_topk(xs, [np.zeros(n, np.float32) for _ in range(p)], 0.1))
+        opt = ref.OneBitAdam(np.zeros(n, np.float32), lr=0.01, warmup_steps=2)
+        for _ in range(4):
+            opt.step(comm, xs[rank].copy())
+        if rank == 0:
+            print("plain mpi4py ok")
+    """))
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
+    out = subprocess.run(
+        [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable,
+         str(script)], capture_output=True, text=True, timeout=90, env=env, check=False,
+    )
+    assert out.returncode == 0 and "plain mpi4py ok" in out.stdout, out.stdout + out.stderr
