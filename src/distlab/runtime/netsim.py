@@ -508,18 +508,19 @@ class _Replayer:
                     outstanding += 1
                 continue
             if isinstance(got, _Flow):
-                flow: _Flow | None = got
+                flow = got
             else:
                 key = got.key
                 if key is None:
                     if table is None:
                         table = _match_table(reqs, e[2])
                     key = got.key = self._match(rs, i, req, got, table)
-                flow = self.messages.get(key)
-                if flow is None:  # the sender has not reached its send yet
+                sent = self.messages.get(key)
+                if sent is None:  # the sender has not reached its send yet
                     self.early.setdefault(key, []).append(rs)
                     outstanding += 1
                     continue
+                flow = sent
             if flow.end is None:
                 flow.waiters.append(rs)
                 outstanding += 1
