@@ -12,6 +12,9 @@ COLLECTIVES = frozenset(
 )
 
 
+COUNTERS = ("calls", "op_bytes", "sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes")
+
+
 @dataclass
 class CommStats:
     """Counters of one rank. Peers are world ranks; bytes are payload bytes."""
@@ -52,14 +55,14 @@ class CommStats:
 
     def snapshot(self) -> "CommStats":
         copy = CommStats()
-        for name in ("calls", "op_bytes", "sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes"):
+        for name in COUNTERS:
             getattr(copy, name).update(getattr(self, name))
         return copy
 
     def since(self, earlier: "CommStats") -> "CommStats":
         """The counts added after ``earlier`` was taken."""
         delta = CommStats()
-        for name in ("calls", "op_bytes", "sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes"):
+        for name in COUNTERS:
             now, before, out = getattr(self, name), getattr(earlier, name), getattr(delta, name)
             for key, value in now.items():
                 if value - before.get(key, 0):
@@ -67,7 +70,7 @@ class CommStats:
         return delta
 
     def merge(self, other: "CommStats") -> None:
-        for name in ("calls", "op_bytes", "sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes"):
+        for name in COUNTERS:
             mine = getattr(self, name)
             for key, value in getattr(other, name).items():
                 mine[key] += value
