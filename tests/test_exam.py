@@ -30,6 +30,9 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
     assert results["score"] == results["max_score"] == 12
     problem = results["problems"][0]
     assert problem["seed"] == seed and problem["late"] is False and problem["bypass"] == []
+    # Open MPI's own counters saw nothing the proxy did not carry.
+    assert problem["below_proxy"]["flagged"] is False and problem["bypass_traffic"] == ""
+    assert problem["below_proxy"]["launches_measured"] >= 1
     assert (folder / "submitted" / "03-ring-allreduce.py").read_text() == REFERENCE
     assert "Exam: 12/12" in (folder / "report.html").read_text()
 
@@ -64,3 +67,35 @@ def test_durations_and_bypass_detection(tmp_path: Path) -> None:
     f = tmp_path / "s.py"
     f.write_text("import torch.distributed as dist\nimport numpy\n")
     assert bypasses(f) == ["torch.distributed"]
+
+
+# The reference, except that whenever the task spans the whole job it sums on MPI_COMM_WORLD
+# itself, with mpi4py reached through a built name: the import scan cannot see it.
+DISGUISED_BYPASS = REFERENCE.replace("def allreduce(", "def ring_allreduce(") + '''
+
+import importlib
+
+_MPI = importlib.import_module("mpi" + "4py.MPI")
+
+
+def allreduce(comm, buf, op=SUM):
+    world = _MPI.COMM_WORLD
+    if comm.Get_size() != world.Get_size():
+        return ring_allreduce(comm, buf, op)
+    world.Allreduce(_MPI.IN_PLACE, buf, op=getattr(_MPI, op.name))
+'''
+
+
+def test_a_disguised_bypass_is_caught_by_mpi_counters_and_scores_zero(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder)).returncode == 0
+    (folder / "work" / "03-ring-allreduce.py").write_text(DISGUISED_BYPASS)
+    graded = run_cli("exam", "--out", str(folder), "--submit")
+    assert graded.returncode == 0, graded.stdout
+    problem = json.loads((folder / "results.json").read_text())["problems"][0]
+    assert problem["bypass"] == [] and problem["late"] is False  # the scan saw nothing
+    assert problem["below_proxy"]["flagged"] is True
+    assert problem["below_proxy"]["world_collectives"]["operations"] > 0
+    assert problem["bypass_traffic"].startswith("bypassed the communicator: MPI carried ")
+    assert problem["score"] == 0 and problem["passed"] is False
+    assert "collective operation(s) on MPI_COMM_WORLD" in (folder / "report.html").read_text()

@@ -8,10 +8,15 @@ files are kept with their SHA-256 in DIR/submitted/, and the assessor gets DIR/r
 document, every problem) and DIR/report.html. A file changed after the deadline is graded as it
 was not: it scores zero, and the report says so.
 
-Integrity: besides the message counters of the communicator, a submitted file that imports an
-engine directly (mpi4py, torch.distributed) to go around the communicator is flagged and scores
-zero. The seeds live in DIR/exam.json: give the candidate DIR/work/ only, and keep DIR yourself.
-(Counting messages below the proxy, with Open MPI's own monitoring, is not done yet.)
+Integrity: a file that goes around the communicator is flagged and scores zero, caught two ways.
+The import scan flags a file that imports an engine directly (mpi4py, torch.distributed). Below
+the proxy, every MPI launch is graded with Open MPI's own monitoring on (runtime/mpi_monitoring.py):
+a problem is flagged when MPI carried point-to-point messages the harness never handed it, ran
+collective operations on MPI_COMM_WORLD beyond the harness's own duplication of it, or carried
+one-sided traffic; this catches a disguised import too (``importlib.import_module("mpi" +
+"4py")``). The counters exist on the MPI backend only, which the exam uses; gloo runs get the
+import scan alone. The seeds live in DIR/exam.json: give the candidate DIR/work/ only, and keep
+DIR yourself.
 """
 
 from __future__ import annotations
@@ -110,6 +115,14 @@ def bypasses(path: Path) -> list[str]:
     return sorted(set(found))
 
 
+def traffic_flag(below_proxy: dict[str, Any] | None) -> str:
+    """The report's sentence when MPI's own counters saw traffic the proxy did not; "" if none
+    (or nothing was measured: a problem without MPI launches)."""
+    if not below_proxy or not below_proxy.get("flagged"):
+        return ""
+    return f"bypassed the communicator: {below_proxy['sentence']}"
+
+
 def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
     exam = Exam.load(folder)
     submitted_at = time.time()
@@ -122,12 +135,14 @@ def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
         shutil.copyfile(work, kept)
         digest = hashlib.sha256(kept.read_bytes()).hexdigest()
         late = work.stat().st_mtime > exam.deadline
-        results = check_problem(entry, kept, Options(seed=exam.seeds[number]), ConsoleReporter(console))
+        options = Options(seed=exam.seeds[number], mpi_monitoring=True)
+        results = check_problem(entry, kept, options, ConsoleReporter(console))
         doc = results.to_json()
         doc["file_sha256"] = digest
         doc["late"] = late
         doc["bypass"] = bypasses(kept)
-        if late or doc["bypass"]:
+        doc["bypass_traffic"] = traffic_flag(doc.get("below_proxy"))
+        if late or doc["bypass"] or doc["bypass_traffic"]:
             doc["score"] = 0
             doc["passed"] = False
         documents.append(doc)
@@ -154,6 +169,8 @@ def assessor_page(summary: dict[str, Any]) -> str:
             flags.append("changed after the deadline")
         if doc["bypass"]:
             flags.append("imports " + ", ".join(doc["bypass"]) + " directly")
+        if doc.get("bypass_traffic"):
+            flags.append(doc["bypass_traffic"])
         checks = "".join(
             f"<li>{e(c['status'])}: {e(c['name'])} ({c['score']}/{c['max_score']})"
             + (f"<br><small>{e(c['message'])}</small>" if c["message"] else "") + "</li>"
@@ -161,7 +178,7 @@ def assessor_page(summary: dict[str, Any]) -> str:
         )
         rows.append(
             f"<section><h2>{e(doc['problem'])} · {e(doc['title'])}: {doc['score']}/{doc['max_score']}</h2>"
-            f"<p>{e('; '.join(flags)) or 'no integrity flag'} · seed {doc['seed']} · "
+            f"<p>{e('; '.join(flags)) or 'no integrity flag'} · {e(_counted(doc))} · seed {doc['seed']} · "
             f"sha256 {e(doc['file_sha256'][:16])}…</p><ul>{checks}</ul></section>"
         )
     return (
@@ -171,6 +188,13 @@ def assessor_page(summary: dict[str, Any]) -> str:
         f"<p>started {e(summary['started_at'])} · deadline {e(summary['deadline'])} · submitted "
         f"{e(summary['submitted_at'])}</p>{''.join(rows)}</body></html>"
     )
+
+
+def _counted(doc: dict[str, Any]) -> str:
+    below = doc.get("below_proxy")
+    if below is None:
+        return "MPI's own counters not used (MPI backend only)"
+    return f"MPI's own counters on {below['launches_measured']} launch(es)"
 
 
 def _iso(t: float) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable, NoReturn, Protocol
 import numpy as np
 
 from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job
+from ..runtime.mpi_monitoring import Unexplained, unexplained
 from ..runtime.launcher import LaunchResult, launch
 from ..platforms import Platform
 from ..runtime.metrics import RunMetrics, summarize
@@ -164,6 +165,10 @@ class Session:
     limits: Limits = Limits()
     clock: str = "virtual"  # "wall": performance is graded on measured time (real clusters)
     faults: Any = None  # a fault plan applied to every launch (a task's own plan wins)
+    # Exam grading: count what MPI carried below the proxy in every launch (MPI backend only),
+    # and sum what it carried that the proxy did not into ``below_proxy``.
+    mpi_monitoring: bool = False
+    below_proxy: Unexplained = field(default_factory=Unexplained)
     totals: SessionTotals = field(default_factory=SessionTotals)
     cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
 
@@ -237,6 +242,7 @@ class CheckContext:
         job = make_job(
             s.program_file, program.__name__, tasks, s.backend, s.solution_file,
             limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
+            mpi_monitoring=s.mpi_monitoring and s.backend == "mpi",
         )
         key = pickle.dumps((job.program, job.tasks_blob, deadline_s, online_clock, platform))
         cached = s.cache.get(key)
@@ -249,6 +255,9 @@ class CheckContext:
             s.cache[key] = result
             s.totals.launches += 1
             raise RunFailed(result, first_report=True)
+        if result.mpi_traffic is not None:
+            handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
+            s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
         runs = [TaskRun(task, result.task_outcomes(i), platform) for i, task in enumerate(tasks)]
         run = Run(result, runs)
         s.cache[key] = run

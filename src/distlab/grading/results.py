@@ -48,6 +48,8 @@ class Results:
     bound_s: float | None = None
     clock: str = "virtual"  # which clock virtual_s is on: "virtual" or "wall"
     summary: dict[str, Any] | None = None  # metrics of the run behind the headline figure
+    # Exam grading only: traffic Open MPI counted that the proxy did not (mpi_monitoring.py).
+    below_proxy: dict[str, Any] | None = None
 
     @property
     def score(self) -> int:
@@ -62,7 +64,7 @@ class Results:
         return bool(self.checks) and all(c.status == "passed" for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document = {
             "schema": SCHEMA,
             "problem": self.problem,
             "title": self.title,
@@ -87,6 +89,9 @@ class Results:
             "footer": self.footer,
             "checks": [asdict(c) for c in self.checks],
         }
+        if self.below_proxy is not None:
+            document["below_proxy"] = self.below_proxy
+        return document
 
 
 def write(results: Results, path: Path) -> None:

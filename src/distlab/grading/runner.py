@@ -49,6 +49,8 @@ class Options:
     platform: str | None = None  # a shipped name or a file; default: the card's
     faults: Path | None = None  # a fault plan for every run of the checks
     clock: str = "virtual"  # or "wall"
+    # Count what MPI carries below the proxy (Open MPI's monitoring), for exam grading; MPI only.
+    mpi_monitoring: bool = False
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -105,6 +107,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         limits=Limits(),
         clock=options.clock,
         faults=faults,
+        mpi_monitoring=options.mpi_monitoring,
     )
     for index, spec in enumerate(checklist.checks, start=1):
         reporter.check_started(index, spec.title)
@@ -143,6 +146,8 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     results.virtual_s, results.bound_s = totals.virtual_s, totals.bound_s
     results.summary, results.clock = totals.summary, options.clock
     results.ranks = sorted({totals.min_ranks, totals.max_ranks} - {0})
+    if session.mpi_monitoring and options.backend == "mpi":
+        results.below_proxy = session.below_proxy.to_json()
     return _finish(results, started, reporter)
 
 

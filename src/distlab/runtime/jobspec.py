@@ -66,6 +66,10 @@ class Job:
     # message per message, so it runs only where something reads the time during the run: a fault
     # plan (its windows are in virtual time) or problem code that asks for comm.now().
     online_clock: bool = False
+    # Count what MPI itself carries with Open MPI's monitoring (runtime/mpi_monitoring.py), to
+    # catch code that goes around the proxy. Exam grading only: it moves the harness onto
+    # duplicated communicators and counts every message handed to MPI.
+    mpi_monitoring: bool = False
 
 
 def make_job(
@@ -123,6 +127,8 @@ class RankOutcome:
     rank: int
     tasks: list[TaskOutcome | None]
     error: RankError | None = None
+    # With Job.mpi_monitoring: point-to-point (messages, bytes) handed to MPI, per world peer.
+    handed: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def program_module_name(program_file: Path) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HarnessError
-from . import rankstate, waitfor
+from . import mpi_monitoring, rankstate, waitfor
 from .faults import FaultPlan, ProcessAction, ProcessFaults
 from .jobspec import (
     JOB_FILE,
@@ -79,6 +79,9 @@ class LaunchResult:
     attempts: int = 1
     fault_events: list[str] = field(default_factory=list)
     restarted_after: list[str] = field(default_factory=list)
+    # With Job.mpi_monitoring, on a run that ended well: what Open MPI's monitoring counted, per
+    # rank that reached MPI_Finalize (runtime/mpi_monitoring.py); None when not asked for.
+    mpi_traffic: dict[int, mpi_monitoring.RankMonitoring] | None = None
 
     @property
     def ok(self) -> bool:
@@ -323,6 +326,8 @@ def _start(job: Job, job_dir: Path, attempt: int = 0) -> _Processes:
         # mpiexec hands its environment to the ranks it starts on this host.
         env = mpi_env()
         env[ATTEMPT_ENV] = str(attempt)
+        if job.mpi_monitoring:
+            env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(
             subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -436,7 +441,8 @@ def _run_attempt(
             if verdict.action == "wait":
                 continue
             if verdict.action == "done":
-                _wait_briefly(procs)
+                # Monitoring files are written at MPI_Finalize: give the ranks longer to get there.
+                _wait_briefly(procs, 10.0 if job.mpi_monitoring else 3.0)
             result = _conclude(
                 verdict.action, job, job_dir, procs, outcomes, states, now - started,
                 obs.stalled_for_s, faults,
@@ -449,6 +455,8 @@ def _run_attempt(
     # SIGKILL ends stopped ranks as well, and mpiexec/prterun never learn of a stop (they wait for
     # exits only), so no SIGCONT is needed first.
     procs.kill_all(_rank_pids(job_dir, job.world_size))
+    if job.mpi_monitoring and job.backend == "mpi" and result.ok:
+        result.mpi_traffic = mpi_monitoring.read_job(job_dir, job.world_size)
     _cleanup(job_dir, keep_dir)
     return result
 
@@ -478,9 +486,9 @@ def _apply_faults(
     return any(a.kind == "cont" for a in actions)
 
 
-def _wait_briefly(procs: _Processes) -> None:
+def _wait_briefly(procs: _Processes, seconds: float = 3.0) -> None:
     # Ranks that wrote their outcome are finalizing; give them a moment to leave on their own.
-    end = time.monotonic() + 3.0
+    end = time.monotonic() + seconds
     while not procs.exited() and time.monotonic() < end:
         time.sleep(POLL_S)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import limits as rank_limits
+from . import mpi_monitoring
 from .comm import Comm, LearnerAbort
 from .engines.base import Engine
 from .jobspec import (
@@ -134,6 +135,11 @@ def run_job(job_dir: Path) -> int:
     slot = RankSlot(job_dir / f"state-{rank}.bin")
 
     engine = make_engine(job.backend)
+    handed = None
+    if job.mpi_monitoring and backend == "mpi":
+        # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
+        # counts beyond that was sent around the proxy (runtime/mpi_monitoring.py).
+        engine, handed = mpi_monitoring.harness_engine(engine)
     outcome = RankOutcome(rank=rank, tasks=[])
     solution_path = Path(job.solution_file) if job.solution_file else None
     task_index = 0
@@ -146,11 +152,15 @@ def run_job(job_dir: Path) -> int:
             slot.task = task_index
             outcome.tasks.append(_run_task(engine, slot, job, task, program, solution))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
+        if handed is not None:
+            outcome.handed = handed.as_dict()
         slot.set(FAILED)
         outcome.error = _error_from(exc, solution_path, task_index, job)
         write_pickle_atomically(outcome_path(job_dir, rank), outcome)
         sys.stdout.flush()
         os._exit(1)  # the supervisor ends the peers; MPI_Finalize would wait for them
+    if handed is not None:
+        outcome.handed = handed.as_dict()
     write_pickle_atomically(outcome_path(job_dir, rank), outcome)
     slot.set(FINISHED)
     engine.close()
