@@ -43,29 +43,36 @@ class Timekeeper:
         self._side = side
         self._world = list(side.world_ranks)
         self._stamp = np.zeros(1)
+        self._outgoing_stamp = np.zeros(1)
+        # (alpha, beta) to each group rank, looked up once: the route map does not change.
+        self._links: dict[int, tuple[float, float]] = {}
 
     def compute(self, seconds: float) -> None:
         self.now += seconds
 
     def arrival(self, dest: int, nbytes: int, action: Any = None) -> float:
         """When a message from this rank to group rank ``dest``, leaving now, is delivered."""
-        route = self._platform.route(self._world[self._side.rank], self._world[dest])
+        link = self._links.get(dest)
+        if link is None:
+            route = self._platform.route(self._world[self._side.rank], self._world[dest])
+            link = self._links[dest] = (route.alpha_s, route.beta_s_per_byte)
+        alpha, beta = link
         leave = self.now
-        beta = route.beta_s_per_byte
         extra = 0.0
         if action is not None:
             if action.hold_until_s is not None:
                 leave = max(leave, action.hold_until_s)
             extra = action.extra_latency_s
             beta = action.effective_beta(beta)
-        return leave + extra + route.alpha_s + nbytes * beta
+        return leave + extra + alpha + nbytes * beta
 
     def route_beta(self, dest: int) -> float:
         return float(self._platform.route(self._world[self._side.rank], self._world[dest]).beta_s_per_byte)
 
     def send_stamp(self, dest: int, tag: int, arrival: float) -> None:
-        # Eager and tiny: returns at once on both engines.
-        self._side.send(np.array([arrival]), dest, tag, synchronous=False)
+        # Eager and tiny: returns at once on both engines, which copy it out (so it is reused).
+        self._outgoing_stamp[0] = arrival
+        self._side.send(self._outgoing_stamp, dest, tag, False)
 
     def receive_stamp(self, source: int, tag: int) -> float:
         """The arrival time of the message just matched from group rank ``source`` with ``tag``.

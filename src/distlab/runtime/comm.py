@@ -30,7 +30,7 @@ from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .stats import CommStats
 from .clock import Timekeeper
 from .faults_decide import MessageAction, MessageFaults
-from .trace import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT, TraceRecorder
+from .trace import COMPUTE, MARK, TraceRecorder
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
 
@@ -81,6 +81,8 @@ def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
 
 
 def _buffer(buf: Any, what: str) -> np.ndarray:
+    if type(buf) is np.ndarray and buf.flags.c_contiguous:
+        return buf  # the common case, answered first: this runs on every call
     try:
         array = as_numpy(buf)
     except TypeError as exc:
@@ -115,7 +117,6 @@ class Request:
         nbytes: int,
         is_recv: bool,
         trace_id: int,
-        match_index: int | None = None,
         collective: str | None = None,
     ) -> None:
         self._comm = comm
@@ -125,9 +126,6 @@ class Request:
         self._nbytes = nbytes
         self._is_recv = is_recv
         self._trace_id = trace_id
-        # For a receive from a named source and tag, its place in the channel is fixed when it is
-        # posted (MPI matches posted receives in order); a wildcard receive learns it on completion.
-        self._match_index = match_index
         self._completed = False
         self._matched = (-1, -1)
         # For a nonblocking collective: its op ("Allreduce"), and the virtual time it was posted.
@@ -269,13 +267,18 @@ class Comm:
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
 
-    def _check_peer(self, peer: int, what: str, wildcard: bool = False) -> None:
+    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        """``peer`` as an int, once it is known to be a rank of this communicator (or ANY_SOURCE
+        where ``wildcard``)."""
+        if type(peer) is int and 0 <= peer < self._size:
+            return peer  # the common case, answered first: this runs on every call
         if wildcard and peer == ANY_SOURCE:
-            return
+            return ANY_SOURCE
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
             raise ValueError(
                 f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
             )
+        return int(peer)
 
     def _outgoing(self, dest: int, tag: int, nbytes: int) -> tuple[MessageAction | None, float]:
         """Applies the fault plan to one outgoing message; returns (action, virtual arrival)."""
@@ -348,25 +351,14 @@ class Comm:
 
     # -- recording ---------------------------------------------------------------------------
 
-    def _record_send(
-        self, dest: int, tag: int, nbytes: int, wall0: float, action: MessageAction | None = None
-    ) -> int:
-        if self._trace is None:
-            return 0
-        trace, dst = self._trace, self._world(dest)
-        req = trace.new_request()
-        fault = None
-        if action is not None and action.drop:
-            k = -1  # never delivered: it takes no place in the channel's order
-            fault = (0.0, 1.0, True)
-        else:
-            k = trace.next_send_index(self._ctx, dst, tag)
-            if action is not None:
-                held = max((action.hold_until_s or 0.0) - self.now(), 0.0)
-                factor = self._clock_beta_factor(dest, action)
-                fault = (action.extra_latency_s + held, factor, False)
-        trace.add((SEND, req, self._ctx, dst, tag, k, nbytes, fault, wall0, wall0))
-        return req
+    def _send_fault(self, dest: int, action: MessageAction | None) -> tuple[float, float, bool] | None:
+        """How the replay must treat a faulted send: (extra latency, bandwidth factor, dropped)."""
+        if action is None:
+            return None
+        if action.drop:
+            return (0.0, 1.0, True)
+        held = max((action.hold_until_s or 0.0) - self.now(), 0.0)
+        return (action.extra_latency_s + held, self._clock_beta_factor(dest, action), False)
 
     def _clock_beta_factor(self, dest: int, action: MessageAction) -> float:
         """How much of the route's bandwidth a faulted message gets (1.0: all of it)."""
@@ -378,31 +370,23 @@ class Comm:
         slowed = action.effective_beta(route_beta)
         return route_beta / slowed if slowed > 0 else 1.0
 
-    def _record_recv(self, source: int, tag: int, nbytes: int, wall0: float) -> tuple[int, int | None]:
-        if self._trace is None:
-            return 0, None
-        trace = self._trace
-        req = trace.new_request()
-        src = self._world(source) if source >= 0 else -1
-        k = trace.next_recv_index(self._ctx, src, tag) if source >= 0 and tag >= 0 else None
-        trace.add((RECV, req, self._ctx, src, tag, nbytes, wall0, wall0))
-        return req, k
-
     def _record_wait(self, requests: Sequence[Request], wall0: float) -> None:
         if self._trace is None:
             return
-        matches = {}
-        for r in requests:
-            if r._is_recv:
-                src = self._world(r._matched[0])
-                k = r._match_index
-                if k is None:
-                    k = self._trace.next_recv_index(self._ctx, src, r._matched[1])
-                matches[r._trace_id] = (self._ctx, src, r._matched[1], k)
+        world = self._world_ranks
+        received = [
+            (r._trace_id, world[r._matched[0]], r._matched[1]) for r in requests if r._is_recv
+        ]
         ids = tuple(r._trace_id for r in requests)
-        self._trace.add((WAIT, ids, matches, wall0, time.perf_counter()))
+        self._trace.wait(self._ctx, ids, received, wall0, time.perf_counter())
 
     # -- point to point ---------------------------------------------------------------------
+    #
+    # Send, Recv and Sendrecv are the calls a learner's loop makes thousands of times, so they
+    # are written for speed: every microsecond spent here, outside the transport, is a
+    # microsecond the peer waits in a rendezvous. Each does its checks, marks the slot, calls the
+    # engine, and then counts and records with plain attribute and dict operations. The fault
+    # plan and the online clock cost nothing when they are off.
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
         self._send(buf, dest, tag, synchronous=None)
@@ -412,80 +396,97 @@ class Comm:
 
     def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None) -> None:
         array = _buffer(buf, "Send buffer")
-        self._check_peer(dest, "dest")
-        self._check_hung()
+        dest, tag = self._peer(dest, "dest"), _tag(tag)
         nbytes = array.nbytes
         if synchronous is None:
             synchronous = nbytes > self._eager_limit
-        action, arrival = self._outgoing(dest, tag, nbytes)
-        self.stats.count_call("Send", nbytes)
+        action, arrival = None, 0.0
+        if self._faults is not None or self._clock is not None:
+            self._check_hung()
+            action, arrival = self._outgoing(dest, tag, nbytes)
+        dst = self._world_ranks[dest]
         wall0 = time.perf_counter()
-        req = self._record_send(dest, tag, nbytes, wall0, action)
         if action is None or not action.drop:
             if self._clock is not None:
                 # The stamp goes first: the receiver must never wait for it once the message is in.
-                self._clock.send_stamp(int(dest), int(tag), arrival)
-            self._slot.blocked("Send", (self._world(dest),), nbytes)
-            self._engine.send(array, int(dest), int(tag), synchronous)
+                self._clock.send_stamp(dest, tag, arrival)
+            self._slot.blocked_on("Send", dst, -1, nbytes)
+            self._engine.send(array, dest, tag, synchronous)
             self._slot.running()
             if self._clock is not None:
                 self._clock.advance_to(arrival)
-        self.stats.count_send(self._world(dest), nbytes)
+        stats = self.stats
+        stats.calls["Send"] += 1
+        stats.op_bytes["Send"] += nbytes
+        stats.sent_msgs[dst] += 1
+        stats.sent_bytes[dst] += nbytes
         if self._trace is not None:
-            self._trace.add((WAIT, (req,), {}, wall0, time.perf_counter()))
+            fault = self._send_fault(dest, action) if action is not None else None
+            self._trace.blocking_send(self._ctx, dst, tag, nbytes, fault, wall0, time.perf_counter())
 
     def Recv(  # noqa: N802
         self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None
     ) -> None:
         array = _buffer(buf, "Recv buffer")
-        self._check_peer(source, "source", wildcard=True)
-        self._check_hung()
+        source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
+        if self._faults is not None:
+            self._check_hung()
         nbytes = array.nbytes
-        self.stats.count_call("Recv", nbytes)
+        world = self._world_ranks
+        src = world[source] if source >= 0 else -1
         wall0 = time.perf_counter()
-        req, k = self._record_recv(source, tag, nbytes, wall0)
-        self._slot.blocked("Recv", (self._world(source),) if source >= 0 else (), nbytes)
-        got_source, got_tag = self._engine.recv(array, int(source), int(tag))
+        self._slot.blocked_on("Recv", src, -1, nbytes)
+        got_source, got_tag = self._engine.recv(array, source, tag)
         self._slot.running()
-        self.stats.count_recv(self._world(got_source), nbytes)
+        got_src = world[got_source]
+        stats = self.stats
+        stats.calls["Recv"] += 1
+        stats.op_bytes["Recv"] += nbytes
+        stats.recv_msgs[got_src] += 1
+        stats.recv_bytes[got_src] += nbytes
         if self._clock is not None:
             self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
         if self._trace is not None:
-            src = self._world(got_source)
-            if k is None:
-                k = self._trace.next_recv_index(self._ctx, src, got_tag)
-            match = {req: (self._ctx, src, got_tag, k)}
-            self._trace.add((WAIT, (req,), match, wall0, time.perf_counter()))
-        _fill_status(status, got_source, got_tag, array.size)
+            self._trace.blocking_recv(
+                self._ctx, src, tag, nbytes, got_src, got_tag, wall0, time.perf_counter()
+            )
+        if status is not None:
+            _fill_status(status, got_source, got_tag, array.size)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array = _buffer(buf, "Isend buffer")
-        self._check_peer(dest, "dest")
+        dest, tag = self._peer(dest, "dest"), _tag(tag)
         self._check_hung()
-        action, arrival = self._outgoing(dest, tag, array.nbytes)
-        self.stats.count_call("Isend", array.nbytes)
-        req = self._record_send(dest, tag, array.nbytes, time.perf_counter(), action)
-        self.stats.count_send(self._world(dest), array.nbytes)
+        nbytes = array.nbytes
+        action, arrival = self._outgoing(dest, tag, nbytes)
+        dst = self._world_ranks[dest]
+        self.stats.count_call("Isend", nbytes)
+        self.stats.count_send(dst, nbytes)
+        req = 0
+        if self._trace is not None:
+            fault = self._send_fault(dest, action)
+            req = self._trace.send(self._ctx, dst, tag, nbytes, fault, time.perf_counter())
         if action is not None and action.drop:
             request: EngineRequest = _Completed()
         else:
             if self._clock is not None:
-                self._clock.send_stamp(int(dest), int(tag), arrival)
-            request = self._engine.isend(
-                array, int(dest), int(tag), synchronous=array.nbytes > self._eager_limit
-            )
-        handle = Request(self, request, int(dest), int(tag), array.nbytes, False, req)
+                self._clock.send_stamp(dest, tag, arrival)
+            request = self._engine.isend(array, dest, tag, synchronous=nbytes > self._eager_limit)
+        handle = Request(self, request, dest, tag, nbytes, False, req)
         handle.arrival = arrival
         return handle
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         array = _buffer(buf, "Irecv buffer")
-        self._check_peer(source, "source", wildcard=True)
+        source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
         self._check_hung()
         self.stats.count_call("Irecv", array.nbytes)
-        req, k = self._record_recv(source, tag, array.nbytes, time.perf_counter())
-        request = self._engine.irecv(array, int(source), int(tag))
-        return Request(self, request, int(source), int(tag), array.nbytes, True, req, k)
+        req = 0
+        if self._trace is not None:
+            src = self._world_ranks[source] if source >= 0 else -1
+            req = self._trace.recv(self._ctx, src, tag, array.nbytes, time.perf_counter())
+        request = self._engine.irecv(array, source, tag)
+        return Request(self, request, source, tag, array.nbytes, True, req)
 
     def Sendrecv(  # noqa: N802
         self,
@@ -501,39 +502,48 @@ class Comm:
             raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
         send_array = _buffer(sendbuf, "Sendrecv sendbuf")
         recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
-        self._check_peer(dest, "dest")
-        self._check_peer(source, "source", wildcard=True)
-        self._check_hung()
-        action, arrival = self._outgoing(dest, sendtag, send_array.nbytes)
+        dest, sendtag = self._peer(dest, "dest"), _tag(sendtag)
+        source, recvtag = self._peer(source, "source", wildcard=True), _tag(recvtag)
+        send_nbytes, recv_nbytes = send_array.nbytes, recv_array.nbytes
+        action, arrival = None, 0.0
+        if self._faults is not None or self._clock is not None:
+            self._check_hung()
+            action, arrival = self._outgoing(dest, sendtag, send_nbytes)
         dropped = action is not None and action.drop
-        self.stats.count_call("Sendrecv", send_array.nbytes)
+        world = self._world_ranks
+        dst = world[dest]
+        src = world[source] if source >= 0 else -1
         wall0 = time.perf_counter()
-        send_req = self._record_send(dest, sendtag, send_array.nbytes, wall0, action)
-        recv_req, k = self._record_recv(source, recvtag, recv_array.nbytes, wall0)
-        # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
-        peers = ((self._world(source),) if source >= 0 else ()) + (self._world(dest),)
         if self._clock is not None and not dropped:
-            self._clock.send_stamp(int(dest), int(sendtag), arrival)
-        self._slot.blocked("Sendrecv", peers, send_array.nbytes)
+            self._clock.send_stamp(dest, sendtag, arrival)
+        # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
+        self._slot.blocked_on("Sendrecv", src, dst, send_nbytes)
         if dropped:
-            got_source, got_tag = self._engine.recv(recv_array, int(source), int(recvtag))
+            got_source, got_tag = self._engine.recv(recv_array, source, recvtag)
         else:
             got_source, got_tag = self._engine.sendrecv(
-                send_array, int(dest), int(sendtag), recv_array, int(source), int(recvtag)
+                send_array, dest, sendtag, recv_array, source, recvtag
             )
         self._slot.running()
-        self.stats.count_send(self._world(dest), send_array.nbytes)
-        self.stats.count_recv(self._world(got_source), recv_array.nbytes)
+        got_src = world[got_source]
+        stats = self.stats
+        stats.calls["Sendrecv"] += 1
+        stats.op_bytes["Sendrecv"] += send_nbytes
+        stats.sent_msgs[dst] += 1
+        stats.sent_bytes[dst] += send_nbytes
+        stats.recv_msgs[got_src] += 1
+        stats.recv_bytes[got_src] += recv_nbytes
         if self._clock is not None:
             received = self._clock.receive_stamp(got_source, got_tag)
             self._clock.advance_to(max(received, 0.0 if dropped else arrival))
         if self._trace is not None:
-            src = self._world(got_source)
-            if k is None:
-                k = self._trace.next_recv_index(self._ctx, src, got_tag)
-            match = {recv_req: (self._ctx, src, got_tag, k)}
-            self._trace.add((WAIT, (send_req, recv_req), match, wall0, time.perf_counter()))
-        _fill_status(status, got_source, got_tag, recv_array.size)
+            fault = self._send_fault(dest, action) if action is not None else None
+            self._trace.sendrecv(
+                self._ctx, dst, sendtag, send_nbytes, fault, src, recvtag, recv_nbytes,
+                got_src, got_tag, wall0, time.perf_counter(),
+            )
+        if status is not None:
+            _fill_status(status, got_source, got_tag, recv_array.size)
 
     # -- collectives (the built-in baselines) -----------------------------------------------
 
@@ -552,9 +562,8 @@ class Comm:
                 self._settle(self._unsettled[0])
             self._clock.collective(op, nbytes)
         if self._trace is not None:
-            group = tuple(self._engine.world_ranks)
-            index = self._trace.next_collective_index(group)
-            self._trace.add((COLL, op, group, index, nbytes, root, wall0, time.perf_counter()))
+            group = tuple(self._world_ranks)
+            self._trace.collective(op, group, nbytes, root, wall0, time.perf_counter())
 
     def Barrier(self) -> None:  # noqa: N802
         self._collective("Barrier", 0)
@@ -563,21 +572,21 @@ class Comm:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
         array = _buffer(buf, "Bcast buffer")
-        self._check_peer(root, "root")
-        self._collective("Bcast", array.nbytes, int(root))
-        self._engine.bcast(array, int(root))
+        root = self._peer(root, "root")
+        self._collective("Bcast", array.nbytes, root)
+        self._engine.bcast(array, root)
         self._collective_done()
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
-        self._check_peer(root, "root")
+        root = self._peer(root, "root")
         if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
             sendbuf = recvbuf
         send_array = _buffer(sendbuf, "Reduce sendbuf")
         recv_array = (
             _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
         )
-        self._collective("Reduce", send_array.nbytes, int(root))
-        self._engine.reduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op), int(root))
+        self._collective("Reduce", send_array.nbytes, root)
+        self._engine.reduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op), root)
         self._collective_done()
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
@@ -609,12 +618,8 @@ class Comm:
         )
         req = 0
         if self._trace is not None:
-            group = tuple(self._engine.world_ranks)
-            index = self._trace.next_collective_index(group)
-            req = self._trace.new_request()
-            self._trace.add(
-                (ICOLL, req, "Allreduce", group, index, nbytes, -1, wall0, time.perf_counter())
-            )
+            group = tuple(self._world_ranks)
+            req = self._trace.icollective("Allreduce", group, nbytes, -1, wall0, time.perf_counter())
         handle = Request(self, inner, -1, -1, nbytes, False, req, collective="Allreduce")
         if self._clock is not None:
             handle._posted_at = self._clock.now
@@ -698,6 +703,10 @@ def _distinct_or_same(send_array: np.ndarray, recv_array: np.ndarray) -> np.ndar
             return recv_array
         return send_array.copy()
     return send_array
+
+
+def _tag(tag: Any) -> int:
+    return tag if type(tag) is int else int(tag)
 
 
 def _same_size(a: np.ndarray, b: np.ndarray, what: str) -> None:

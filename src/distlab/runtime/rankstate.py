@@ -1,12 +1,14 @@
 """What each rank is doing right now, written by the rank and read by the supervisor.
 
 Each rank owns one small memory-mapped file in the job folder. The comm proxy overwrites it on entry
-to and exit from every call (a ``struct.pack_into``, well under a microsecond), so a supervisor that
-finds the job stuck can say who waits on whom without asking the stuck processes anything.
+to and exit from every call (a few stores into a ctypes view of the mapping, a fraction of a
+microsecond), so a supervisor that finds the job stuck can say who waits on whom without asking the
+stuck processes anything.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -18,7 +20,6 @@ from pathlib import Path
 # since, training step (counted by problem code's comm.mark("step"); process faults trigger on it).
 _FORMAT = "<BBBBI4iqdI"
 SIZE = struct.calcsize(_FORMAT)
-_STEP_OFFSET = SIZE - 4
 MAX_PEERS = 4
 
 STARTING, RUNNING, BLOCKED, IDLE, FINISHED, FAILED = range(6)
@@ -51,13 +52,29 @@ def state_path(job_dir: Path, rank: int) -> Path:
     return job_dir / f"state-{rank}.bin"
 
 
+class _Record(ctypes.LittleEndianStructure):
+    """The slot's bytes as fields (the same layout as ``_FORMAT``), mapped onto the file: setting
+    a field is one store, several times cheaper than packing the whole record again."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("state", ctypes.c_uint8),
+        ("op", ctypes.c_uint8),
+        ("npeers", ctypes.c_uint8),
+        ("task", ctypes.c_uint8),
+        ("seq", ctypes.c_uint32),
+        ("peers", ctypes.c_int32 * MAX_PEERS),
+        ("nbytes", ctypes.c_int64),
+        ("since", ctypes.c_double),
+        ("step", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(_Record) == SIZE
+
+
 class RankSlot:
     """The writer side, used by one rank. Written on every call of the proxy: kept cheap."""
-
-    _record = struct.Struct(_FORMAT)
-    # state (byte 0) and seq (bytes 4-7) alone, for the frequent "back to running" write.
-    _state_only = struct.Struct("<B")
-    _seq_only = struct.Struct("<I")
 
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -66,38 +83,68 @@ class RankSlot:
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
+        self._record = _Record.from_buffer(self._map)
+        self._peers = self._record.peers
         self._seq = 0
         self.task = 0  # index of the batch task running now
         self.step = 0  # the rank's training step, as marked by problem code
         self.set(RUNNING)
 
+    def close(self) -> None:
+        """Lets go of the mapping (the record's view must go first)."""
+        del self._record, self._peers
+        self._map.close()
+
     def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
+        record = self._record
+        npeers = min(len(peers), MAX_PEERS)
+        for i in range(npeers):
+            self._peers[i] = peers[i]
+        record.op = OP_CODE[op]
+        record.npeers = npeers
+        record.task = self.task & 0xFF
+        record.nbytes = nbytes
+        record.since = time.monotonic()
+        record.step = self.step & 0xFFFFFFFF
+        self._publish(state)
+
+    def _publish(self, state: int) -> None:
+        # The state and the sequence number last: a reader that sees them new sees the rest new.
         self._seq += 1
-        npeers = len(peers)
-        if npeers >= MAX_PEERS:
-            p0, p1, p2, p3 = peers[:MAX_PEERS]
-            npeers = MAX_PEERS
-        else:
-            p0, p1, p2, p3 = (*peers, 0, 0, 0, 0)[:MAX_PEERS]
-        self._record.pack_into(
-            self._map, 0, state, OP_CODE[op], npeers, self.task & 0xFF, self._seq & 0xFFFFFFFF,
-            p0, p1, p2, p3, nbytes, time.monotonic(), self.step & 0xFFFFFFFF,
-        )
+        self._record.state = state
+        self._record.seq = self._seq & 0xFFFFFFFF
 
     def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
         self.set(BLOCKED, op, peers, nbytes)
 
+    def blocked_on(self, op: str, first: int, second: int, nbytes: int) -> None:
+        """``blocked`` for at most two peers, -1 standing for none: what the proxy's point-to-
+        point calls need, without building a tuple of peers on every call. (The task, the step and
+        the time since stay as the last ``set`` wrote them: the supervisor reads the state, the
+        operation, the peers and the sequence number.)"""
+        if first == -1:
+            first, second = second, -1
+        record, peers = self._record, self._peers
+        peers[0] = first
+        peers[1] = second
+        record.npeers = 0 if first == -1 else 1 if second == -1 else 2
+        record.op = OP_CODE[op]
+        record.nbytes = nbytes
+        self._seq += 1
+        record.state = BLOCKED
+        record.seq = self._seq & 0xFFFFFFFF
+
     def running(self) -> None:
         # The supervisor reads the state and the sequence number; the rest may stay stale.
         self._seq += 1
-        self._state_only.pack_into(self._map, 0, RUNNING)
-        self._seq_only.pack_into(self._map, 4, self._seq & 0xFFFFFFFF)
+        self._record.state = RUNNING
+        self._record.seq = self._seq & 0xFFFFFFFF
 
     def set_step(self, step: int) -> None:
         self.step = step
+        self._record.step = step & 0xFFFFFFFF
         self._seq += 1
-        self._seq_only.pack_into(self._map, 4, self._seq & 0xFFFFFFFF)
-        self._seq_only.pack_into(self._map, _STEP_OFFSET, step & 0xFFFFFFFF)
+        self._record.seq = self._seq & 0xFFFFFFFF
 
 
 class NullSlot:
@@ -113,6 +160,9 @@ class NullSlot:
         pass
 
     def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
+        pass
+
+    def blocked_on(self, op: str, first: int, second: int, nbytes: int) -> None:
         pass
 
     def running(self) -> None:

@@ -53,6 +53,8 @@ class MpiEngine:
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self.world_ranks = world_ranks
+        # One Status for the blocking receives, reused: they run one at a time on a rank.
+        self._status = _mpi().Status()
 
     @property
     def raw(self) -> Any:
@@ -61,13 +63,13 @@ class MpiEngine:
 
     def send(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool) -> None:
         if synchronous:
-            self._comm.Ssend(buf, dest=dest, tag=tag)
+            self._comm.Ssend(buf, dest, tag)
         else:
-            self._comm.Send(buf, dest=dest, tag=tag)
+            self._comm.Send(buf, dest, tag)
 
     def recv(self, buf: np.ndarray, source: int, tag: int) -> tuple[int, int]:
-        status = _mpi().Status()
-        self._comm.Recv(buf, source=source, tag=tag, status=status)
+        status = self._status
+        self._comm.Recv(buf, source, tag, status)
         return status.Get_source(), status.Get_tag()
 
     def isend(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool = True) -> _Request:
@@ -86,10 +88,8 @@ class MpiEngine:
         source: int,
         recvtag: int,
     ) -> tuple[int, int]:
-        status = _mpi().Status()
-        self._comm.Sendrecv(
-            sendbuf, dest, sendtag, recvbuf, source, recvtag, status=status
-        )
+        status = self._status
+        self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
         return status.Get_source(), status.Get_tag()
 
     def barrier(self) -> None:
