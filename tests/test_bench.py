@@ -32,3 +32,16 @@ def test_quick_mpi_benchmark_reports_every_figure_as_a_positive_number(tmp_path:
         figures[key] = data.get(key)
     not_positive = {name: v for name, v in figures.items() if not _is_positive_number(v)}
     assert not not_positive, f"figures missing or not positive: {not_positive}"
+
+
+def test_the_proxy_cost_rows_are_measured_and_report_only() -> None:
+    from distlab.bench import proxy_cost_figures
+    from distlab.benchmarks.proxy_cost import measure
+
+    cost = measure(rounds=1, calls=40)
+    assert all(_is_positive_number(v) for v in cost.__dict__.values()), cost
+    rows = proxy_cost_figures(cost)
+    assert [r.name for r in rows] == [
+        "proxy Python per Sendrecv, hot", "proxy Python per Sendrecv, cache cleared"
+    ]
+    assert all(r.limit is None and r.met is None for r in rows)  # explained, never judged

@@ -1,6 +1,7 @@
 """`distlab report`: the HTML page has its sections, the learner's results and a timeline per rank.
-Where Debian's Chromium is installed, the test also renders the page headless and keeps a
-screenshot (tests/artifacts/report-03.png)."""
+Where Debian's Chromium is installed (``scripts/setup.sh --with-browser``, as the README's test
+command does), the test also renders the page headless, checks that the console stays silent, and
+keeps a screenshot (tests/artifacts/report-03.png)."""
 
 from __future__ import annotations
 
@@ -54,21 +55,57 @@ def test_a_report_without_results_says_how_to_get_them(tmp_path: Path) -> None:
     assert "No results yet" in out.read_text()
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
-def test_the_page_renders_in_headless_chromium(page: str, tmp_path: Path) -> None:
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1000,1400",
+    # Every console message of the page goes to stderr as "...:CONSOLE:..." lines.
+    "--enable-logging=stderr", "--v=0",
+]
+
+
+def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True, text=True, timeout=90,
+    )
+
+
+def _console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="Debian's chromium is not installed (scripts/setup.sh --with-browser installs it)",
+)
+
+
+@needs_chromium
+def test_the_console_check_sees_errors_on_a_broken_page(tmp_path: Path) -> None:
+    # The control: without it, "no console lines" below could mean the logging never worked.
+    broken = tmp_path / "broken.html"
+    broken.write_text("<html><body><script>console.error('boom'); missing();</script></body></html>")
+    dom = _chromium(tmp_path / "profile", "--dump-dom", broken.as_uri())
+    lines = _console_lines(dom.stderr)
+    assert any("boom" in line for line in lines), dom.stderr[-2000:]
+    assert any("Uncaught ReferenceError" in line for line in lines)
+
+
+@needs_chromium
+def test_the_page_renders_in_headless_chromium_without_console_messages(
+    page: str, tmp_path: Path
+) -> None:
     html_file = tmp_path / "page.html"
     html_file.write_text(page)
     artifacts = REPO / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
     shot = artifacts / "report-03.png"
     shot.unlink(missing_ok=True)
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400"]
-    done = subprocess.run(["chromium", *flags, f"--screenshot={shot}", html_file.as_uri()],
-                          capture_output=True, text=True, timeout=60)
+    done = _chromium(tmp_path / "profile", f"--screenshot={shot}", html_file.as_uri())
     assert shot.exists() and shot.stat().st_size > 10_000, done.stderr[-2000:]
-    dom = subprocess.run(["chromium", *flags, "--dump-dom", html_file.as_uri()],
-                         capture_output=True, text=True, timeout=60)
-    assert 'id="timeline"' in dom.stdout and "rank 3" in dom.stdout
-    assert "Uncaught" not in dom.stderr
+    dom = _chromium(tmp_path / "profile", "--dump-dom", html_file.as_uri())
+    for section in ("results", "timeline", "metrics", "sweeps", "card"):
+        assert f'id="{section}"' in dom.stdout, section
+    assert "rank 3" in dom.stdout
+    assert _console_lines(dom.stderr) == [] and _console_lines(done.stderr) == []

@@ -5,6 +5,8 @@
 2. The proxy's own cost against raw mpi4py: an 8-byte Send/Recv ping-pong (target: <= 30 us added
    per message) and a 1 MiB Sendrecv ring exchange (target: <= 5% slower).
 3. The wall time of ``distlab check 03 --solution reference`` (target: <= 10 s).
+4. What the proxy's Python costs per Sendrecv with no transport underneath, hot and after a
+   cache-clearing copy (``benchmarks/proxy_cost.py``): report-only rows that explain figure 2.
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.benchmarks.mpi_ranks``, which
 writes raw timings as JSON; this module derives ratios, judges targets, prints a table and saves
@@ -31,6 +33,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from .benchmarks import proxy_cost
 from .benchmarks.timings import (
     PINGPONG_BYTES,
     RANKS,
@@ -235,10 +238,33 @@ def check_figure(wall_s: float) -> Figure:
     )
 
 
-def figures_from(timings: MpiTimings, check_s: float, run32_s: float) -> list[Figure]:
+def proxy_cost_figures(cost: proxy_cost.ProxyCost) -> list[Figure]:
+    """The proxy's Python per Sendrecv over a stub engine, against a plain call of the stub."""
+    rows = []
+    for when, proxy_s, plain_s in (
+        ("hot", cost.proxy_hot_s, cost.plain_hot_s),
+        ("cache cleared", cost.proxy_cold_s, cost.plain_cold_s),
+    ):
+        rows.append(Figure(
+            name=f"proxy Python per Sendrecv, {when}",
+            value_s=proxy_s,
+            baseline="a plain call",
+            baseline_s=plain_s,
+            judged=(proxy_s - plain_s) * 1e6,
+            unit="us",
+            limit=None,
+        ))
+    return rows
+
+
+def figures_from(
+    timings: MpiTimings, check_s: float, run32_s: float,
+    cost: proxy_cost.ProxyCost | None = None,
+) -> list[Figure]:
     rows = [allreduce_figure(t) for t in timings.allreduce]
+    extra = proxy_cost_figures(cost) if cost is not None else []
     return [*rows, small_op_figure(timings), large_op_figure(timings), clocked_op_figure(timings),
-            check_figure(check_s), run32_figure(run32_s)]
+            *extra, check_figure(check_s), run32_figure(run32_s)]
 
 
 # -- printing and saving ------------------------------------------------------------------------
@@ -278,7 +304,8 @@ TABLE_CAPTION = (
     "measured: through distlab's Comm, 4 ranks (ping-pong: 2, one round trip); baseline: the "
     "built-in Allreduce in place (like the ring) or raw mpi4py; each the median over repetitions "
     "of the slowest rank (the out-of-place built-in is in bench.json). "
-    "overhead: what the proxy adds per message, or per Sendrecv in %."
+    "overhead: what the proxy adds per message, or per Sendrecv in %. proxy Python: one process, "
+    "no transport; \"cache cleared\" copies 4 MiB before each call, as a 1 MiB exchange does."
 )
 
 
@@ -331,7 +358,9 @@ def run_benchmarks(console: Console, quick: bool = False) -> None:
     check_s = statistics.median(time_check_03() for _ in range(runs))
     console.print("[dim]running problem 03 on 32 ranks...[/]")
     run32_s = time_free_run_32()
-    figures = figures_from(timings, check_s, run32_s)
+    console.print("[dim]timing the proxy's own Python...[/]")
+    cost = proxy_cost.measure(rounds=3 if quick else 7)
+    figures = figures_from(timings, check_s, run32_s, cost)
     console.print(figures_table(figures, f"distlab bench{' --quick' if quick else ''}"))
     met = [f.met is True for f in figures if f.limit is not None]
     # Other work on the machine skews every figure: the load says how much to trust this run.
