@@ -175,3 +175,30 @@ def test_a_slow_peer_delay_is_applied_to_its_sends() -> None:
     result = run(job, deadline_s=30)
     assert result.ok, result.message
     assert time.monotonic() - started >= 0.5
+
+
+def test_a_direct_mpiexec_run_is_started_again_after_the_known_startup_failure(
+    tmp_path: Path,
+) -> None:
+    from distlab.runtime.launcher import run_mpiexec
+
+    # A stand-in launcher that fails the way Open MPI 5 sometimes does, then works.
+    tries = tmp_path / "tries"
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f"echo x >> {tries}\n"
+        f"if [ $(wc -l < {tries}) -lt 2 ]; then\n"
+        "  echo \"The PMIx server's listener thread failed to start. We cannot\" >&2; exit 213\n"
+        "fi\n"
+        "echo ran\n"
+    )
+    fake.chmod(0o755)
+    done = run_mpiexec([str(fake)], {}, timeout_s=10)
+    assert done.returncode == 0 and done.stdout == "ran\n"
+    assert tries.read_text().count("x") == 2
+    # Any other failure is returned at once: it would only fail the same way again.
+    tries.unlink()
+    fake.write_text(f"#!/bin/bash\necho x >> {tries}\necho 'rank 1 crashed' >&2\nexit 1\n")
+    done = run_mpiexec([str(fake)], {}, timeout_s=10)
+    assert done.returncode == 1 and tries.read_text().count("x") == 1

@@ -3,14 +3,13 @@ that compares them with what the harness handed to MPI, and the launch path that
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from distlab.exam import bypasses
 from distlab.platforms import resolve
 from distlab.runtime.jobspec import Task, make_job
-from distlab.runtime.launcher import LaunchResult, launch, mpi_env, mpiexec_path
+from distlab.runtime.launcher import LaunchResult, launch, mpi_env, mpiexec_path, run_mpiexec
 from distlab.runtime.mpi_monitoring import (
     PROBE_NAME,
     WORLD_NAME,
@@ -46,8 +45,7 @@ def test_a_real_mpiexec_writes_files_the_parser_reads(tmp_path: Path) -> None:
     env = mpi_env() | monitoring_env(tmp_path)
     command = [mpiexec_path(), "-n", "2", "--oversubscribe", "--bind-to", "none",
                sys.executable, "-c", TINY]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = run_mpiexec(command, env, timeout_s=60)
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = read_job(tmp_path, 2)
     assert sorted(ranks) == [0, 1] and monitoring_path(tmp_path, 0).exists()

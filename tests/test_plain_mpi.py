@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from distlab.runtime.launcher import mpiexec_path
+from distlab.runtime.launcher import mpiexec_path, run_mpiexec
 
 from conftest import REPO
 
@@ -35,19 +35,19 @@ def test_the_reference_allreduce_runs_on_plain_mpi4py(tmp_path: Path) -> None:
         if comm.rank == 0:
             print("plain mpi4py ok")
     """))
-    out = subprocess.run(
+    out = run_mpiexec(
         [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable, str(script)],
-        capture_output=True, text=True, timeout=60, env=MPI_ENV,
+        MPI_ENV, timeout_s=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "plain mpi4py ok" in out.stdout
 
 
 def test_the_worker_runs_under_an_external_mpirun() -> None:
-    out = subprocess.run(
+    out = run_mpiexec(
         [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable,
          "-m", "distlab.worker", "--problem", "03", "--solution", "reference", "--param", "n=10007"],
-        capture_output=True, text=True, timeout=60, env=MPI_ENV, cwd=REPO,
+        MPI_ENV, timeout_s=60, cwd=REPO,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ranks=3 backend=mpi" in out.stdout

@@ -14,7 +14,6 @@ import csv
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -29,7 +28,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
-from distlab.runtime.launcher import mpiexec_path
+from distlab.runtime.launcher import mpiexec_path, run_mpiexec
 from distlab.runtime.stats import CommStats
 
 SEED = 4242
@@ -383,8 +382,8 @@ def test_the_reference_runs_on_plain_mpi4py(tmp_path: Path) -> None:
     """))
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_mpi_yield_when_idle="1")
-    out = subprocess.run(
+    out = run_mpiexec(
         [mpiexec_path(), "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable,
-         str(script)], capture_output=True, text=True, timeout=90, env=env, check=False,
+         str(script)], env, timeout_s=90,
     )
     assert out.returncode == 0 and "plain mpi4py ok" in out.stdout, out.stdout + out.stderr

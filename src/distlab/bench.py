@@ -43,7 +43,7 @@ from .benchmarks.timings import (
     write_json_atomically,
 )
 from .errors import HarnessError
-from .runtime.launcher import mpi_env, mpiexec_path
+from .runtime.launcher import mpi_env, mpiexec_failed_to_start, mpiexec_path
 from .runtime.processes import kill_session
 
 RESULTS_FILE = Path("bench-results") / "bench.json"
@@ -118,9 +118,13 @@ def _end(process: subprocess.Popen[str]) -> None:
     process.wait()
 
 
-def run_mpi_timings(out: Path, quick: bool) -> MpiTimings:
-    """Runs the MPI half on 4 ranks; rank 0 writes ``out``, which is read back."""
-    code, output = run_to_end(mpi_command(out, quick), mpi_env(), MPI_TIMEOUT_S)
+def run_mpi_timings(out: Path, quick: bool, attempts: int = 3) -> MpiTimings:
+    """Runs the MPI half on 4 ranks; rank 0 writes ``out``, which is read back. Started again
+    after Open MPI's known start-up failure (nothing was measured then)."""
+    for _ in range(attempts):
+        code, output = run_to_end(mpi_command(out, quick), mpi_env(), MPI_TIMEOUT_S)
+        if code == 0 or not mpiexec_failed_to_start(output):
+            break
     if code != 0 or not out.exists():
         raise HarnessError(f"the MPI benchmark failed (exit {code}):\n{_tail(output)}")
     return MpiTimings.read(out)

@@ -193,6 +193,27 @@ def due_signals(
 STARTUP_FAILURES = ("PMIx server's listener thread failed to start", "PRTE has lost communication")
 
 
+def mpiexec_failed_to_start(output: str) -> bool:
+    """Open MPI 5's launcher sometimes dies at start-up on a loaded machine (its PMIx listener
+    thread does not come up); nothing ran, and a second start works."""
+    return any(reason in output for reason in STARTUP_FAILURES)
+
+
+def run_mpiexec(
+    command: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
+    attempts: int = 3,
+) -> subprocess.CompletedProcess[str]:
+    """Runs an mpiexec command line to its end, starting it again after a known start-up failure.
+    For direct runs (an external-launcher test, a benchmark); jobs get the same from ``launch``."""
+    for _ in range(attempts - 1):
+        done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+        if done.returncode == 0 or not mpiexec_failed_to_start(done.stdout + done.stderr):
+            return done
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+
+
 def failed_to_start(result: LaunchResult) -> bool:
     """The launcher died before any rank reported anything, for a known start-up reason."""
     return (result.status == "crashed" and not result.outcomes
