@@ -58,7 +58,15 @@ def test_progress_shows_tiers_and_the_next_problem() -> None:
     assert re.search(r"next: \d\d · ", out.stdout)
 
 
-def test_every_written_problem_of_the_real_bank_is_statically_sound() -> None:
-    # Starters failing and references passing are proven per problem by its own end-to-end tests.
-    out = run_cli("dev", "lint", "--no-run")
+@pytest.mark.timeout(900)  # 16 checks, two at a time: about 80 s on a quiet machine
+def test_the_real_bank_lints_clean_every_starter_failing_and_every_reference_passing() -> None:
+    # What CI must run: the whole `distlab dev lint`, starters and references included.
+    out = run_cli("dev", "lint", timeout=600)
     assert out.returncode == 0, out.stdout
+    written = sorted({m for m in re.findall(r"^ (\d\d) ", out.stdout, re.MULTILINE)})
+    assert len(written) >= 8, out.stdout  # the basic tier at least
+    for number in written:
+        assert re.search(rf"^ {number} +ok +starter fails +fails as it should", out.stdout, re.M), number
+        assert re.search(rf"^ {number} +ok +reference passes +passes in", out.stdout, re.M), number
+    assert re.search(r"\d+ ok, 0 failing", out.stdout)
+    assert job_processes() == []
