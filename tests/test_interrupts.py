@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from conftest import DISTLAB, REPO, job_processes
 
 
@@ -19,11 +21,21 @@ def _start_check() -> subprocess.Popen[str]:
     )
 
 
-def _wait_for_ranks(timeout: float = 20) -> None:
+def _wait_for_ranks(cli: subprocess.Popen[str], timeout: float = 20) -> None:
+    """Returns once a rank of *this* CLI's job runs (a process below it in the tree): a rank of an
+    earlier test still on its way out must not count, or the signal would come too early."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if any("distlab.runtime.worker" in p for p in job_processes()):
-            return
+        try:
+            below = psutil.Process(cli.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for child in below:
+            try:
+                if "distlab.runtime.worker" in " ".join(child.cmdline()):
+                    return
+            except psutil.Error:
+                continue
         time.sleep(0.05)
     raise AssertionError("no rank started")
 
@@ -37,7 +49,7 @@ def _wait_until_gone(timeout: float) -> list[str]:
 
 def test_ctrl_c_stops_every_rank_and_says_so() -> None:
     cli = _start_check()
-    _wait_for_ranks()
+    _wait_for_ranks(cli)
     cli.send_signal(signal.SIGINT)
     out, _ = cli.communicate(timeout=20)
     assert cli.returncode == 130, out
@@ -47,7 +59,7 @@ def test_ctrl_c_stops_every_rank_and_says_so() -> None:
 
 def test_sigterm_takes_the_same_path_as_ctrl_c() -> None:
     cli = _start_check()
-    _wait_for_ranks()
+    _wait_for_ranks(cli)
     cli.send_signal(signal.SIGTERM)
     out, _ = cli.communicate(timeout=20)
     assert cli.returncode == 130, out
@@ -56,7 +68,7 @@ def test_sigterm_takes_the_same_path_as_ctrl_c() -> None:
 
 def test_a_harness_killed_outright_leaves_no_rank_behind() -> None:
     cli = _start_check()
-    _wait_for_ranks()
+    _wait_for_ranks(cli)
     cli.kill()  # SIGKILL: no cleanup code runs in the CLI; the ranks' watchdogs must notice
     cli.wait(timeout=10)
     assert _wait_until_gone(6) == []
