@@ -19,8 +19,10 @@ from pathlib import Path
 
 from .bank import PROBLEM_FILES, Bank, Entry
 from .errors import CardError, UsageError
+from .grading.parts import PART_FILE
 
-# Files a problem folder may hold besides its four: notes for authors, data it ships.
+# Files a problem folder may hold besides its four: notes for authors, data it ships, and the
+# parts of a long check.py (check_<part>.py, grading/parts.py).
 ALLOWED_EXTRAS = {"README.md", "data", "__pycache__"}
 MIN_HINTS = 3
 
@@ -44,7 +46,7 @@ def static_findings(entry: Entry) -> list[Finding]:
     missing = [f for f in PROBLEM_FILES if not (entry.path / f).is_file()]
     add(not missing, "files", f"missing {', '.join(missing)}" if missing else "all four present")
     stray = sorted(p.name for p in entry.path.iterdir() if p.name not in PROBLEM_FILES
-                   and p.name not in ALLOWED_EXTRAS)
+                   and p.name not in ALLOWED_EXTRAS and not PART_FILE.fullmatch(p.name))
     add(not stray, "stray files", f"unexpected: {', '.join(stray)}" if stray else "none")
     try:
         card = entry.card()

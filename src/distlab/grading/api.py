@@ -25,7 +25,7 @@ from typing import Any, Callable, NoReturn, Protocol
 
 import numpy as np
 
-from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job
+from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job, program_module_name
 from ..runtime.mpi_monitoring import Unexplained, unexplained
 from ..runtime.launcher import LaunchResult, launch
 from ..platforms import Platform
@@ -240,7 +240,7 @@ class CheckContext:
         platform = platform or s.platform
         platform.check_world(world)
         job = make_job(
-            s.program_file, program.__name__, tasks, s.backend, s.solution_file,
+            s.program_file, _program_name(program, s.program_file), tasks, s.backend, s.solution_file,
             limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
             mpi_monitoring=s.mpi_monitoring and s.backend == "mpi",
         )
@@ -263,3 +263,11 @@ class CheckContext:
         s.cache[key] = run
         s.totals.add(result, runs)
         return run
+
+
+def _program_name(program: Callable[..., Any], check_file: Path) -> str:
+    """How a rank finds ``program`` once it has loaded check.py: its name there, or
+    "module:name" for a program of one of check.py's parts (grading/parts.py)."""
+    if program.__module__ == program_module_name(check_file):
+        return program.__name__
+    return f"{program.__module__}:{program.__name__}"

@@ -173,7 +173,11 @@ def run_job(job_dir: Path) -> int:
 
 
 def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]:
-    module = load_module(path, module_name)
+    """``name`` of check.py, or "module:name" of a part that loading check.py has loaded."""
+    module: Any = load_module(path, module_name)
+    if ":" in name:
+        part, name = name.split(":", 1)
+        module = sys.modules.get(part)
     program = getattr(module, name, None)
     if not callable(program):
         raise AttributeError(f"{path} has no program function {name!r}")
