@@ -27,6 +27,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
+from distlab.grading import check_part
+
 SEED = 4242
 HERE = FIXTURES / "07"
 PROBLEM = PROBLEMS / "07-sync-storm"
@@ -42,10 +44,13 @@ def _load(path: Path, name: str) -> ModuleType:
 
 
 check = _load(PROBLEM / "check.py", "problem07_check_under_test")
+# check.py's parts (check_model.py, ...), the very modules check.py loaded
+model, cases, programs, expected = (check_part(PROBLEM / "check.py", part)
+                                    for part in ("model", "cases", "programs", "expected"))
 reference = _load(PROBLEM / "reference.py", "problem07_reference_under_test")
 
 
-# -- unit tests of check.py's helpers -------------------------------------------------------------
+# -- unit tests of check.py's helpers (in its parts) ----------------------------------------------
 
 
 class FakeComm:
@@ -60,17 +65,17 @@ class FakeComm:
 
 def small_case(p: int = 1, seed: int = 3, big: bool = True) -> Any:
     rng = np.random.default_rng(seed)
-    return check.make_case(p, rng, check.DTYPE_ORDER, big_table=big)
+    return cases.make_case(p, rng, model.DTYPE_ORDER, big_table=big)
 
 
 def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
     case = small_case()
     spec = case.spec
-    grads = check.gradients(spec, check.init_params(spec), *check.make_batch(spec, 0, 0, 0))
-    names = check.tensor_names(spec)
+    grads = model.gradients(spec, model.init_params(spec), *model.make_batch(spec, 0, 0, 0))
+    names = model.tensor_names(spec)
     assert len(grads) == len(names) >= 200  # hundreds of small tensors
-    assert [(str(g.dtype), g.nbytes) for g in grads] == check.step_shapes(spec)
-    assert {str(g.dtype) for g in grads} == set(check.DTYPE_ORDER)
+    assert [(str(g.dtype), g.nbytes) for g in grads] == model.step_shapes(spec)
+    assert {str(g.dtype) for g in grads} == set(model.DTYPE_ORDER)
     # The fingerprints need more than float64's 53 bits, and their sums over 8 ranks fit int64.
     fp = grads[names.index("fingerprints")]
     assert int(np.abs(fp).max()) > 2**53
@@ -80,24 +85,24 @@ def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
 def test_two_dtype_variants_carry_only_their_dtypes() -> None:
     rng = np.random.default_rng(5)
     for dtypes in (("float32", "int64"), ("float32", "float64")):
-        case = check.make_case(2, rng, dtypes, big_table=False)
-        grads = check.gradients(case.spec, check.init_params(case.spec),
-                                *check.make_batch(case.spec, 0, 0, 1))
+        case = cases.make_case(2, rng, dtypes, big_table=False)
+        grads = model.gradients(case.spec, model.init_params(case.spec),
+                                *model.make_batch(case.spec, 0, 0, 1))
         assert {str(g.dtype) for g in grads} == set(dtypes)
-        assert len(grads) == len(check.tensor_names(case.spec))
+        assert len(grads) == len(model.tensor_names(case.spec))
 
 
 def test_budgets_and_threshold_choice() -> None:
     case = small_case()
-    by_dtype = check.nbytes_by_dtype(case)
+    by_dtype = cases.nbytes_by_dtype(case)
     total = sum(by_dtype.values())
-    assert check.collective_budget(case) == math.ceil(total / case.threshold) + 3
+    assert cases.collective_budget(case) == math.ceil(total / case.threshold) + 3
     # The big table is larger than the threshold; the ordinary float32 tensors fill 4-7 buffers.
-    assert check.largest(case)[1] > case.threshold
-    assert by_dtype["float32"] - check.largest(case, "float32")[1] > 4 * case.threshold
-    buffers = [min(b, case.threshold + check.largest(case, d)[1]) for d, b in by_dtype.items()]
-    assert check.memory_budget(case, 10) == (sum(buffers) + max(buffers) + check.MEMORY_SLACK
-                                             + 10 * check.SLACK_PER_CALL)
+    assert cases.largest(case)[1] > case.threshold
+    assert by_dtype["float32"] - cases.largest(case, "float32")[1] > 4 * case.threshold
+    buffers = [min(b, case.threshold + cases.largest(case, d)[1]) for d, b in by_dtype.items()]
+    assert cases.memory_budget(case, 10) == (sum(buffers) + max(buffers) + cases.MEMORY_SLACK
+                                             + 10 * cases.SLACK_PER_CALL)
 
 
 def test_parse_bytes() -> None:
@@ -110,21 +115,21 @@ def test_parse_bytes() -> None:
 
 def test_auc() -> None:
     labels = np.array([0, 0, 1, 1.0])
-    assert check.auc(np.array([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
-    assert check.auc(np.array([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
-    assert check.auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5  # ties count half
+    assert model.auc(np.array([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
+    assert model.auc(np.array([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
+    assert model.auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5  # ties count half
     rng = np.random.default_rng(0)
     scores, labels = rng.integers(0, 5, 120).astype(float), (rng.random(120) < 0.4).astype(float)
     pos, neg = scores[labels > 0.5], scores[labels < 0.5]
     pairs = np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
-    assert check.auc(scores, labels) == pytest.approx(pairs)
+    assert model.auc(scores, labels) == pytest.approx(pairs)
 
 
 def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
     """One rank: the sums are the tensors themselves; the calls show the packing."""
     case = small_case()
     spec = case.spec
-    grads = check.gradients(spec, check.init_params(spec), *check.make_batch(spec, 0, 0, 0))
+    grads = model.gradients(spec, model.init_params(spec), *model.make_batch(spec, 0, 0, 0))
     before = [g.copy() for g in grads]
     comm = FakeComm()
     fusion = reference.Fusion(comm, case.threshold)
@@ -134,13 +139,13 @@ def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
             fusion.add(g)
         fusion.flush()
         assert all(np.array_equal(a, b) for a, b in zip(grads, before))
-        assert len(comm.calls) <= check.collective_budget(case)
+        assert len(comm.calls) <= cases.collective_budget(case)
         for dtype, nbytes in comm.calls:
-            assert nbytes <= case.threshold + check.largest(case, dtype)[1]
-        sent = {d: sum(n for dd, n in comm.calls if dd == d) for d in check.DTYPE_ORDER}
-        assert sent == check.nbytes_by_dtype(case)  # every byte once, each in its own dtype
+            assert nbytes <= case.threshold + cases.largest(case, dtype)[1]
+        sent = {d: sum(n for dd, n in comm.calls if dd == d) for d in model.DTYPE_ORDER}
+        assert sent == cases.nbytes_by_dtype(case)  # every byte once, each in its own dtype
         # every buffer but the last of its dtype holds at least the threshold
-        for dtype in check.DTYPE_ORDER:
+        for dtype in model.DTYPE_ORDER:
             sizes = [n for d, n in comm.calls if d == dtype]
             assert all(n >= case.threshold for n in sizes[:-1])
     assert fusion.pending == {}
@@ -153,13 +158,13 @@ def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
 
 def test_per_tensor_sums_and_single_process_training() -> None:
     case = small_case(p=3, big=False)
-    per_rank, want = check.first_step(case)
+    per_rank, want = expected.first_step(case)
     assert len(per_rank) == 3
     for i in (0, 1, 2, len(want) - 1):
         assert want[i].dtype == per_rank[0][i].dtype
         assert np.array_equal(want[i], per_rank[0][i] + per_rank[1][i] + per_rank[2][i])
-    final = check.single_process_training(case)
-    start = check.flat_params(check.init_params(case.spec))
+    final = expected.single_process_training(case)
+    start = model.flat_params(model.init_params(case.spec))
     assert len(final) == len(start)
     assert all(np.isfinite(a).all() for a in final)
     assert any(not np.array_equal(a, b) for a, b in zip(final, start))
@@ -167,40 +172,40 @@ def test_per_tensor_sums_and_single_process_training() -> None:
 
 def test_diagnoses_name_the_symptoms() -> None:
     case = small_case(p=2, big=False)
-    per_rank, want = check.first_step(case)
+    per_rank, want = expected.first_step(case)
     own = per_rank[0]
-    step = check.StepRecord({"Allreduce": 9}, 0, [], 0)
-    assert check.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
+    step = programs.StepRecord({"Allreduce": 9}, 0, [], 0)
+    assert expected.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
 
     # float64 through a float32 buffer
     got = [w.copy() for w in want]
     i64 = next(i for i, w in enumerate(want) if w.dtype == np.float64 and w.size > 4)
     got[i64] = want[i64].astype(np.float32).astype(np.float64)
-    message = check.diagnose_sums(case, 0, got, want, own, step)
+    message = expected.diagnose_sums(case, 0, got, want, own, step)
     assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
 
     # int64 through a float64 buffer
     got = [w.copy() for w in want]
-    fp = check.tensor_names(case.spec).index("fingerprints")
+    fp = model.tensor_names(case.spec).index("fingerprints")
     got[fp] = want[fp].astype(np.float64).astype(np.int64)
-    message = check.diagnose_sums(case, 0, got, want, own, step)
+    message = expected.diagnose_sums(case, 0, got, want, own, step)
     assert message and "floating-point buffer" in message
 
     # the last tensors of each dtype never reduced
     got = [w.copy() for w in want]
     for i in (len(want) - 1, len(want) - 2, len(want) - 3):
         got[i] = own[i].copy()
-    message = check.diagnose_sums(case, 0, got, want, own, step)
+    message = expected.diagnose_sums(case, 0, got, want, own, step)
     assert message and "the last partial buffer was never sent" in message
 
     # nothing reduced at all
-    nothing = check.StepRecord({}, 0, [], 0)
-    message = check.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
+    nothing = programs.StepRecord({}, 0, [], 0)
+    message = expected.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
     assert message and "no collective at all" in message
 
     # averaged instead of summed
     got = [w / 2 if w.dtype.kind == "f" else w.copy() for w in want]
-    message = check.diagnose_sums(case, 0, got, want, own, step)
+    message = expected.diagnose_sums(case, 0, got, want, own, step)
     assert message and "divided by p" in message
 
 
@@ -209,13 +214,13 @@ def test_plan_is_a_pure_function_of_the_seed() -> None:
         def __init__(self, seed: int) -> None:
             self.seed = seed
 
-    plan = check.plan_for
+    plan = cases.plan_for
     a, b, c = plan(Ctx(1)), plan(Ctx(1)), plan(Ctx(2))  # type: ignore[arg-type]
     assert a == b and a != c
     assert [case.p for case in a.cases][:3] == [1, 2, 4] and a.cases[3].p in (3, 5)
     assert a.world <= 8
     for case in a.cases:
-        assert 200 <= len(check.tensor_names(case.spec)) or len(case.spec.dtypes) == 2
+        assert 200 <= len(model.tensor_names(case.spec)) or len(case.spec.dtypes) == 2
 
 
 # -- end to end, through the CLI ------------------------------------------------------------------
