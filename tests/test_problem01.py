@@ -5,9 +5,10 @@ tests/fixtures/01/) in a child process, on real MPI ranks, with one fixed seed, 
 replays with `distlab check 01 --seed 4242 --solution ...`. Each test reads what a learner reads
 (the console) and what a tool reads (--json), and makes sure no rank outlived the command.
 
-Piece by piece: the pure helpers of check.py (the tiling of the key ranges, the balance, the
-out-of-step detector, the bound, the averaging mistakes, the byte verdict, the AUC) are called
-directly, with no process started.
+Piece by piece: the pure helpers of check.py's parts (check_cases.py, check_programs.py,
+check_models.py, check_readings.py: the tiling of the key ranges, the balance, the out-of-step
+detector, the bound, the averaging mistakes, the byte verdict, the AUC) are called directly, with
+no process started.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def _load_check() -> ModuleType:
 
 
 check = _load_check()
+# its parts, loaded by check.py: the pure helpers are called where they live
+cases, programs, models, readings = check.cases, check.programs, check.models, check.readings
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -212,36 +215,36 @@ def small_case(**changes: Any) -> Any:
     base: dict[str, Any] = {"servers": 2, "workers": 3, "keys": 301, "batches": (20, 35, 9),
                             "steps": 4, "lr": 0.8, "seed": 11, "what": "a unit test"}
     base.update(changes)
-    return check.Case(**base)
+    return cases.Case(**base)
 
 
 def test_tiling_names_gaps_overlaps_and_strays() -> None:
-    assert check.tiling_problem(10, [(0, 4), (4, 10)]) is None
-    assert check.tiling_problem(10, [(4, 10), (0, 4)]) is None  # any order of servers
-    assert check.tiling_problem(10, [(0, 10), (10, 10)]) is None  # empty shards tile too
-    assert "keys 4..5 are held by no server" in check.tiling_problem(10, [(0, 4), (6, 10)])
-    assert "keys 8..9 are held by no server" in check.tiling_problem(10, [(0, 4), (4, 8)])
-    assert "another server holds too" in check.tiling_problem(10, [(0, 6), (4, 10)])
-    assert "outside the model's 0..9" in check.tiling_problem(10, [(0, 5), (5, 12)])
+    assert readings.tiling_problem(10, [(0, 4), (4, 10)]) is None
+    assert readings.tiling_problem(10, [(4, 10), (0, 4)]) is None  # any order of servers
+    assert readings.tiling_problem(10, [(0, 10), (10, 10)]) is None  # empty shards tile too
+    assert "keys 4..5 are held by no server" in readings.tiling_problem(10, [(0, 4), (6, 10)])
+    assert "keys 8..9 are held by no server" in readings.tiling_problem(10, [(0, 4), (4, 8)])
+    assert "another server holds too" in readings.tiling_problem(10, [(0, 6), (4, 10)])
+    assert "outside the model's 0..9" in readings.tiling_problem(10, [(0, 5), (5, 12)])
 
 
 def test_balance_ratio() -> None:
-    assert check.balance([5, 5, 5]) == 1.0
-    assert check.balance([4, 5]) == 1.25
-    assert check.balance([10, 0]) == float("inf")
+    assert readings.balance([5, 5, 5]) == 1.0
+    assert readings.balance([4, 5]) == 1.25
+    assert readings.balance([10, 0]) == float("inf")
 
 
 def test_out_of_step_detector() -> None:
     workers = [2, 3]
     in_step = [("pull", 2), ("pull", 3), ("push", 3), ("push", 2),
                ("pull", 2), ("pull", 3), ("push", 2), ("push", 3)]
-    assert check.first_out_of_step(in_step, workers) is None
+    assert readings.first_out_of_step(in_step, workers) is None
     stale = [("pull", 2), ("pull", 3), ("push", 2), ("pull", 2)]
-    message = check.first_out_of_step(stale, workers)
+    message = readings.first_out_of_step(stale, workers)
     assert message is not None and "shard for step 1" in message and "worker rank 3" in message
     assert "stale pull" in message
     mixed = [("push", 2), ("push", 2)]
-    message = check.first_out_of_step(mixed, workers)
+    message = readings.first_out_of_step(mixed, workers)
     assert message is not None and "push of step 1 from worker rank 2" in message
 
 
@@ -250,7 +253,7 @@ def test_step_bound_on_a_uniform_platform() -> None:
 
     case = small_case(servers=2, workers=3, keys=1001, batches=(50, 80, 20))
     platform = uniform(5, 1e-6, 1e-9, flops=1e10)
-    b = check.step_bound(case, platform)
+    b = models.step_bound(case, platform)
     shard = 501 * 8  # ceil(1001 / 2) keys of 8 bytes
     wire = 1e-6 + max(3 * shard, 1001 * 8) * 1e-9
     assert b.wire == pytest.approx(wire)
@@ -263,32 +266,32 @@ def test_step_bound_on_a_uniform_platform() -> None:
 def test_averaging_mistakes_are_recognised() -> None:
     case = small_case()
     layout = [(0, 151), (151, 301)]
-    right = check.sgd(case)
-    assert check.close(right, check.trajectory(case, case.steps)[-1])
-    for what, weights in check.averaging_mistakes(case):
-        wrong = check.sgd(case, weights)
-        assert not check.close(wrong, right), what
-        message, named = check.diagnose_model(case, wrong, layout)
+    right = models.sgd(case)
+    assert models.close(right, models.trajectory(case, case.steps)[-1])
+    for what, weights in models.averaging_mistakes(case):
+        wrong = models.sgd(case, weights)
+        assert not models.close(wrong, right), what
+        message, named = models.diagnose_model(case, wrong, layout)
         assert named and "is wrong" in message
-    message, named = check.diagnose_model(case, check.initial_weights(case), layout)
+    message, named = models.diagnose_model(case, cases.initial_weights(case), layout)
     assert named and "still the initial weights" in message
-    message, named = check.diagnose_model(case, check.trajectory(case, 3)[-1], layout)
+    message, named = models.diagnose_model(case, models.trajectory(case, 3)[-1], layout)
     assert named and "after 3 steps, not 4" in message
     broken = right.copy()
     broken[200] += 1.0
-    message, named = check.diagnose_model(case, broken, layout)
+    message, named = models.diagnose_model(case, broken, layout)
     assert not named and "key 200" in message and "only server(s) 1" in message
 
 
 def test_the_data_is_the_same_in_every_process() -> None:
     case = small_case()
-    X1, y1 = check.worker_data(case, 1)
-    X2, y2 = check.worker_data(case, 1)
+    X1, y1 = cases.worker_data(case, 1)
+    X2, y2 = cases.worker_data(case, 1)
     assert np.array_equal(X1, X2) and np.array_equal(y1, y2)
     assert X1.shape == (35, 301) and set(np.unique(y1)) <= {0.0, 1.0}
     assert np.all(np.abs(X1).sum(axis=1) >= 1)  # every row has the bias and hashed fields
-    batch = check.Batch(X1, y1)
-    w = check.initial_weights(case)
+    batch = programs.Batch(X1, y1)
+    w = cases.initial_weights(case)
     assert batch.size == 35
     assert np.allclose(batch.gradient(w), X1.T @ (1 / (1 + np.exp(-(X1 @ w))) - y1))
     with pytest.raises(ValueError, match="the whole model"):
@@ -303,20 +306,20 @@ def test_bytes_verdict_names_the_whole_gradient_push() -> None:
     for s in (0, 1):
         good.count_send(s, 2 * (500 * 8 + 8))
         good.count_recv(s, 2 * 500 * 8)
-    ratio, problem = check.worker_bytes_problem(case, 0, good)
+    ratio, problem = readings.worker_bytes_problem(case, 0, good)
     assert problem is None and ratio == pytest.approx(1.001)  # the counts: 8 bytes per slice
     whole = CommStats()
     for s in (0, 1):
         whole.count_send(s, 2 * (1000 * 8 + 8))
         whole.count_recv(s, 2 * 500 * 8)
-    ratio, problem = check.worker_bytes_problem(case, 0, whole)
+    ratio, problem = readings.worker_bytes_problem(case, 0, whole)
     assert problem is not None and "pushes the whole gradient to every server" in problem
-    ratio, problem = check.worker_bytes_problem(case, 1, CommStats())
+    ratio, problem = readings.worker_bytes_problem(case, 1, CommStats())
     assert problem is not None and "worker rank 3" in problem and "neither pulled nor pushed" in problem
 
 
 def test_auc() -> None:
     y = np.array([0, 0, 1, 1.0])
-    assert check.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
-    assert check.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
-    assert check.auc(y, np.zeros(4)) == 0.5
+    assert models.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
+    assert models.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
+    assert models.auc(y, np.zeros(4)) == 0.5
