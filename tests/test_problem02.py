@@ -1,6 +1,7 @@
 """Problem 02, the alpha-beta model: the checks' pure helpers, then `distlab check 02` end to end.
 
-The unit tests run check.py's formulas, the hidden cluster and the diagnoses in this process (no
+The unit tests run the pure helpers of check.py's parts (check_models.py's formulas,
+check_scenario.py's hidden cluster and cases, check_judging.py's diagnoses) in this process (no
 ranks), and prove what the ring check relies on: the replay charges a ring Allreduce on the hidden
 cluster exactly 2(p-1) max over links of (alpha + n/p beta), and at the two sizes the check
 times, a prediction from the slowest alpha and the slowest beta is within 10% of that.
@@ -45,6 +46,8 @@ def _load(path: Path, name: str) -> ModuleType:
 
 
 check = _load(PROBLEM / "check.py", "problem02_check_under_test")
+# its parts, loaded by check.py: the pure helpers are called where they live
+models, scenario, programs, judging = check.models, check.scenario, check.programs, check.judging
 reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
 
 
@@ -53,27 +56,27 @@ reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
 
 def test_formulas_by_hand() -> None:
     a, b, n = 2e-6, 1e-9, 1000.0  # n beta = 1 us
-    assert check.formula("ring", 4, n, a, b) == pytest.approx(6 * a + 1.5 * n * b)
-    assert check.formula("recursive_doubling", 8, n, a, b) == pytest.approx(3 * (a + n * b))
-    assert check.formula("binomial_tree", 8, n, a, b) == pytest.approx(6 * (a + n * b))
-    assert check.formula("rabenseifner", 8, n, a, b) == pytest.approx(6 * a + 1.75 * n * b)
+    assert models.formula("ring", 4, n, a, b) == pytest.approx(6 * a + 1.5 * n * b)
+    assert models.formula("recursive_doubling", 8, n, a, b) == pytest.approx(3 * (a + n * b))
+    assert models.formula("binomial_tree", 8, n, a, b) == pytest.approx(6 * (a + n * b))
+    assert models.formula("rabenseifner", 8, n, a, b) == pytest.approx(6 * a + 1.75 * n * b)
     # ceil(lg p) for trees over p ranks that are not a power of two
-    assert check.formula("binomial_tree", 6, n, a, b) == pytest.approx(6 * (a + n * b))
-    for algorithm in check.ALGORITHMS:
-        assert check.formula(algorithm, 1, n, a, b) == 0.0
-    assert [check.lg(p) for p in (1, 2, 3, 4, 5, 8, 9, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10]
+    assert models.formula("binomial_tree", 6, n, a, b) == pytest.approx(6 * (a + n * b))
+    for algorithm in models.ALGORITHMS:
+        assert models.formula(algorithm, 1, n, a, b) == 0.0
+    assert [models.lg(p) for p in (1, 2, 3, 4, 5, 8, 9, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10]
     with pytest.raises(ValueError):
-        check.formula("tree", 4, n, a, b)
+        models.formula("tree", 4, n, a, b)
 
 
 def test_reference_predict_and_choose_agree_with_the_checker() -> None:
     rng = np.random.default_rng(0)
-    for case in check.draw_predict_cases(rng):
-        want = check.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
+    for case in scenario.draw_predict_cases(rng):
+        want = models.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
         assert reference.predict(case.algorithm, case.p, case.n, case.alpha, case.beta) == \
             pytest.approx(want, rel=1e-12, abs=1e-300)
-    cases = check.draw_choose_cases(rng)
-    assert check.judge_choices(cases, [reference.choose(c.p, c.n, c.alpha, c.beta) for c in cases]) is None
+    cases = scenario.draw_choose_cases(rng)
+    assert judging.judge_choices(cases, [reference.choose(c.p, c.n, c.alpha, c.beta) for c in cases]) is None
 
 
 def test_reference_fit_recovers_a_line() -> None:
@@ -85,36 +88,36 @@ def test_reference_fit_recovers_a_line() -> None:
 def test_crossover_is_where_the_choice_flips() -> None:
     for p in (4, 16, 1024, 5, 6, 100):
         a, b = 3e-6, 1e-10
-        cross = check.crossover(p, a, b)
+        cross = models.crossover(p, a, b)
         assert cross is not None and cross > 0
-        small, large = check.fastest(p, cross / 1.01, a, b), check.fastest(p, cross * 1.01, a, b)
-        assert small & set(check.LATENCY_OPTIMAL) and not large & set(check.LATENCY_OPTIMAL), p
+        small, large = models.fastest(p, cross / 1.01, a, b), models.fastest(p, cross * 1.01, a, b)
+        assert small & set(models.LATENCY_OPTIMAL) and not large & set(models.LATENCY_OPTIMAL), p
     # p = 2: recursive doubling wins everywhere; p = 3: the ring wins everywhere.
-    assert check.crossover(2, 3e-6, 1e-10) is None and check.fastest(2, 1e12, 3e-6, 1e-10) == {"recursive_doubling"}
-    assert check.crossover(3, 3e-6, 1e-10) is None and check.fastest(3, 1, 3e-6, 1e-10) == {"ring"}
+    assert models.crossover(2, 3e-6, 1e-10) is None and models.fastest(2, 1e12, 3e-6, 1e-10) == {"recursive_doubling"}
+    assert models.crossover(3, 3e-6, 1e-10) is None and models.fastest(3, 1, 3e-6, 1e-10) == {"ring"}
     # Non-powers of two never offer recursive doubling or Rabenseifner.
-    assert check.candidates(6) == ("ring", "binomial_tree")
+    assert models.candidates(6) == ("ring", "binomial_tree")
 
 
 def test_the_choose_grid_brackets_crossovers_from_both_sides() -> None:
-    cases = check.draw_choose_cases(np.random.default_rng(5))
+    cases = scenario.draw_choose_cases(np.random.default_rng(5))
     notes = [c.note for c in cases]
     assert notes.count("just below the crossover") >= 4
     assert notes.count("just below the crossover") == notes.count("just above the crossover")
-    kinds = {frozenset(check.fastest(c.p, c.n, c.alpha, c.beta)) for c in cases}
-    assert {frozenset({a}) for a in check.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
+    kinds = {frozenset(models.fastest(c.p, c.n, c.alpha, c.beta)) for c in cases}
+    assert {frozenset({a}) for a in models.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
 
 
 # -- the hidden cluster and the ring ----------------------------------------------------------------
 
 
 def test_hidden_cluster_is_seeded_and_varied() -> None:
-    first, again, other = check.cluster_setup(11), check.cluster_setup(11), check.cluster_setup(12)
+    first, again, other = scenario.cluster_setup(11), scenario.cluster_setup(11), scenario.cluster_setup(12)
     assert first == again and first != other
     platform = first.cluster.platform()
     p = first.p
-    assert p in check.WORLD_SIZES and platform.max_ranks() == p
-    links = check.ring_links(platform, p)
+    assert p in scenario.WORLD_SIZES and platform.max_ranks() == p
+    links = scenario.ring_links(platform, p)
     assert len({a for a, _ in links}) > 1 and len({b for _, b in links}) > 1  # every link its own
     # link r -> r+1: both cables' latencies, the slower cable's bandwidth
     c = first.cluster
@@ -127,28 +130,28 @@ def test_hidden_cluster_is_seeded_and_varied() -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_ring_sizes_keep_the_slowest_link_prediction_within_10_percent(seed: int) -> None:
-    setup = check.cluster_setup(seed)
+    setup = scenario.cluster_setup(seed)
     platform = setup.cluster.platform()
-    links = check.ring_links(platform, setup.p)
+    links = scenario.ring_links(platform, setup.p)
     worst_a, worst_b = max(a for a, _ in links), max(b for _, b in links)
     small, large = setup.ring
     assert small % (8 * setup.p) == 0 and large % (8 * setup.p) == 0
     assert large <= 16 << 20  # a real Allreduce on 8 ranks of a 2-core machine
     for nbytes in setup.ring:
-        predicted = check.formula("ring", setup.p, nbytes, worst_a, worst_b)
-        actual = check.ring_replay_time(links, setup.p, nbytes)
+        predicted = models.formula("ring", setup.p, nbytes, worst_a, worst_b)
+        actual = models.ring_replay_time(links, setup.p, nbytes)
         assert actual * (1 - 1e-12) <= predicted <= 1.08 * actual
 
 
 @pytest.mark.parametrize("seed", [0, 3, 9])
 def test_replay_charges_the_built_in_ring_its_slowest_link(seed: int) -> None:
-    setup = check.cluster_setup(seed)
+    setup = scenario.cluster_setup(seed)
     platform = setup.cluster.platform()
     p = setup.p
     for nbytes in (*setup.ring, 8 * p * 1000):
         traces = {r: [("coll", "Allreduce", tuple(range(p)), 0, nbytes, -1, 0.0, 0.0)] for r in range(p)}
         assert replay(traces, platform).makespan == pytest.approx(
-            check.ring_replay_time(check.ring_links(platform, p), p, nbytes), rel=1e-9)
+            models.ring_replay_time(scenario.ring_links(platform, p), p, nbytes), rel=1e-9)
 
 
 # -- the diagnoses --------------------------------------------------------------------------------
@@ -167,7 +170,7 @@ LINKS = [(2e-6, 1e-10), (3e-6, 2e-10), (4e-6, 1.5e-10)]
     ((2.5e-6, 1e-10), "1.25x and 1x"),
 ])
 def test_link_verdicts_name_the_symptom(fit: tuple[float, float], symptom: str | None) -> None:
-    verdict = check.judge_link(0, 3, check.as_fitted(fit), LINKS)
+    verdict = judging.judge_link(0, 3, programs.as_fitted(fit), LINKS)
     if symptom is None:
         assert verdict is None
     else:
@@ -177,37 +180,37 @@ def test_link_verdicts_name_the_symptom(fit: tuple[float, float], symptom: str |
 def test_unusable_measure_values_are_described() -> None:
     for value, text in ((None, "returned None, not a pair"), ((1.0,), "not a pair"),
                         ((float("nan"), 1.0), "not finite")):
-        fitted = check.as_fitted(value)
+        fitted = programs.as_fitted(value)
         assert fitted.problem and text in fitted.problem
-        assert text in str(check.judge_link(1, 3, fitted, LINKS))
-    assert check.as_fitted(np.array([1e-6, 2e-10])) == check.Fitted(1e-6, 2e-10)
+        assert text in str(judging.judge_link(1, 3, fitted, LINKS))
+    assert programs.as_fitted(np.array([1e-6, 2e-10])) == programs.Fitted(1e-6, 2e-10)
 
 
 def test_prediction_verdicts_name_the_symptom() -> None:
     a, b = 2e-6, 1e-9
-    rab = check.Case("rabenseifner", 8, 10**6, a, b)
+    rab = scenario.Case("rabenseifner", 8, 10**6, a, b)
     wrong = 2 * 3 * a + 2 * 7 * 3 / 8 * 10**6 * b
-    assert "(p-1) lg p" in str(check.judge_prediction(rab, wrong))
-    tree = check.Case("binomial_tree", 8, 10**6, a, b)
-    assert "one tree" in str(check.judge_prediction(tree, 3 * (a + 10**6 * b)))
-    odd = check.Case("binomial_tree", 6, 10**6, a, b)
-    assert "ceil(lg p) = 3" in str(check.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
-    assert "ZeroDivisionError" in str(check.judge_prediction(tree, check.Raised("ZeroDivisionError: x")))
-    assert check.judge_prediction(tree, check.formula("binomial_tree", 8, 10**6, a, b)) is None
+    assert "(p-1) lg p" in str(judging.judge_prediction(rab, wrong))
+    tree = scenario.Case("binomial_tree", 8, 10**6, a, b)
+    assert "one tree" in str(judging.judge_prediction(tree, 3 * (a + 10**6 * b)))
+    odd = scenario.Case("binomial_tree", 6, 10**6, a, b)
+    assert "ceil(lg p) = 3" in str(judging.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
+    assert "ZeroDivisionError" in str(judging.judge_prediction(tree, programs.Raised("ZeroDivisionError: x")))
+    assert judging.judge_prediction(tree, models.formula("binomial_tree", 8, 10**6, a, b)) is None
 
 
 def test_choice_verdicts_name_the_symptom() -> None:
-    cases = check.draw_choose_cases(np.random.default_rng(1))
-    always = check.judge_choices(cases, ["ring"] * len(cases))
+    cases = scenario.draw_choose_cases(np.random.default_rng(1))
+    always = judging.judge_choices(cases, ["ring"] * len(cases))
     assert always is not None and "answered 'ring' for all" in always
-    small = check.Case("", 16, 8, 5e-6, 1e-10)
-    big = check.Case("", 16, 1 << 30, 5e-6, 1e-10)
-    odd = check.Case("", 6, 1 << 30, 5e-6, 1e-10)
-    assert "latency-bound" in str(check.judge_choices([small, big], ["rabenseifner", "rabenseifner"]))
-    assert "bandwidth-bound" in str(check.judge_choices([small, big], ["recursive_doubling"] * 2))
-    assert "not a power of two" in str(check.judge_choices([odd, small], ["rabenseifner", "recursive_doubling"]))
-    assert "not an algorithm name" in str(check.judge_choices([small], [check.Raised("returned None, not an algorithm name")]))
-    assert "none of" in str(check.judge_choices([small], ["rd"]))
+    small = scenario.Case("", 16, 8, 5e-6, 1e-10)
+    big = scenario.Case("", 16, 1 << 30, 5e-6, 1e-10)
+    odd = scenario.Case("", 6, 1 << 30, 5e-6, 1e-10)
+    assert "latency-bound" in str(judging.judge_choices([small, big], ["rabenseifner", "rabenseifner"]))
+    assert "bandwidth-bound" in str(judging.judge_choices([small, big], ["recursive_doubling"] * 2))
+    assert "not a power of two" in str(judging.judge_choices([odd, small], ["rabenseifner", "recursive_doubling"]))
+    assert "not an algorithm name" in str(judging.judge_choices([small], [programs.Raised("returned None, not an algorithm name")]))
+    assert "none of" in str(judging.judge_choices([small], ["rd"]))
 
 
 # -- end to end: `distlab check 02` -----------------------------------------------------------------
