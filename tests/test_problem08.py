@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
+from distlab.grading import check_part
 from distlab.runtime.chrome import validate_chrome_trace
 from distlab.runtime.jobspec import program_module_name
 
@@ -46,20 +47,25 @@ def _load(path: Path, name: str) -> ModuleType:
 
 check = _load(FOLDER / "check.py", program_module_name(FOLDER / "check.py"))
 reference = _load(FOLDER / "reference.py", "problem08_reference")
+# check.py's parts, as the checker loads them: the hidden variants and mesh, the rank programs, the
+# truth from the replay and the readers of the learner's answer.
+scenario = check_part(FOLDER / "check.py", "scenario")
+programs = check_part(FOLDER / "check.py", "programs")
+judging = check_part(FOLDER / "check.py", "judging")
 
 
 # -- the hidden variants ----------------------------------------------------------------------------
 
 
 def all_variants(seed: int) -> list[Any]:
-    return list(check.hidden(seed).variants)
+    return list(scenario.hidden(seed).variants)
 
 
 def test_variants_replay_per_seed_and_cover_every_case() -> None:
-    assert check.hidden(7) == check.hidden(7)
-    assert check.hidden(7) != check.hidden(8)
+    assert scenario.hidden(7) == scenario.hidden(7)
+    assert scenario.hidden(7) != scenario.hidden(8)
     for seed in range(50):
-        h = check.hidden(seed)
+        h = scenario.hidden(seed)
         kinds = {(v.straggler is not None, v.slow_link is not None) for v in all_variants(seed)}
         assert kinds == {(False, False), (True, False), (False, True), (True, True)}
         assert sorted(v.p for v in all_variants(seed)) == [6, 7, 8, 8, 8]
@@ -112,21 +118,22 @@ def round_trips(platform: Any, p: int, nbytes: int, slow: tuple[int, int] | None
 
 
 def test_mesh_has_its_own_cable_per_pair_with_spread_speeds() -> None:
-    mesh = check.mesh(123)
+    mesh = scenario.mesh(123)
     assert mesh.route(2, 5).links == ("acc2>acc5",)  # direct: no two pairs share a cable
     pairs = [(i, j) for i in range(8) for j in range(8) if i != j]
     gbps = [8 / mesh.route(i, j).beta_s_per_byte / 1e9 for i, j in pairs]
-    assert 0.85 * check.LINK_GBPS <= min(gbps) and max(gbps) <= 1.15 * check.LINK_GBPS
+    assert 0.85 * scenario.LINK_GBPS <= min(gbps) and max(gbps) <= 1.15 * scenario.LINK_GBPS
     assert max(gbps) / min(gbps) > 1.15  # the spread is real: healthy cables differ
     latency_us = [mesh.route(i, j).alpha_s * 1e6 for i, j in pairs]
-    assert 0.9 * check.LINK_LATENCY_US <= min(latency_us) and max(latency_us) <= 1.1 * check.LINK_LATENCY_US
-    assert check.mesh_toml(5) == check.mesh_toml(5) != check.mesh_toml(6)
+    assert 0.9 * scenario.LINK_LATENCY_US <= min(latency_us)
+    assert max(latency_us) <= 1.1 * scenario.LINK_LATENCY_US
+    assert scenario.mesh_toml(5) == scenario.mesh_toml(5) != scenario.mesh_toml(6)
 
 
 def test_a_big_ping_shows_the_slow_link_and_a_tiny_one_does_not() -> None:
     for seed in range(30):
-        h = check.hidden(seed)
-        platform = check.mesh(h.mesh_seed)
+        h = scenario.hidden(seed)
+        platform = scenario.mesh(h.mesh_seed)
         for v in [v for v in all_variants(seed) if v.slow_link]:
             for nbytes in (reference.PING_BYTES, 8):
                 rtt = round_trips(platform, v.p, nbytes, v.slow_link, v.link_factor)
@@ -141,7 +148,7 @@ def test_a_big_ping_shows_the_slow_link_and_a_tiny_one_does_not() -> None:
 
 def test_phase_times_read_the_marks() -> None:
     marks = [("step", 0.0), ("sync", 1.0), ("step", 1.5), ("sync", 2.0), ("trained", 4.0)]
-    assert check.phase_times(marks, 2) == ([1.0, 0.5], [0.5, 2.0], 4.0)
+    assert judging.phase_times(marks, 2) == ([1.0, 0.5], [0.5, 2.0], 4.0)
 
 
 def test_plain_keeps_data_and_drops_the_learners_classes() -> None:
@@ -149,7 +156,7 @@ def test_plain_keeps_data_and_drops_the_learners_classes() -> None:
         def __repr__(self) -> str:
             return "<Mine>"
 
-    got = check.plain({"a": np.int64(3), "b": (np.float32(0.5), [Mine()]), "c": np.arange(3)})
+    got = programs.plain({"a": np.int64(3), "b": (np.float32(0.5), [Mine()]), "c": np.arange(3)})
     assert got["a"] == 3 and type(got["a"]) is int
     assert got["b"] == (0.5, ["<Mine>"])
     assert np.array_equal(got["c"], np.arange(3))
@@ -158,7 +165,7 @@ def test_plain_keeps_data_and_drops_the_learners_classes() -> None:
 def test_trace_tracks_group_complete_events_by_pid_and_tid() -> None:
     events = [{"ph": "M", "pid": 0, "tid": 0}, {"ph": "X", "pid": 0, "tid": 0},
               {"ph": "X", "pid": 0, "tid": 1}, {"ph": "X", "pid": 1, "tid": 0}, "junk"]
-    assert sorted(check.trace_tracks(events)) == [(0, 0), (0, 1), (1, 0)]
+    assert sorted(judging.trace_tracks(events)) == [(0, 0), (0, 1), (1, 0)]
 
 
 # -- the reference's pure functions -------------------------------------------------------------
@@ -205,7 +212,7 @@ def test_reference_trace_is_valid_with_one_track_per_rank() -> None:
     spans = spans_for(np.full((4, 3), 1e-3), np.full((4, 3), 2e-4))
     trace = json.loads(json.dumps(reference.chrome_trace(spans)))
     assert validate_chrome_trace(trace) == []
-    tracks = check.trace_tracks(trace["traceEvents"])
+    tracks = judging.trace_tracks(trace["traceEvents"])
     assert len(tracks) == 4 and all(len(events) == 6 for events in tracks.values())
 
 

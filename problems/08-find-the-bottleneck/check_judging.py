@@ -1,0 +1,132 @@
+"""Problem 08's judging helpers, in the supervisor: the truth from the replay, the learner's answer.
+
+Truth holds each rank's compute and sync per step and the training's makespan, read from the
+marks of the replayed run (phase_times, truth_of), never from what the ranks say. A Case is one
+hidden run: its variant, task run, truth and what diagnose() returned on rank 0. answer, ranks_of,
+pairs_of and spans_of read one entry of that answer and fail the check, naming the variant, when
+it is missing or of the wrong shape; trace_tracks groups a Chrome trace's complete events into the
+tracks a viewer draws. check.py's launch_all builds the Cases; its checks compare them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import CheckContext, check_part
+
+scenario = check_part(__file__, "scenario")  # Variant
+programs = check_part(__file__, "programs")  # RankResult
+
+
+# -- the truth, from the replay -------------------------------------------------------------------
+
+
+@dataclass
+class Truth:
+    compute: np.ndarray  # (p, steps) seconds, from the replay
+    sync: np.ndarray  # (p, steps)
+    trained_s: float  # training makespan: the last rank's "trained" mark
+
+    @property
+    def ratio(self) -> float:
+        return float(self.sync.sum() / self.compute.sum())
+
+    def compute_over_median(self) -> np.ndarray:
+        per_rank = self.compute.mean(axis=1)
+        return per_rank / float(np.median(per_rank))
+
+
+def phase_times(marks: list[tuple[str, float]], steps: int) -> tuple[list[float], list[float], float]:
+    """(compute per step, sync per step, end of training) of one rank, from its marks."""
+    starts = [t for name, t in marks if name == "step"]
+    syncs = [t for name, t in marks if name == "sync"]
+    trained = next(t for name, t in marks if name == "trained")
+    ends = starts[1:steps] + [trained]
+    compute = [syncs[k] - starts[k] for k in range(steps)]
+    sync = [ends[k] - syncs[k] for k in range(steps)]
+    return compute, sync, trained
+
+
+def truth_of(task_run: Any, v: scenario.Variant) -> Truth:
+    played = task_run.replay()
+    compute, sync, trained = [], [], []
+    for rank in range(v.p):
+        c, s, end = phase_times(list(played.marks[rank]), v.steps)
+        compute.append(c)
+        sync.append(s)
+        trained.append(end)
+    return Truth(np.array(compute), np.array(sync), max(trained))
+
+
+# -- reading the learner's answer -----------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    variant: scenario.Variant
+    task_run: Any
+    truth: Truth
+    report: dict[str, Any] | None
+    problem: str  # why report is None, else ""
+    rank0: programs.RankResult
+
+
+
+def answer(t: CheckContext, case: Case, key: str) -> Any:
+    if case.report is None:
+        t.fail(f"{case.variant.label()}: {case.problem}")
+    assert case.report is not None
+    if key not in case.report:
+        t.fail(f"{case.variant.label()}: diagnose() returned no {key!r} "
+               f"(its keys: {', '.join(map(str, case.report)) or 'none'})")
+    return case.report[key]
+
+
+def ranks_of(t: CheckContext, case: Case, value: Any) -> list[int]:
+    try:
+        ranks = sorted({int(r) for r in value})
+    except (TypeError, ValueError):
+        t.fail(f"{case.variant.label()}: 'stragglers' must be a list of ranks; saw {value!r}")
+    return ranks
+
+
+def pairs_of(t: CheckContext, case: Case, value: Any) -> list[tuple[int, int]]:
+    try:
+        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b))) for a, b in value})
+    except (TypeError, ValueError):
+        t.fail(f"{case.variant.label()}: 'slow_links' must be a list of pairs (i, j); saw {value!r}")
+    return pairs
+
+
+def spans_of(t: CheckContext, case: Case) -> np.ndarray:
+    v = case.variant
+    raw = answer(t, case, "spans")
+    try:
+        spans = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        t.fail(f"{v.label()}: 'spans' is not an array of numbers; saw {type(raw).__name__}")
+    want = (v.p, v.steps, 4)
+    if spans.shape != want:
+        why = []
+        if spans.ndim == 3 and spans.shape[1] == 0:
+            why.append("the probes recorded no step")
+        elif spans.ndim == 3 and spans.shape[1] != v.steps:
+            why.append(f"{spans.shape[1]} steps recorded, the job ran {v.steps}")
+        if spans.ndim == 3 and spans.shape[0] == 1 and v.p > 1:
+            why.append("only rank 0's own spans reached rank 0: the aggregation is missing")
+        t.fail(f"{v.label()}: expected rank 0 to hold spans of shape {want} (ranks, steps, "
+               f"[compute start, compute end, sync start, sync end]); saw {spans.shape}"
+               + "".join(f"; {w}" for w in why))
+    return spans
+
+
+def trace_tracks(events: list[Any]) -> dict[tuple[Any, Any], list[dict[str, Any]]]:
+    """Complete events ("X") by (pid, tid): the tracks a viewer draws."""
+    tracks: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for event in events:
+        if isinstance(event, dict) and event.get("ph") == "X":
+            tracks.setdefault((event.get("pid"), event.get("tid")), []).append(event)
+    return tracks

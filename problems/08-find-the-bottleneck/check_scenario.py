@@ -1,0 +1,155 @@
+"""Problem 08's scenario: the hidden cluster and the hidden runs, all drawn from the session seed.
+
+The numbers of the story (a mesh of 8 accelerators whose cables differ by up to 15%, ranks whose
+work differs by up to ~20%, stragglers 1.5-3x slower, slow links at 15-30% of their bandwidth),
+the Variant of one hidden run with its fault plan, the variants of a session (hidden) and the
+mesh they run on (mesh_toml, mesh). Everything here is pure and replays per seed: check.py and the
+tests read it, and the rank programs (check_programs.py) receive Variants as their task args.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import parse_fault_plan
+from distlab.platforms import Platform, parse_platform
+
+WORLD = 8  # devices in the hidden mesh; variants run on the first p of them
+LINK_GBPS, LINK_LATENCY_US = 2.0, 25.0  # a healthy cable (an Ethernet-like fabric), before its spread
+LINK_SPREAD = 0.15  # healthy cables: bandwidth within +-15% of LINK_GBPS
+SLOW_LINK = (0.15, 0.30)  # a slow link keeps this fraction of its bandwidth (3.3-6.7x slower)
+STRAGGLER = (1.5, 3.0)  # a straggler computes this many times longer
+NORMAL_WORK = (0.96, 1.04)  # per-rank work of ordinary ranks, times the base compute
+HEAVY_WORK = (1.12, 1.18)  # the rank with the biggest shard: natural imbalance, not a fault
+LIGHT_WORK = (0.85, 0.90)  # the rank with the smallest shard
+STEP_NOISE = 0.04  # each step's compute varies by +-4%
+
+
+# -- the variants ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One hidden run: the job, its natural imbalance and the faults slipped into it."""
+
+    name: str  # "healthy", "straggler", "slow link", "both"
+    p: int
+    steps: int
+    grad_elems: int  # float32 gradient exchanged every step
+    compute: tuple[tuple[float, ...], ...]  # declared seconds per rank and step (before faults)
+    straggler: int | None = None
+    factor: float = 1.0  # the straggler's slowdown
+    slow_link: tuple[int, int] | None = None
+    link_factor: float = 1.0  # fraction of bandwidth the slow link keeps
+    probed: bool = True
+    exchange: str = "direct"  # the gradient exchange: "direct" (checks, every cable) or "ring"
+
+    def label(self) -> str:
+        parts = [f"variant '{self.name}' (p = {self.p}, {self.steps} steps"]
+        if self.straggler is not None:
+            parts.append(f"rank {self.straggler} computes {self.factor:.2f}x longer")
+        if self.slow_link is not None:
+            i, j = self.slow_link
+            parts.append(f"link {i}-{j} at {self.link_factor:.2f}x bandwidth")
+        if self.straggler is None and self.slow_link is None:
+            parts.append("no fault")
+        return ", ".join(parts) + ")"
+
+    def fault_plan(self, seed: int) -> Any:
+        faults: list[dict[str, Any]] = []
+        if self.straggler is not None:
+            faults.append({"kind": "slow", "rank": self.straggler, "factor": self.factor,
+                           "note": "a straggler"})
+        if self.slow_link is not None:
+            i, j = self.slow_link
+            faults.append({"kind": "bandwidth", "groups": [[i], [j]], "factor": self.link_factor,
+                           "note": "a slow link"})
+        if not faults:
+            return None
+        return parse_fault_plan({"format_version": 1, "seed": seed, "fault": faults},
+                                where=f"08 {self.name}")
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Everything a session hides: the mesh's cable speeds and the variants run on it."""
+
+    mesh_seed: int
+    variants: tuple[Variant, ...]  # probed runs, each with its own fault plan
+    twin: Variant  # variants[0] again, without probes: the baseline of the overhead
+
+
+def compute_table(p: int, steps: int, base_s: float,
+                  rng: np.random.Generator) -> tuple[tuple[tuple[float, ...], ...], list[int]]:
+    """Declared compute per rank and step (one heavy rank, one light one, the rest ordinary),
+    and the ordinary ranks."""
+    work = rng.uniform(*NORMAL_WORK, size=p)
+    heavy, light = (int(r) for r in rng.choice(p, size=2, replace=False))
+    work[heavy] = rng.uniform(*HEAVY_WORK)
+    work[light] = rng.uniform(*LIGHT_WORK)
+    noise = rng.uniform(-STEP_NOISE, STEP_NOISE, size=(p, steps))
+    table = base_s * work[:, None] * (1 + noise)
+    ordinary = [r for r in range(p) if r not in (heavy, light)]
+    return tuple(tuple(float(x) for x in row) for row in table), ordinary
+
+
+def make_variant(name: str, p: int, rng: np.random.Generator, straggler: bool = False,
+                 slow_link: bool = False) -> Variant:
+    steps = int(rng.integers(6, 11))
+    grad_elems = int(rng.integers(32, 64)) * 1024  # 128-252 KiB of float32
+    base_s = float(rng.uniform(0.6, 1.5)) * 1e-3
+    table, ordinary = compute_table(p, steps, base_s, rng)
+    v = Variant(name, p, steps, grad_elems, table)
+    if straggler:  # an ordinary rank: slowed 1.5x, it stands at least ~1.4x above the median
+        v = replace(v, straggler=int(rng.choice(ordinary)), factor=round(float(rng.uniform(*STRAGGLER)), 3))
+    if slow_link:  # any pair: the gradient exchange uses every cable
+        i, j = sorted(int(x) for x in rng.choice(p, size=2, replace=False))
+        v = replace(v, slow_link=(i, j), link_factor=round(float(rng.uniform(*SLOW_LINK)), 3))
+    return v
+
+
+def hidden(seed: int) -> Hidden:
+    """The same variants for every check of a session (so they share one launch)."""
+    rng = np.random.default_rng([seed, 8])
+    small = [int(p) for p in rng.permutation([6, 7])]
+    variants = (
+        make_variant("healthy", WORLD, rng),
+        make_variant("straggler", WORLD, rng, straggler=True),
+        make_variant("slow link", WORLD, rng, slow_link=True),
+        make_variant("both", small[0], rng, straggler=True, slow_link=True),
+        make_variant("healthy", small[1], rng),
+    )
+    return Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False))
+
+
+def mesh_toml(seed: int) -> str:
+    """The hidden cluster: WORLD devices, a cable between every two, speeds spread by +-15%."""
+    rng = np.random.default_rng([seed, 88])
+    lines = [
+        "format_version = 1",
+        'name = "mesh-8"',
+        'description = "8 accelerators, a direct cable between every two; cable speeds differ"',
+        "ranks = [" + ", ".join(f'"acc{r}"' for r in range(WORLD)) + "]",
+        "[profile.acc]",
+        "flops = 50e12",
+        "memory_gib = 40",
+        "[[node]]",
+        'name = "box"',
+        'kind = "host"',
+    ]
+    for r in range(WORLD):
+        lines += ["[[node]]", f'name = "acc{r}"', 'kind = "device"', 'in = "box"', 'profile = "acc"']
+    for i in range(WORLD):
+        for j in range(i + 1, WORLD):
+            gbps = LINK_GBPS * rng.uniform(1 - LINK_SPREAD, 1 + LINK_SPREAD)
+            latency = LINK_LATENCY_US * rng.uniform(0.9, 1.1)
+            lines += ["[[link]]", f'a = "acc{i}"', f'b = "acc{j}"', f"latency_us = {latency:.4f}",
+                      f"bandwidth_gbps = {gbps:.4f}"]
+    return "\n".join(lines) + "\n"
+
+
+def mesh(seed: int) -> Platform:
+    return parse_platform(mesh_toml(seed), "08 hidden mesh")
