@@ -13,11 +13,19 @@ import psutil
 from conftest import DISTLAB, REPO, job_processes
 
 
+def _as_in_a_terminal() -> None:
+    # A suite started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT
+    # ignored, and an ignored signal stays ignored across exec; a CLI in a terminal has Python's
+    # own handler. Give the child the terminal's disposition.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_check() -> subprocess.Popen[str]:
     env = dict(os.environ, NO_COLOR="1")
     return subprocess.Popen(
         [*DISTLAB, "check", "03", "--solution", "reference"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_in_a_terminal,
     )
 
 
