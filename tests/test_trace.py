@@ -8,6 +8,11 @@ completes. These tests mix blocking and nonblocking calls on one channel and che
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+import pytest
+
 from distlab.runtime.trace import TraceRecorder
 
 
@@ -67,3 +72,41 @@ def test_reading_events_twice_gives_the_same_list_and_later_calls_extend_it() ->
     trace.blocking_send(0, 1, 0, 8, None, 0.2, 0.3)
     assert trace.events[: len(once)] == once
     assert trace.events[-2][5] == 1  # the second message of the channel
+
+
+def test_a_held_message_is_recorded_with_its_wait_from_the_send_time() -> None:
+    # A partition window holds a message until t = 5 ms; sent at t = 1 ms, the replay must see a
+    # 4 ms hold, computed before the send moves the sender's clock to the arrival.
+    from distlab.platforms import uniform
+    from distlab.runtime.clock import Timekeeper
+    from distlab.runtime.comm import Comm
+    from distlab.runtime.faults_decide import MessageAction
+
+    class Side:
+        rank, size, world_ranks = 0, 2, [0, 1]
+
+        def send(self, *args: Any) -> None:
+            pass
+
+    class Engine(Side):
+        name = "stub"
+
+        def sendrecv(self, *args: Any) -> tuple[int, int]:
+            return 1, 0
+
+    class HoldEverything:
+        def decide(self, *args: Any) -> MessageAction:
+            return MessageAction(hold_until_s=5e-3, causes=("fault[0] partition",))
+
+        def on_call(self, step: int, vtime_s: float) -> bool:
+            return False
+
+    trace = TraceRecorder(0)
+    clock = Timekeeper(uniform(2, 1e-6, 1e-9), Side(), start_s=1e-3)  # type: ignore[arg-type]
+    clock.receive_stamp = lambda source, tag: 0.0  # type: ignore[method-assign]
+    comm = Comm(Engine(), trace=trace, clock=clock, faults=HoldEverything())  # type: ignore[arg-type]
+    buf = np.zeros(4)
+    comm.Sendrecv(buf, 1, 0, np.empty(4), 1, 0)
+    send = next(e for e in trace.events if e[0] == "send")
+    assert send[7] == pytest.approx((4e-3, 1.0, False))
+    assert comm.now() > 5e-3  # the clock did move past the hold, after the record was taken

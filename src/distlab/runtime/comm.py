@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import ops
-from ..ops import Op, as_numpy
+from ..ops import as_numpy
 from .engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .stats import CommStats
@@ -405,6 +405,8 @@ class Comm:
             self._check_hung()
             action, arrival = self._outgoing(dest, tag, nbytes)
         dst = self._world_ranks[dest]
+        # Read before the send moves the clock: a held message waits from now.
+        fault = self._send_fault(dest, action) if action is not None else None
         wall0 = time.perf_counter()
         if action is None or not action.drop:
             if self._clock is not None:
@@ -421,7 +423,6 @@ class Comm:
         stats.sent_msgs[dst] += 1
         stats.sent_bytes[dst] += nbytes
         if self._trace is not None:
-            fault = self._send_fault(dest, action) if action is not None else None
             self._trace.blocking_send(self._ctx, dst, tag, nbytes, fault, wall0, time.perf_counter())
 
     def Recv(  # noqa: N802
@@ -513,6 +514,8 @@ class Comm:
         world = self._world_ranks
         dst = world[dest]
         src = world[source] if source >= 0 else -1
+        # Read before the exchange moves the clock: a held message waits from now.
+        fault = self._send_fault(dest, action) if action is not None else None
         wall0 = time.perf_counter()
         if self._clock is not None and not dropped:
             self._clock.send_stamp(dest, sendtag, arrival)
@@ -537,7 +540,6 @@ class Comm:
             received = self._clock.receive_stamp(got_source, got_tag)
             self._clock.advance_to(max(received, 0.0 if dropped else arrival))
         if self._trace is not None:
-            fault = self._send_fault(dest, action) if action is not None else None
             self._trace.sendrecv(
                 self._ctx, dst, sendtag, send_nbytes, fault, src, recvtag, recv_nbytes,
                 got_src, got_tag, wall0, time.perf_counter(),
