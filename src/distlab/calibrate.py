@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import psutil
+import psutil  # type: ignore[import-untyped]  # no stubs shipped
 from rich import box
 from rich.console import Console
 from rich.markup import escape
