@@ -10,7 +10,6 @@ import pickle
 import time
 from pathlib import Path
 
-import pytest
 
 from distlab.runtime.faults import parse_fault_plan
 from distlab.runtime.jobspec import Job, Limits, Task, program_module_name

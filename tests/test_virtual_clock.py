@@ -86,3 +86,46 @@ def test_declared_flops_become_time_through_the_device_profile() -> None:
     makespan, online = virtual_times(result, 0, platform)
     assert makespan > 0.010 and makespan == pytest.approx(max(online), rel=1e-9)
     assert makespan < 0.011  # the barrier adds microseconds, not milliseconds
+
+
+def test_a_task_can_model_its_own_platform_within_one_launch() -> None:
+    # One launch, two tasks: the first on the job's platform, the second on a platform of its
+    # own with ten times the latency and half the bandwidth. Each online clock and each replay
+    # follows its task's platform, and each matches the ring formula for it.
+    job_platform = uniform(4, ALPHA, BETA)
+    own = uniform(4, 10 * ALPHA, 2 * BETA)
+    n, p = 1 << 16, 4
+    tasks = [Task(ranks=p, args=(n,)), Task(ranks=p, args=(n,), platform=own)]
+    result = run_tasks("ring_allreduce", tasks, job_platform)
+    for index, (platform, alpha, beta) in enumerate(
+        [(job_platform, ALPHA, BETA), (own, 10 * ALPHA, 2 * BETA)]
+    ):
+        makespan, online = virtual_times(result, index, platform)
+        assert makespan == pytest.approx(ring_allreduce_time(p, n * 8, alpha, beta), rel=1e-6)
+        assert max(online) == pytest.approx(makespan, rel=1e-9), index
+
+
+def test_a_check_reads_each_task_on_its_own_platform() -> None:
+    # The same through the API of check.py: TaskRun.replay() uses the task's platform.
+    import sys
+
+    import numpy as np
+
+    from distlab.grading.api import CheckContext, Session
+    from distlab.runtime.learner import load_module
+
+    name = program_module_name(PROGRAMS)
+    programs = sys.modules.get(name) or load_module(PROGRAMS, name)
+    session = Session(
+        program_file=PROGRAMS, solution_file=PROGRAMS, backend="mpi", seed=1, deadline_s=60,
+        narrator=type("Quiet", (), {"say": lambda self, text: None})(),
+        platform=uniform(4, ALPHA, BETA),
+    )
+    own = uniform(4, 10 * ALPHA, 2 * BETA)
+    n, p = 1 << 16, 4
+    run = CheckContext(session, 1).launch(
+        programs.ring_allreduce, [Task(ranks=p, args=(n,)), Task(ranks=p, args=(n,), platform=own)]
+    )
+    times = [task_run.replay().makespan for task_run in run.tasks]
+    want = [ring_allreduce_time(p, n * 8, ALPHA, BETA), ring_allreduce_time(p, n * 8, 10 * ALPHA, 2 * BETA)]
+    assert np.allclose(times, want, rtol=1e-6), (times, want)

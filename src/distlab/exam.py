@@ -36,9 +36,8 @@ from typing import Any
 
 from rich.console import Console
 
-from .bank import Bank, Entry
+from .bank import Bank
 from .errors import StateError, UsageError
-from .grading import results as results_io
 from .grading.console import ConsoleReporter
 from .grading.runner import Options, check_problem
 from .workspace import write_atomically

@@ -234,11 +234,14 @@ class CheckContext:
         ``online_clock``: keep each rank's virtual clock during the run, for programs that read
         ``comm.now()`` (always on under a fault plan); the graded time is the replay either way.
         ``platform``: model another platform than the session's for this launch (a hidden
-        variant, or a scenario's own cluster)."""
+        variant, or a scenario's own cluster); ``Task(platform=...)`` does it for one task."""
         s = self._session
         world = max(task.ranks for task in tasks)
         platform = platform or s.platform
         platform.check_world(world)
+        for task in tasks:
+            if task.platform is not None:
+                task.platform.check_world(task.ranks)
         job = make_job(
             s.program_file, _program_name(program, s.program_file), tasks, s.backend, s.solution_file,
             limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
@@ -258,7 +261,10 @@ class CheckContext:
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
-        runs = [TaskRun(task, result.task_outcomes(i), platform) for i, task in enumerate(tasks)]
+        runs = [
+            TaskRun(task, result.task_outcomes(i), task.platform if task.platform is not None else platform)
+            for i, task in enumerate(tasks)
+        ]
         run = Run(result, runs)
         s.cache[key] = run
         s.totals.add(result, runs)

@@ -37,6 +37,10 @@ class Task:
     # A fault plan for this task alone (runtime/faults.py); None: the job's plan, if any.
     faults: Any = None
     label: str = ""
+    # The platform this task alone models (a distlab.platforms.Platform: a hidden variant's own
+    # cluster, so one launch can cover several); None: the job's. Its online clock, its devices'
+    # FLOP/s and its replay all follow it.
+    platform: Any = None
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,8 @@ def _run_task(
     # Both splits are collective over every rank of the job, members or not.
     group = engine if task.ranks == engine.size else engine.split(members)
     plan = task.faults if task.faults is not None else job.faults
-    clocked = job.platform is not None and (job.online_clock or plan is not None)
+    platform = task.platform if task.platform is not None else job.platform
+    clocked = platform is not None and (job.online_clock or plan is not None)
     side = engine.split(members) if clocked else None
     result: TaskOutcome | None = None
     if group is not None:
@@ -205,8 +206,11 @@ def _run_task(
             eager_limit=job.eager_limit,
             trace=trace,
             compute_multiplier=_compute_multiplier(job, plan, world_rank),
-            device_flops=_per_rank(job.device_flops, world_rank, None),
-            clock=Timekeeper(job.platform, side) if side is not None else None,
+            device_flops=(
+                task.platform.device_of(world_rank).flops if task.platform is not None
+                else _per_rank(job.device_flops, world_rank, None)
+            ),
+            clock=Timekeeper(platform, side) if side is not None else None,
             faults=MessageFaults(plan, world_rank) if plan is not None else None,
             trigger_steps=(
                 ProcessFaults(plan).trigger_steps(world_rank) if plan is not None else frozenset()
