@@ -243,7 +243,8 @@ class CheckContext:
             if task.platform is not None:
                 task.platform.check_world(task.ranks)
         job = make_job(
-            s.program_file, _program_name(program, s.program_file), tasks, s.backend, s.solution_file,
+            s.program_file, _program_name(program, s.program_file), tasks, s.backend,
+            s.solution_file,
             limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
             mpi_monitoring=s.mpi_monitoring and s.backend == "mpi",
         )
@@ -261,10 +262,10 @@ class CheckContext:
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
-        runs = [
-            TaskRun(task, result.task_outcomes(i), task.platform if task.platform is not None else platform)
-            for i, task in enumerate(tasks)
-        ]
+        runs = []
+        for i, task in enumerate(tasks):
+            task_platform = platform if task.platform is None else task.platform
+            runs.append(TaskRun(task, result.task_outcomes(i), task_platform))
         run = Run(result, runs)
         s.cache[key] = run
         s.totals.add(result, runs)
