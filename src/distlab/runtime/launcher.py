@@ -205,19 +205,18 @@ def run_mpiexec(
 ) -> subprocess.CompletedProcess[str]:
     """Runs an mpiexec command line to its end, starting it again after a known start-up failure.
     For direct runs (an external-launcher test, a benchmark); jobs get the same from ``launch``."""
-    for _ in range(attempts - 1):
+    for _ in range(attempts):
         done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=timeout_s, check=False)
         if done.returncode == 0 or not mpiexec_failed_to_start(done.stdout + done.stderr):
-            return done
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+            break
+    return done
 
 
 def failed_to_start(result: LaunchResult) -> bool:
     """The launcher died before any rank reported anything, for a known start-up reason."""
     return (result.status == "crashed" and not result.outcomes
-            and any(reason in result.details for reason in STARTUP_FAILURES))
+            and mpiexec_failed_to_start(result.details))
 
 
 def should_restart(status: str, attempt: int, restarts_allowed: int, time_left_s: float) -> bool:
