@@ -54,6 +54,6 @@ def job_processes() -> list[str]:
             continue
         if stat[stat.rfind(")") + 2] == "Z" or TEST_TAG.encode() not in environ:
             continue
-        if any(word in args for word in ("distlab.runtime.worker", "distlab.worker", "prterun", "prted", "mpiexec")):
+        if any(word in args for word in ("distlab.runtime.rank.worker", "distlab.worker", "prterun", "prted", "mpiexec")):
             found.append(args)
     return found

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from distlab.bench import run_mpi_timings
-from distlab.benchmarks.timings import ALLREDUCE_BYTES, RANKS
+from distlab.bench.suite import run_mpi_timings
+from distlab.bench.timings import ALLREDUCE_BYTES, RANKS
 
 
 def _is_positive_number(value: object) -> bool:
@@ -35,8 +35,8 @@ def test_quick_mpi_benchmark_reports_every_figure_as_a_positive_number(tmp_path:
 
 
 def test_the_proxy_cost_rows_are_measured_and_report_only() -> None:
-    from distlab.bench import proxy_cost_figures
-    from distlab.benchmarks.proxy_cost import measure
+    from distlab.bench.proxy_cost import measure
+    from distlab.bench.suite import proxy_cost_figures
 
     cost = measure(rounds=1, calls=40)
     assert all(_is_positive_number(v) for v in cost.__dict__.values()), cost

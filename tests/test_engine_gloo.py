@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import REPO, job_processes
 
 from distlab.runtime.jobspec import Job, Task, program_module_name
-from distlab.runtime.launcher import LaunchResult, launch
-
-from conftest import REPO, job_processes
+from distlab.runtime.supervisor import LaunchResult, launch
 
 BACKENDS = ("mpi", "gloo")
 DTYPES = ("float32", "float64", "int64", "int32", "uint8")
@@ -40,7 +39,8 @@ import time
 import numpy as np
 
 from distlab import MAX, MIN, PROD, SUM
-from distlab.runtime.comm import Comm, Request, Status
+from distlab.runtime.comm.proxy import Comm
+from distlab.runtime.comm.requests import Request, Status
 
 DTYPES = ("float32", "float64", "int64", "int32", "uint8")
 OPS = {"SUM": SUM, "MAX": MAX}

@@ -17,9 +17,17 @@ from pathlib import Path
 import pytest
 
 from distlab.errors import DistlabError
-from distlab.runtime.faults import (
-    KINDS, FaultPlan, FaultPlanError, MessageAction, MessageFaults, ProcessAction, ProcessFaults, draw,
-    load_fault_plan, parse_fault_plan,
+from distlab.runtime.faults.plans import (
+    KINDS,
+    FaultPlan,
+    FaultPlanError,
+    MessageAction,
+    MessageFaults,
+    ProcessAction,
+    ProcessFaults,
+    draw,
+    load_fault_plan,
+    parse_fault_plan,
 )
 
 HEAD = "format_version = 1\nseed = 7\n"
@@ -195,7 +203,7 @@ def test_drop_with_probability_drops_about_that_share_and_the_same_messages_each
 
 
 def test_the_draws_are_the_same_in_another_process(tmp_path: Path) -> None:
-    code = "from distlab.runtime.faults import draw; print([round(draw(7, 0, 0, 1, k), 12) for k in range(50)])"
+    code = "from distlab.runtime.faults.plans import draw; print([round(draw(7, 0, 0, 1, k), 12) for k in range(50)])"
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -23,11 +23,11 @@ import pytest
 from test_netsim import Tracer, UniformNet, close, traces_of
 
 from distlab.platforms import uniform
-from distlab.runtime import collectives_cost as cc
+from distlab.runtime.clock import collectives_cost as cc
+from distlab.runtime.clock.replay import ReplayError, replay
 from distlab.runtime.jobspec import Job, Task, program_module_name
-from distlab.runtime.launcher import LaunchResult, launch
-from distlab.runtime.netsim import ReplayError, replay
-from distlab.runtime.trace import Event
+from distlab.runtime.supervisor import LaunchResult, launch
+from distlab.runtime.trace.events import Event
 
 ALPHA, BETA = 20e-6, 1 / 5e9  # 20 us, 5 GB/s
 
@@ -178,10 +178,11 @@ def test_same_traces_same_times() -> None:
 
 def test_a_rank_blocked_on_an_iallreduce_waits_for_its_whole_group(tmp_path: Path) -> None:
     from distlab import IN_PLACE
-    from distlab.runtime.comm import Comm, Request
-    from distlab.runtime.launcher import is_stuck
-    from distlab.runtime.rankstate import ALL_PEERS, RankSlot, read_state
-    from distlab.runtime.trace import TraceRecorder
+    from distlab.runtime.comm.proxy import Comm
+    from distlab.runtime.comm.rankstate import ALL_PEERS, RankSlot, read_state
+    from distlab.runtime.comm.requests import Request
+    from distlab.runtime.supervisor.judge import is_stuck
+    from distlab.runtime.trace.events import TraceRecorder
 
     seen = []
 
@@ -231,7 +232,7 @@ import numpy as np
 import torch
 
 from distlab import MAX, SUM
-from distlab.runtime.comm import Request
+from distlab.runtime.comm.requests import Request
 
 
 def make(rank, dtype, n, salt):

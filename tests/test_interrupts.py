@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import psutil
-
 from conftest import DISTLAB, REPO, job_processes
 
 
@@ -39,7 +38,7 @@ def _wait_for_ranks(cli: subprocess.Popen[str], timeout: float = 20) -> None:
             break
         for child in below:
             try:
-                if "distlab.runtime.worker" in " ".join(child.cmdline()):
+                if "distlab.runtime.rank.worker" in " ".join(child.cmdline()):
                     return
             except psutil.Error:
                 continue

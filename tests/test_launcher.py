@@ -10,12 +10,11 @@ import pickle
 import time
 from pathlib import Path
 
-
-from distlab.runtime.faults import parse_fault_plan
-from distlab.runtime.jobspec import Job, Limits, Task, program_module_name
-from distlab.runtime.launcher import LaunchResult, launch
-
 from conftest import job_processes
+
+from distlab.runtime.faults.plans import parse_fault_plan
+from distlab.runtime.jobspec import Job, Limits, Task, program_module_name
+from distlab.runtime.supervisor import LaunchResult, launch
 
 PROGRAMS = Path(__file__).resolve().parent / "programs.py"
 
@@ -179,7 +178,7 @@ def test_a_slow_peer_delay_is_applied_to_its_sends() -> None:
 def test_a_direct_mpiexec_run_is_started_again_after_the_known_startup_failure(
     tmp_path: Path,
 ) -> None:
-    from distlab.runtime.launcher import run_mpiexec
+    from distlab.runtime.supervisor import run_mpiexec
 
     # A stand-in launcher that fails the way Open MPI 5 sometimes does, then works.
     tries = tmp_path / "tries"

@@ -13,14 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import job_processes
 
 from distlab.platforms import uniform
-from distlab.runtime.faults import FaultPlanError, MessageFaults, load_fault_plan, parse_fault_plan
+from distlab.runtime.clock.replay import replay
+from distlab.runtime.faults.plans import (
+    FaultPlanError,
+    MessageFaults,
+    load_fault_plan,
+    parse_fault_plan,
+)
 from distlab.runtime.jobspec import Job, Task, program_module_name
-from distlab.runtime.launcher import LaunchResult, launch
-from distlab.runtime.netsim import replay
-
-from conftest import job_processes
+from distlab.runtime.supervisor import LaunchResult, launch
 
 PROGRAMS = Path(__file__).resolve().parent / "clock_programs.py"
 ALPHA, BETA = 10e-6, 1 / 1e9

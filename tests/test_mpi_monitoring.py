@@ -9,8 +9,8 @@ from pathlib import Path
 from distlab.exam import bypasses
 from distlab.platforms import resolve
 from distlab.runtime.jobspec import Task, make_job
-from distlab.runtime.launcher import LaunchResult, launch, mpi_env, mpiexec_path, run_mpiexec
-from distlab.runtime.mpi_monitoring import (
+from distlab.runtime.supervisor import LaunchResult, launch, mpi_env, mpiexec_path, run_mpiexec
+from distlab.runtime.supervisor.mpi_monitoring import (
     PROBE_NAME,
     WORLD_NAME,
     RankMonitoring,

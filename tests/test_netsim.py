@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from distlab.runtime import collectives_cost as cc
-from distlab.runtime.netsim import Replay, ReplayError, Route, max_min_rates, replay
-from distlab.runtime.trace import Event
+from distlab.runtime.clock import collectives_cost as cc
+from distlab.runtime.clock.replay import Replay, ReplayError, Route, max_min_rates, replay
+from distlab.runtime.trace.events import Event
 
 REL = 1e-9
 
@@ -592,7 +592,7 @@ def test_results_do_not_depend_on_string_hashing() -> None:
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from test_netsim import mixed_traces, cluster, digest;"
-        "from distlab.runtime.netsim import replay;"
+        "from distlab.runtime.clock.replay import replay;"
         "print(digest(replay(mixed_traces(), cluster(4, 4))))"
     )
     for seed in ("1", "4242"):

@@ -9,9 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from distlab.runtime.launcher import mpiexec_path, run_mpiexec
-
 from conftest import REPO
+
+from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
 MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_mpi_yield_when_idle="1")

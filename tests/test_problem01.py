@@ -299,7 +299,7 @@ def test_the_data_is_the_same_in_every_process() -> None:
 
 
 def test_bytes_verdict_names_the_whole_gradient_push() -> None:
-    from distlab.runtime.stats import CommStats
+    from distlab.runtime.comm.stats import CommStats
 
     case = small_case(servers=2, keys=1000, steps=2)
     good = CommStats()

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
-from distlab.runtime.netsim import replay
+from distlab.runtime.clock.replay import replay
 
 SEED = 4242
 HERE = FIXTURES / "02"

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
-from distlab.runtime.launcher import mpiexec_path, run_mpiexec
-from distlab.runtime.stats import CommStats
+from distlab.runtime.comm.stats import CommStats
+from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
 SEED = 4242
 HERE = FIXTURES / "04"

@@ -28,8 +28,8 @@ import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 
 from distlab.grading import check_part
-from distlab.runtime.chrome import validate_chrome_trace
 from distlab.runtime.jobspec import program_module_name
+from distlab.runtime.trace.chrome import validate_chrome_trace
 
 SEED = 4242
 HERE = FIXTURES / "08"

@@ -14,14 +14,13 @@ import re
 import time
 from typing import Any
 
-from distlab.runtime.faults import FaultPlan, ProcessFaults, parse_fault_plan
-from distlab.runtime.jobspec import Job, Task
-from distlab.runtime.launcher import (
-    LaunchResult, Observation, due_signals, judge, launch, should_restart,
-)
-from distlab.runtime.rankstate import ALL_PEERS, RankState
-
 from test_launcher import assert_nothing_left, make_job
+
+from distlab.runtime.comm.rankstate import ALL_PEERS, RankState
+from distlab.runtime.faults.plans import FaultPlan, ProcessFaults, parse_fault_plan
+from distlab.runtime.jobspec import Job, Task
+from distlab.runtime.supervisor import LaunchResult, launch
+from distlab.runtime.supervisor.judge import Observation, due_signals, judge, should_restart
 
 PAUSE_S = 0.25  # rank 0 holds the token this long per step: the supervisor polls every 50 ms
 

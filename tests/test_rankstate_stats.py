@@ -5,8 +5,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from distlab.runtime.rankstate import BLOCKED, RankSlot, read_state
-from distlab.runtime.stats import CommStats
+from distlab.runtime.comm.rankstate import BLOCKED, RankSlot, read_state
+from distlab.runtime.comm.stats import CommStats
 
 
 def test_a_slot_written_by_a_rank_is_read_back_by_the_supervisor(tmp_path: Path) -> None:

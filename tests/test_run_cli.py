@@ -6,9 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from distlab.runtime.chrome import validate_chrome_trace
-
 from conftest import job_processes, run_cli
+
+from distlab.runtime.trace.chrome import validate_chrome_trace
 
 
 def test_a_traced_run_on_three_dc_writes_a_valid_chrome_trace_with_a_track_per_rank(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from distlab.runtime.trace import TraceRecorder
+from distlab.runtime.trace.events import TraceRecorder
 
 
 def test_sends_are_numbered_per_channel_in_posting_order_whatever_the_call() -> None:
@@ -78,9 +78,9 @@ def test_a_held_message_is_recorded_with_its_wait_from_the_send_time() -> None:
     # A partition window holds a message until t = 5 ms; sent at t = 1 ms, the replay must see a
     # 4 ms hold, computed before the send moves the sender's clock to the arrival.
     from distlab.platforms import uniform
-    from distlab.runtime.clock import Timekeeper
-    from distlab.runtime.comm import Comm
-    from distlab.runtime.faults_decide import MessageAction
+    from distlab.runtime.clock.online import Timekeeper
+    from distlab.runtime.comm.proxy import Comm
+    from distlab.runtime.faults.decide import MessageAction
 
     class Side:
         rank, size, world_ranks = 0, 2, [0, 1]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from distlab.platforms import resolve, uniform
-from distlab.runtime.collectives_cost import ring_allreduce_time
+from distlab.runtime.clock.collectives_cost import ring_allreduce_time
+from distlab.runtime.clock.replay import replay
 from distlab.runtime.jobspec import Job, Task, program_module_name
-from distlab.runtime.launcher import LaunchResult, launch
-from distlab.runtime.netsim import replay
+from distlab.runtime.supervisor import LaunchResult, launch
 
 PROGRAMS = Path(__file__).resolve().parent / "clock_programs.py"
 ALPHA, BETA = 20e-6, 1 / 5e9  # 20 us, 5 GB/s
@@ -112,7 +112,7 @@ def test_a_check_reads_each_task_on_its_own_platform() -> None:
     import numpy as np
 
     from distlab.grading.api import CheckContext, Session
-    from distlab.runtime.learner import load_module
+    from distlab.runtime.rank.learner import load_module
 
     name = program_module_name(PROGRAMS)
     programs = sys.modules.get(name) or load_module(PROGRAMS, name)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from distlab.runtime import waitfor
-from distlab.runtime.launcher import Observation, is_stuck, judge
-from distlab.runtime.rankstate import ALL_PEERS, RankState
+from distlab.runtime.comm.rankstate import ALL_PEERS, RankState
+from distlab.runtime.supervisor import waitfor
+from distlab.runtime.supervisor.judge import Observation, is_stuck, judge
 
 
 def st(rank: int, state: str = "blocked", op: str = "Recv", peers: tuple[int, ...] = ()) -> RankState:
@@ -82,7 +82,8 @@ def test_missing_states_are_never_a_deadlock() -> None:
 
 
 def test_a_launcher_that_died_before_any_rank_is_retried_only_for_known_reasons() -> None:
-    from distlab.runtime.launcher import LaunchResult, failed_to_start
+    from distlab.runtime.supervisor import LaunchResult
+    from distlab.runtime.supervisor.start import failed_to_start
 
     pmix = LaunchResult("crashed", "mpi", 2, 0.1, details="launcher output:\nThe PMIx server's listener thread failed to start")
     assert failed_to_start(pmix)

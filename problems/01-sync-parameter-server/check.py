@@ -26,7 +26,7 @@ import numpy as np
 from distlab.grading import CheckContext, Checklist, Task, check_part
 
 if TYPE_CHECKING:
-    from distlab.grading.api import TaskRun
+    from distlab.grading import TaskRun
 
 cases = check_part(__file__, "cases")  # the scenario's numbers, the data, the hidden variants
 programs = check_part(__file__, "programs")  # what runs on the ranks: the learner's server, worker

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import check_part
-from distlab.runtime.stats import CommStats
+from distlab.grading import CommStats, check_part
 
 cases = check_part(__file__, "cases")
 

@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from distlab.grading import check_part
-from distlab.runtime.stats import CommStats
+from distlab.grading import CommStats, check_part
 
 if TYPE_CHECKING:
-    from distlab.grading.api import TaskRun
+    from distlab.grading import TaskRun
 
 cases = check_part(__file__, "cases")
 models = check_part(__file__, "models")

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Task, check_part
-from distlab.platforms import Platform
+from distlab.grading import CheckContext, Checklist, Platform, Task, check_part
 
 models = check_part(__file__, "models")  # the textbook costs, and how figures are written
 scenario = check_part(__file__, "scenario")  # the hidden cluster and the formula cases, from the seed

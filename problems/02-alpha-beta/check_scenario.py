@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import check_part, parse_fault_plan
-from distlab.platforms import Platform, parse_platform
+from distlab.grading import Platform, check_part, parse_fault_plan, parse_platform
 
 models = check_part(__file__, "models")  # the textbook formulas, and how figures are written
 fmt_s, fmt_bytes = models.fmt_s, models.fmt_bytes

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distlab import MAX, SUM
-from distlab.grading import CheckContext, Checklist, Task, parse_fault_plan
-from distlab.runtime.stats import CommStats
+from distlab.grading import CheckContext, Checklist, CommStats, Task, parse_fault_plan
 
 OPS = {"SUM": SUM, "MAX": MAX}
 DTYPES = ("float32", "float64", "int64")

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import check_part, uniform
-from distlab.runtime.stats import CommStats
+from distlab.grading import CommStats, check_part, uniform
 
 models = check_part(__file__, "models")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distlab.runtime.stats import CommStats
+from distlab.grading import CommStats
 
 # -- the click model's numbers --------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, Task, check_part, parse_fault_plan
-from distlab.runtime.stats import CommStats
+from distlab.grading import CheckContext, CommStats, Task, check_part, parse_fault_plan
 
 models = check_part(__file__, "models")
 cases = check_part(__file__, "cases")

@@ -18,9 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distlab.grading import CheckContext, Checklist, Task, check_part
-from distlab.grading.api import RunFailed, TaskRun
-from distlab.runtime.stats import COLLECTIVES, POINT_TO_POINT, CommStats
+from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, Checklist, CommStats
+from distlab.grading import RunFailed, Task, TaskRun, check_part
 
 # The parts, beside this file: the memory model and the rule, the cases (named and hidden), the
 # programs that run on the ranks, and the expected values with the messages that name a symptom.

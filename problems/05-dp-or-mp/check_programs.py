@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distlab.grading import check_part
-from distlab.runtime.stats import CommStats
+from distlab.grading import CommStats, check_part
 
 scenario = check_part(__file__, "scenario")
 

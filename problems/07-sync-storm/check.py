@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 
 from distlab import IN_PLACE, MAX
-from distlab.grading import CheckContext, Checklist, Task, check_part
-from distlab.platforms import uniform
+from distlab.grading import CheckContext, Checklist, Task, check_part, uniform
 
 model = check_part(__file__, "model")  # the CTR model, its data and gradients (ranks and here)
 cases = check_part(__file__, "cases")  # the hidden variants and their budgets

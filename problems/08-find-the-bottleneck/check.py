@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Task, check_part
-from distlab.runtime.chrome import validate_chrome_trace
+from distlab.grading import CheckContext, Checklist, Task, check_part, validate_chrome_trace
 
 # The parts, beside this file: the scenario's numbers, hidden variants and mesh; the programs that
 # run on the ranks; the truth from the replay and the readers of the learner's answer.

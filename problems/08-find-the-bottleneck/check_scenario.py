@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import parse_fault_plan
-from distlab.platforms import Platform, parse_platform
+from distlab.grading import Platform, parse_fault_plan, parse_platform
 
 WORLD = 8  # devices in the hidden mesh; variants run on the first p of them
 LINK_GBPS, LINK_LATENCY_US = 2.0, 25.0  # a healthy cable (an Ethernet-like fabric), before its spread

@@ -83,7 +83,7 @@ def chrome_trace(spans):
 
     One complete event per phase and step, named "compute" or "sync":
     {"name": "compute", "ph": "X", "ts": start_us, "dur": length_us, "pid": ..., "tid": ...}"""
-    # TODO: {"traceEvents": [...]}; validate yours with distlab.runtime.chrome.validate_chrome_trace
+    # TODO: {"traceEvents": [...]}; validate yours with distlab.grading.validate_chrome_trace
     return {"traceEvents": []}
 
 

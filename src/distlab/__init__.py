@@ -5,7 +5,7 @@ meaning as mpi4py's ``MPI.SUM``, ``MPI.ANY_SOURCE``, ``MPI.IN_PLACE``.
 """
 
 from .ops import MAX, MIN, PROD, SUM, Op
-from .runtime.comm import IN_PLACE, Request, Status
+from .runtime.comm.requests import IN_PLACE, Request, Status
 from .runtime.engines.base import ANY_SOURCE, ANY_TAG
 
 __version__ = "0.1.0"

@@ -40,11 +40,11 @@ from . import calibration_ranks
 from .bank import Bank
 from .errors import HarnessError, UsageError
 from .platforms import Platform, load_platform
-from .runtime.collectives_cost import ring_allreduce_time
+from .runtime.clock.collectives_cost import ring_allreduce_time
+from .runtime.clock.metrics import format_seconds
+from .runtime.clock.replay import replay
 from .runtime.jobspec import Job, Task, TaskOutcome, make_job
-from .runtime.launcher import LaunchResult, launch
-from .runtime.metrics import format_seconds
-from .runtime.netsim import replay
+from .runtime.supervisor import LaunchResult, launch
 from .workspace import workspace_dir, write_atomically
 
 BACKENDS = ("mpi", "gloo")

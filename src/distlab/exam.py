@@ -10,7 +10,7 @@ was not: it scores zero, and the report says so.
 
 Integrity: a file that goes around the communicator is flagged and scores zero, caught two ways.
 The import scan flags a file that imports an engine directly (mpi4py, torch.distributed). Below
-the proxy, every MPI launch is graded with Open MPI's own monitoring on (runtime/mpi_monitoring.py):
+the proxy, every MPI launch is graded with Open MPI's own monitoring on (runtime/supervisor/mpi_monitoring.py):
 a problem is flagged when MPI carried point-to-point messages the harness never handed it, ran
 collective operations on MPI_COMM_WORLD beyond the harness's own duplication of it, or carried
 one-sided traffic; this catches a disguised import too (``importlib.import_module("mpi" +

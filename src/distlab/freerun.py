@@ -16,13 +16,13 @@ from .bank import Entry
 from .errors import UsageError
 from .platforms import Platform
 from .platforms import resolve as resolve_platform
-from .runtime import chrome
-from .runtime.faults import FaultPlan, load_fault_plan
+from .runtime.clock.metrics import RunMetrics, format_seconds, summarize
+from .runtime.clock.replay import Replay, replay
+from .runtime.faults.plans import FaultPlan, load_fault_plan
 from .runtime.jobspec import Limits, Task, make_job
-from .runtime.launcher import LaunchResult, launch
-from .runtime.learner import SolutionLoadError, compile_check
-from .runtime.metrics import RunMetrics, format_seconds, summarize
-from .runtime.netsim import Replay, replay
+from .runtime.rank.learner import SolutionLoadError, compile_check
+from .runtime.supervisor import LaunchResult, launch
+from .runtime.trace import chrome
 
 
 @dataclass(frozen=True)

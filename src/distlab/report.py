@@ -17,8 +17,8 @@ from typing import Any
 
 from .bank import Entry
 from .freerun import RunOptions, RunOutcome, execute
-from .runtime.chrome import virtual_spans
-from .runtime.metrics import format_seconds
+from .runtime.clock.metrics import format_seconds
+from .runtime.trace.chrome import virtual_spans
 from .workspace import Workspace
 
 COLORS = {"compute": "#4c78a8", "comm": "#f58518", "wait": "#e45756", "mark": "#54a24b"}

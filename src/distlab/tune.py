@@ -21,7 +21,7 @@ from rich.progress import Progress
 from .bank import Entry
 from .errors import UsageError
 from .freerun import RunOptions, RunOutcome, execute
-from .runtime.metrics import RunMetrics
+from .runtime.clock.metrics import RunMetrics
 
 METRICS = tuple(f for f in RunMetrics.__dataclass_fields__ if f not in ("bytes_by_pair", "step_times_s"))
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from .runtime.worker import main
+from .runtime.rank.worker import main
 
 if __name__ == "__main__":
     sys.exit(main())

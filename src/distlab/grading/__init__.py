@@ -1,6 +1,6 @@
 """Running a problem's checks, scoring them and reporting the results.
 
-``check.py`` files import only from here (and ``distlab.runtime.jobspec.Task``, re-exported):
+``check.py`` files import only from here and from ``distlab`` (ops, IN_PLACE, wildcards):
 ``Checklist`` to declare checks, ``CheckContext`` to launch rank programs and judge what they did,
 ``check_part`` to load the parts of a check.py too long for one file.
 """
@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 from ..platforms import Platform, parse_platform, resolve, uniform
-from ..runtime.faults import parse_fault_plan
+from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT, CommStats
+from ..runtime.faults.plans import parse_fault_plan
 from ..runtime.jobspec import Task
+from ..runtime.trace.chrome import validate_chrome_trace
 from .api import CheckContext, CheckFailed, Checklist, Run, RunFailed, TaskRun
 from .parts import check_part
 
 __all__ = [
-    "CheckContext", "CheckFailed", "Checklist", "Platform", "Run", "RunFailed", "Task", "TaskRun",
-    "check_part", "parse_fault_plan",
-    "parse_platform", "resolve", "uniform",
+    "COLLECTIVES", "POINT_TO_POINT", "CheckContext", "CheckFailed", "Checklist", "CommStats",
+    "Platform", "Run", "RunFailed", "Task", "TaskRun", "check_part", "parse_fault_plan",
+    "parse_platform", "resolve", "uniform", "validate_chrome_trace",
 ]

@@ -25,14 +25,14 @@ from typing import Any, Callable, NoReturn, Protocol
 
 import numpy as np
 
-from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job, program_module_name
-from ..runtime.mpi_monitoring import Unexplained, unexplained
-from ..runtime.launcher import LaunchResult, launch
 from ..platforms import Platform
-from ..runtime.metrics import RunMetrics, summarize
-from ..runtime.netsim import Replay, replay
-from ..runtime.stats import COLLECTIVES, CommStats
-from ..runtime.trace import Event
+from ..runtime.clock.metrics import RunMetrics, summarize
+from ..runtime.clock.replay import Replay, replay
+from ..runtime.comm.stats import COLLECTIVES, CommStats
+from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job, program_module_name
+from ..runtime.supervisor import LaunchResult, launch
+from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
+from ..runtime.trace.events import Event
 
 
 class CheckFailed(Exception):

@@ -20,12 +20,12 @@ from types import ModuleType
 from typing import Protocol
 
 from ..bank import Entry
-from ..platforms import resolve as resolve_platform
-from ..runtime.faults import load_fault_plan
-from ..runtime.metrics import format_seconds
 from ..errors import CardError
+from ..platforms import resolve as resolve_platform
+from ..runtime.clock.metrics import format_seconds
+from ..runtime.faults.plans import load_fault_plan
 from ..runtime.jobspec import Limits, program_module_name
-from ..runtime.learner import SolutionLoadError, compile_check
+from ..runtime.rank.learner import SolutionLoadError, compile_check
 from .api import CheckContext, CheckFailed, Checklist, RunFailed, Session
 from .results import CheckResult, Results
 

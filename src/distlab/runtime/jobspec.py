@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .stats import CommStats
+from .comm.stats import CommStats
 
 JOB_FILE = "job.pkl"
 
@@ -34,7 +34,7 @@ class Task:
     ranks: int
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # A fault plan for this task alone (runtime/faults.py); None: the job's plan, if any.
+    # A fault plan for this task alone (runtime/faults); None: the job's plan, if any.
     faults: Any = None
     label: str = ""
     # The platform this task alone models (a distlab.platforms.Platform: a hidden variant's own
@@ -66,11 +66,11 @@ class Job:
     faults: Any = None  # a runtime.faults.FaultPlan, or None
     # The platform the ranks' online clock models (a distlab.platforms.Platform); None: no clock.
     platform: Any = None
-    # Keep the online clock (runtime/clock.py) even without a fault plan. It costs one small
+    # Keep the online clock (runtime/clock/online.py) even without a fault plan. It costs one small
     # message per message, so it runs only where something reads the time during the run: a fault
     # plan (its windows are in virtual time) or problem code that asks for comm.now().
     online_clock: bool = False
-    # Count what MPI itself carries with Open MPI's monitoring (runtime/mpi_monitoring.py), to
+    # Count what MPI itself carries with Open MPI's monitoring (runtime/supervisor/mpi_monitoring.py), to
     # catch code that goes around the proxy. Exam grading only: it moves the harness onto
     # duplicated communicators and counts every message handed to MPI.
     mpi_monitoring: bool = False
@@ -112,7 +112,7 @@ class TaskOutcome:
     value: Any
     stats: CommStats
     wall_s: float
-    trace: list[Any] | None = None  # this rank's events (runtime/trace.py) when tracing is on
+    trace: list[Any] | None = None  # this rank's events (runtime/trace/events.py) when tracing is on
 
 
 @dataclass

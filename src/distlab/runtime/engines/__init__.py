@@ -1,7 +1,7 @@
 """The real communication engines under the learner's ``comm``: MPI (mpi4py) and torch.distributed.
 
 Both implement :class:`distlab.runtime.engines.base.Engine` on contiguous NumPy arrays; the proxy in
-``runtime/comm.py`` turns learner buffers (arrays, CPU tensors) into those before calling in.
+``runtime/comm`` turns learner buffers (arrays, CPU tensors) into those before calling in.
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""The online virtual clock: each rank's running estimate of time on the modelled cluster.
+
+Two clocks, one model. The *graded* virtual time is the replay of every rank's events after the
+run (``replay.py``), which also shares links between concurrent flows. During the run, problem code
+and time-triggered faults need the time *now* (a deadline, a window of a partition, "the first N
+gradients to arrive"); that is this clock. It follows the same alpha-beta model without link
+sharing, so both agree wherever no two flows share a link:
+
+* declared compute advances it (``comm.compute``);
+* a message sent at time t to rank j arrives at t + alpha + n*beta (+ a fault's extra latency, at
+  the fault's bandwidth); the sender computes that arrival and sends it just *before* the message
+  on a side communicator (a duplicate of the task's, so it never matches learner messages; sent
+  first, so a receiver that has the message never waits for its stamp), and the receiver moves its
+  clock to max(now, arrival) when the message completes;
+* a built-in collective starts when its last member arrives (an allreduce of the clocks on the
+  side communicator) and costs its algorithm's time on the group's slowest ring link.
+
+Everything is local arithmetic plus one 8-byte message per message, so the clock is deterministic:
+the same program on the same platform reaches the same times on every run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...ops import MAX
+from ..engines.base import Engine
+from .collectives_cost import ALIASES, collective_time
+
+
+class RouteTable(Protocol):
+    def route(self, src_rank: int, dst_rank: int) -> Any: ...
+
+
+class Timekeeper:
+    """One rank's clock for one communicator, with its side channel for time stamps."""
+
+    def __init__(self, platform: RouteTable, side: Engine, start_s: float = 0.0) -> None:
+        self.now = start_s
+        self._platform = platform
+        self._side = side
+        self._world = list(side.world_ranks)
+        self._stamp = np.zeros(1)
+        self._outgoing_stamp = np.zeros(1)
+        # (alpha, beta) to each group rank, looked up once: the route map does not change.
+        self._links: dict[int, tuple[float, float]] = {}
+
+    def compute(self, seconds: float) -> None:
+        self.now += seconds
+
+    def arrival(self, dest: int, nbytes: int, action: Any = None) -> float:
+        """When a message from this rank to group rank ``dest``, leaving now, is delivered."""
+        link = self._links.get(dest)
+        if link is None:
+            route = self._platform.route(self._world[self._side.rank], self._world[dest])
+            link = self._links[dest] = (route.alpha_s, route.beta_s_per_byte)
+        alpha, beta = link
+        leave = self.now
+        extra = 0.0
+        if action is not None:
+            if action.hold_until_s is not None:
+                leave = max(leave, action.hold_until_s)
+            extra = action.extra_latency_s
+            beta = action.effective_beta(beta)
+        return leave + extra + alpha + nbytes * beta
+
+    def route_beta(self, dest: int) -> float:
+        return float(self._platform.route(self._world[self._side.rank], self._world[dest]).beta_s_per_byte)
+
+    def send_stamp(self, dest: int, tag: int, arrival: float) -> None:
+        # Eager and tiny: returns at once on both engines, which copy it out (so it is reused).
+        self._outgoing_stamp[0] = arrival
+        self._side.send(self._outgoing_stamp, dest, tag, False)
+
+    def receive_stamp(self, source: int, tag: int) -> float:
+        """The arrival time of the message just matched from group rank ``source`` with ``tag``.
+
+        Its stamp was sent just before it, on the same (source, tag) channel of the side
+        communicator, and channels deliver in order: the k-th stamp belongs to the k-th message."""
+        self._side.recv(self._stamp, source, tag)
+        return float(self._stamp[0])
+
+    def advance_to(self, t: float) -> None:
+        if t > self.now:
+            self.now = t
+
+    def collective(self, op: str, nbytes: int) -> None:
+        """Moves the clock past a built-in collective of the whole group."""
+        latest = np.array([self.now])
+        self._side.allreduce(latest, latest, MAX)
+        p = self._side.size
+        routes = [
+            self._platform.route(self._world[r], self._world[(r + 1) % p]) for r in range(p)
+        ] if p > 1 else []
+        alpha = max((r.alpha_s for r in routes), default=0.0)
+        beta = max((r.beta_s_per_byte for r in routes), default=0.0)
+        self.now = float(latest[0]) + collective_time(ALIASES.get(op, op), p, nbytes, alpha, beta)

@@ -1,0 +1,391 @@
+"""The learner's ``comm``: mpi4py's buffer API over any engine, counted and watched.
+
+Learner code calls ``comm.Send(buf, dest)``, ``comm.Sendrecv(...)``, ``comm.Allreduce(...)`` exactly
+as with mpi4py. Buffers are NumPy arrays or CPU torch tensors (contiguous). Each call goes through
+this proxy, which
+
+* counts messages and bytes per operation and per peer (``CommStats``);
+* records in the rank's slot what the call is blocked on, for the supervisor's wait-for graph;
+* keeps the rank's online virtual clock (runtime/clock/online.py) and applies the message-level faults of
+  the fault plan (delay, spike, bandwidth, drop, partition, dead, hung: runtime/faults/decide.py);
+* records every call as an event for the replay and the trace (runtime/trace);
+* runs ``Iallreduce`` (a nonblocking collective) as a request: its Wait is where the rank waits
+  for the whole group, and where the online clock settles it (see ``Comm._settle``);
+* offers the built-in collectives (``collectives.py``) and nonblocking requests (``requests.py``);
+* sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
+  blocking ``Send`` to each other deadlock the same way on every engine and every transport.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..clock.online import Timekeeper
+from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
+from ..faults.decide import MessageAction, MessageFaults
+from ..trace.events import COMPUTE, MARK, TraceRecorder
+from .collectives import Collectives
+from .rankstate import NullSlot, RankSlot
+from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status
+from .stats import CommStats
+
+DEFAULT_EAGER_LIMIT = 64 * 1024
+
+class Comm(Collectives):
+    """The communicator handed to learner code. Ranks are ranks of this communicator."""
+
+    ANY_SOURCE = ANY_SOURCE
+    ANY_TAG = ANY_TAG
+    IN_PLACE = IN_PLACE
+
+    def __init__(
+        self,
+        engine: Engine,
+        slot: RankSlot | NullSlot | None = None,
+        stats: CommStats | None = None,
+        eager_limit: int = DEFAULT_EAGER_LIMIT,
+        trace: TraceRecorder | None = None,
+        ctx: int = 0,
+        compute_multiplier: float = 1.0,
+        device_flops: float | None = None,
+        clock: Timekeeper | None = None,
+        faults: MessageFaults | None = None,
+        trigger_steps: frozenset[int] = frozenset(),
+    ) -> None:
+        self._engine = engine
+        self._slot = slot if slot is not None else NullSlot()
+        self.stats = stats if stats is not None else CommStats()
+        self._clock = clock
+        self._faults = faults
+        self._trigger_steps = trigger_steps  # steps at which the supervisor kills or stops us
+        self._attempts: dict[int, int] = {}  # sends per destination, lost ones included (faults)
+        self._eager_limit = eager_limit
+        self._trace = trace
+        self._ctx = ctx
+        self._compute_multiplier = compute_multiplier
+        self._device_flops = device_flops
+        self._steps_started = 0
+        # Nonblocking collectives the online clock has not placed yet, in the order they were
+        # posted, and when the last one placed ends (they queue on the group's links).
+        self._unsettled: deque[Request] = deque()
+        self._icoll_free_at = 0.0
+        # Read on every call: kept as plain attributes rather than looked up through the engine.
+        self._size = engine.size
+        self._world_ranks = list(engine.world_ranks)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._engine.rank
+
+    @property
+    def size(self) -> int:
+        return self._engine.size
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._engine.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._engine.size
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def step(self) -> int:
+        """The current training step (0 before and during the first marked step)."""
+        return max(self._steps_started - 1, 0)
+
+    def _world(self, rank: int) -> int:
+        return self._world_ranks[rank] if 0 <= rank < self._size else rank
+
+    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        """``peer`` as an int, once it is known to be a rank of this communicator (or ANY_SOURCE
+        where ``wildcard``)."""
+        if type(peer) is int and 0 <= peer < self._size:
+            return peer  # the common case, answered first: this runs on every call
+        if wildcard and peer == ANY_SOURCE:
+            return ANY_SOURCE
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
+            raise ValueError(
+                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
+            )
+        return int(peer)
+
+    def _outgoing(self, dest: int, tag: int, nbytes: int) -> tuple[MessageAction | None, float]:
+        """Applies the fault plan to one outgoing message; returns (action, virtual arrival)."""
+        action = None
+        if self._faults is not None:
+            dst = self._world(dest)
+            k = self._attempts.get(dst, 0)
+            self._attempts[dst] = k + 1
+            action = self._faults.decide(dst, nbytes, tag, k, self.step, self.now())
+            if action.untouched:
+                action = None
+            elif action.hang:
+                self._hang()
+            elif action.wall_sleep_s > 0:
+                self._slot.set(1, "delay")
+                time.sleep(action.wall_sleep_s)
+        arrival = self._clock.arrival(dest, nbytes, action) if self._clock is not None else 0.0
+        return action, arrival
+
+    def _hang(self) -> None:
+        """A `hung` fault: this call never returns (the supervisor or a watchdog must act)."""
+        self._slot.blocked("hung", ())
+        while True:
+            time.sleep(3600)
+
+    def _check_hung(self) -> None:
+        if self._faults is not None and self._faults.on_call(self.step, self.now()):
+            self._hang()
+
+    def _advance(self, requests: Sequence[Request]) -> None:
+        if self._clock is not None:
+            self._clock.advance_to(max(r.arrival for r in requests))
+
+    # -- what problem code declares (not part of mpi4py's API) -------------------------------
+
+    def compute(self, seconds: float | None = None, flops: float | None = None, label: str = "") -> None:
+        """Declares work for the virtual clock: seconds, or FLOPs over this rank's device."""
+        if (seconds is None) == (flops is None):
+            raise TypeError("compute() takes seconds= or flops=, exactly one")
+        if flops is not None:
+            if not self._device_flops:
+                raise ValueError("compute(flops=...) needs a platform with a device profile")
+            seconds = flops / self._device_flops
+        assert seconds is not None
+        seconds *= self._compute_multiplier
+        if self._clock is not None:
+            self._clock.compute(seconds)
+        if self._trace is not None:
+            now = time.perf_counter()
+            self._trace.add((COMPUTE, seconds, label, now, now))
+
+    def now(self) -> float:
+        """This rank's virtual time, in seconds (0 when no virtual clock runs)."""
+        return self._clock.now if self._clock is not None else 0.0
+
+    def mark(self, name: str) -> None:
+        """A point in the trace, such as the start of a training step.
+
+        ``mark("step")`` at the start of each training step also numbers the steps from 0, which
+        fault plans trigger on (``at_step = 30``: when step 30 starts)."""
+        if name == "step":
+            self._steps_started += 1
+            self._slot.set_step(self._steps_started - 1)
+            if self.step in self._trigger_steps:
+                # Give the supervisor's 50 ms poll time to act at exactly this step.
+                time.sleep(0.15)
+        if self._trace is not None:
+            now = time.perf_counter()
+            self._trace.add((MARK, name, now, now))
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _send_fault(self, dest: int, action: MessageAction | None) -> tuple[float, float, bool] | None:
+        """How the replay must treat a faulted send: (extra latency, bandwidth factor, dropped)."""
+        if action is None:
+            return None
+        if action.drop:
+            return (0.0, 1.0, True)
+        held = max((action.hold_until_s or 0.0) - self.now(), 0.0)
+        return (action.extra_latency_s + held, self._clock_beta_factor(dest, action), False)
+
+    def _clock_beta_factor(self, dest: int, action: MessageAction) -> float:
+        """How much of the route's bandwidth a faulted message gets (1.0: all of it)."""
+        if action.bandwidth_factor == 1.0 and action.bandwidth_cap_gbps is None:
+            return 1.0
+        if self._clock is None:
+            return action.bandwidth_factor
+        route_beta = self._clock.route_beta(dest)
+        slowed = action.effective_beta(route_beta)
+        return route_beta / slowed if slowed > 0 else 1.0
+
+    def _record_wait(self, requests: Sequence[Request], wall0: float) -> None:
+        if self._trace is None:
+            return
+        world = self._world_ranks
+        received = [
+            (r._trace_id, world[r._matched[0]], r._matched[1]) for r in requests if r._is_recv
+        ]
+        ids = tuple(r._trace_id for r in requests)
+        self._trace.wait(self._ctx, ids, received, wall0, time.perf_counter())
+
+    # -- point to point ---------------------------------------------------------------------
+    #
+    # Send, Recv and Sendrecv are the calls a learner's loop makes thousands of times, so they
+    # are written for speed: every microsecond spent here, outside the transport, is a
+    # microsecond the peer waits in a rendezvous. Each does its checks, marks the slot, calls the
+    # engine, and then counts and records with plain attribute and dict operations. The fault
+    # plan and the online clock cost nothing when they are off.
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._send(buf, dest, tag, synchronous=None)
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._send(buf, dest, tag, synchronous=True)
+
+    def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None) -> None:
+        array = _buffer(buf, "Send buffer")
+        dest, tag = self._peer(dest, "dest"), _tag(tag)
+        nbytes = array.nbytes
+        if synchronous is None:
+            synchronous = nbytes > self._eager_limit
+        action, arrival = None, 0.0
+        if self._faults is not None or self._clock is not None:
+            self._check_hung()
+            action, arrival = self._outgoing(dest, tag, nbytes)
+        dst = self._world_ranks[dest]
+        # Read before the send moves the clock: a held message waits from now.
+        fault = self._send_fault(dest, action) if action is not None else None
+        wall0 = time.perf_counter()
+        if action is None or not action.drop:
+            if self._clock is not None:
+                # The stamp goes first: the receiver must never wait for it once the message is in.
+                self._clock.send_stamp(dest, tag, arrival)
+            self._slot.blocked_on("Send", dst, -1, nbytes)
+            self._engine.send(array, dest, tag, synchronous)
+            self._slot.running()
+            if self._clock is not None:
+                self._clock.advance_to(arrival)
+        stats = self.stats
+        stats.calls["Send"] += 1
+        stats.op_bytes["Send"] += nbytes
+        stats.sent_msgs[dst] += 1
+        stats.sent_bytes[dst] += nbytes
+        if self._trace is not None:
+            self._trace.blocking_send(self._ctx, dst, tag, nbytes, fault, wall0, time.perf_counter())
+
+    def Recv(  # noqa: N802
+        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None
+    ) -> None:
+        array = _buffer(buf, "Recv buffer")
+        source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
+        if self._faults is not None:
+            self._check_hung()
+        nbytes = array.nbytes
+        world = self._world_ranks
+        src = world[source] if source >= 0 else -1
+        wall0 = time.perf_counter()
+        self._slot.blocked_on("Recv", src, -1, nbytes)
+        got_source, got_tag = self._engine.recv(array, source, tag)
+        self._slot.running()
+        got_src = world[got_source]
+        stats = self.stats
+        stats.calls["Recv"] += 1
+        stats.op_bytes["Recv"] += nbytes
+        stats.recv_msgs[got_src] += 1
+        stats.recv_bytes[got_src] += nbytes
+        if self._clock is not None:
+            self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
+        if self._trace is not None:
+            self._trace.blocking_recv(
+                self._ctx, src, tag, nbytes, got_src, got_tag, wall0, time.perf_counter()
+            )
+        if status is not None:
+            _fill_status(status, got_source, got_tag, array.size)
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        array = _buffer(buf, "Isend buffer")
+        dest, tag = self._peer(dest, "dest"), _tag(tag)
+        self._check_hung()
+        nbytes = array.nbytes
+        action, arrival = self._outgoing(dest, tag, nbytes)
+        dst = self._world_ranks[dest]
+        self.stats.count_call("Isend", nbytes)
+        self.stats.count_send(dst, nbytes)
+        req = 0
+        if self._trace is not None:
+            fault = self._send_fault(dest, action)
+            req = self._trace.send(self._ctx, dst, tag, nbytes, fault, time.perf_counter())
+        if action is not None and action.drop:
+            request: EngineRequest = _Completed()
+        else:
+            if self._clock is not None:
+                self._clock.send_stamp(dest, tag, arrival)
+            request = self._engine.isend(array, dest, tag, synchronous=nbytes > self._eager_limit)
+        handle = Request(self, request, dest, tag, nbytes, False, req)
+        handle.arrival = arrival
+        return handle
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
+        array = _buffer(buf, "Irecv buffer")
+        source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
+        self._check_hung()
+        self.stats.count_call("Irecv", array.nbytes)
+        req = 0
+        if self._trace is not None:
+            src = self._world_ranks[source] if source >= 0 else -1
+            req = self._trace.recv(self._ctx, src, tag, array.nbytes, time.perf_counter())
+        request = self._engine.irecv(array, source, tag)
+        return Request(self, request, source, tag, array.nbytes, True, req)
+
+    def Sendrecv(  # noqa: N802
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Any = None,
+    ) -> None:
+        if recvbuf is None:
+            raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
+        send_array = _buffer(sendbuf, "Sendrecv sendbuf")
+        recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
+        dest, sendtag = self._peer(dest, "dest"), _tag(sendtag)
+        source, recvtag = self._peer(source, "source", wildcard=True), _tag(recvtag)
+        send_nbytes, recv_nbytes = send_array.nbytes, recv_array.nbytes
+        action, arrival = None, 0.0
+        if self._faults is not None or self._clock is not None:
+            self._check_hung()
+            action, arrival = self._outgoing(dest, sendtag, send_nbytes)
+        dropped = action is not None and action.drop
+        world = self._world_ranks
+        dst = world[dest]
+        src = world[source] if source >= 0 else -1
+        # Read before the exchange moves the clock: a held message waits from now.
+        fault = self._send_fault(dest, action) if action is not None else None
+        wall0 = time.perf_counter()
+        if self._clock is not None and not dropped:
+            self._clock.send_stamp(dest, sendtag, arrival)
+        # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
+        self._slot.blocked_on("Sendrecv", src, dst, send_nbytes)
+        if dropped:
+            got_source, got_tag = self._engine.recv(recv_array, source, recvtag)
+        else:
+            got_source, got_tag = self._engine.sendrecv(
+                send_array, dest, sendtag, recv_array, source, recvtag
+            )
+        self._slot.running()
+        got_src = world[got_source]
+        stats = self.stats
+        stats.calls["Sendrecv"] += 1
+        stats.op_bytes["Sendrecv"] += send_nbytes
+        stats.sent_msgs[dst] += 1
+        stats.sent_bytes[dst] += send_nbytes
+        stats.recv_msgs[got_src] += 1
+        stats.recv_bytes[got_src] += recv_nbytes
+        if self._clock is not None:
+            received = self._clock.receive_stamp(got_source, got_tag)
+            self._clock.advance_to(max(received, 0.0 if dropped else arrival))
+        if self._trace is not None:
+            self._trace.sendrecv(
+                self._ctx, dst, sendtag, send_nbytes, fault, src, recvtag, recv_nbytes,
+                got_src, got_tag, wall0, time.perf_counter(),
+            )
+        if status is not None:
+            _fill_status(status, got_source, got_tag, recv_array.size)
+
+
+def _tag(tag: Any) -> int:
+    return tag if type(tag) is int else int(tag)
+

@@ -1,0 +1,180 @@
+"""What the proxy's calls hand back and take: ``Request`` (as mpi4py's ``MPI.Request``, with Wait,
+Test and Waitall), ``Status``, ``IN_PLACE``, and the check every buffer goes through. A request
+reports its completion to its communicator (the counters, the slot, the online clock, the trace).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ...ops import as_numpy
+from ..engines.base import ANY_SOURCE, ANY_TAG, EngineRequest
+from .rankstate import ALL_PEERS
+
+if TYPE_CHECKING:
+    from .proxy import Comm
+
+
+class _InPlace:
+    def __repr__(self) -> str:
+        return "IN_PLACE"
+
+
+IN_PLACE: Any = _InPlace()
+
+
+class LearnerAbort(BaseException):
+    """Raised by ``comm.Abort``; the worker reports it and ends every rank."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the solution called comm.Abort({code})")
+        self.code = code
+
+
+class Status:
+    """What a receive matched, as mpi4py's ``MPI.Status``."""
+
+    def __init__(self) -> None:
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.count = 0
+
+    def Get_source(self) -> int:  # noqa: N802
+        return self.source
+
+    def Get_tag(self) -> int:  # noqa: N802
+        return self.tag
+
+    def Get_count(self, datatype: Any = None) -> int:  # noqa: N802
+        return self.count
+
+
+def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
+    if status is None:
+        return
+    if isinstance(status, Status):
+        status.source, status.tag, status.count = source, tag, count
+        return
+    # An mpi4py MPI.Status passed by learner code.
+    status.Set_source(source)
+    status.Set_tag(tag)
+
+
+def _buffer(buf: Any, what: str) -> np.ndarray:
+    if type(buf) is np.ndarray and buf.flags.c_contiguous:
+        return buf  # the common case, answered first: this runs on every call
+    try:
+        array = as_numpy(buf)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+    if not array.flags.c_contiguous:
+        raise TypeError(
+            f"{what}: the buffer is a strided view; pass a contiguous array "
+            "(slice along the first axis, or use np.ascontiguousarray)"
+        )
+    return array
+
+
+class _Completed:
+    """The engine request of a send that a fault dropped: done at once, nothing on the wire."""
+
+    def wait(self) -> tuple[int, int]:
+        return -1, -1
+
+    def test(self) -> bool:
+        return True
+
+
+class Request:
+    """A pending Isend, Irecv or Iallreduce, as mpi4py's ``MPI.Request``."""
+
+    def __init__(
+        self,
+        comm: Comm,
+        inner: EngineRequest,
+        peer: int,
+        tag: int,
+        nbytes: int,
+        is_recv: bool,
+        trace_id: int,
+        collective: str | None = None,
+    ) -> None:
+        self._comm = comm
+        self._inner = inner
+        self._peer = peer
+        self._tag = tag
+        self._nbytes = nbytes
+        self._is_recv = is_recv
+        self._trace_id = trace_id
+        self._completed = False
+        self._matched = (-1, -1)
+        # For a nonblocking collective: its op ("Allreduce"), and the virtual time it was posted.
+        self._collective = collective
+        self._posted_at = 0.0
+        self._settled = False  # the online clock has placed it (see Comm._settle)
+        self.arrival = 0.0  # virtual time at which it completes (set on completion for a receive)
+
+    def _peers(self) -> tuple[int, ...]:
+        """What the slot shows a rank blocked on this request as waiting for."""
+        if self._collective is not None:
+            return (ALL_PEERS,)  # a collective waits for every rank of its group
+        return (self._comm._world(self._peer),)
+
+    def Wait(self, status: Any = None) -> None:  # noqa: N802
+        if not self._completed:
+            comm = self._comm
+            comm._slot.blocked("Wait", self._peers(), self._nbytes)
+            wall0 = time.perf_counter()
+            source, tag = self._inner.wait()
+            comm._slot.running()
+            self._finish(source, tag)
+            comm._record_wait((self,), wall0)
+            comm._advance((self,))
+        _fill_status(status, *self._matched, self._nbytes)
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802
+        if not self._completed and self._inner.test():
+            wall0 = time.perf_counter()
+            source, tag = self._inner.wait()
+            self._finish(source, tag)
+            self._comm._record_wait((self,), wall0)
+            self._comm._advance((self,))
+        if self._completed:
+            _fill_status(status, *self._matched, self._nbytes)
+        return self._completed
+
+    def _finish(self, source: int, tag: int) -> None:
+        self._completed = True
+        if self._collective is not None:
+            if self._comm._clock is not None:
+                self._comm._settle(self)
+            return
+        if self._is_recv:
+            self._matched = (source, tag)
+            self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
+            if self._comm._clock is not None:
+                self.arrival = self._comm._clock.receive_stamp(source, tag)
+
+    @staticmethod
+    def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:  # noqa: N802
+        pending = [r for r in requests if not r._completed]
+        if not pending:
+            return
+        comm = pending[0]._comm
+        peers: tuple[int, ...]
+        if any(r._collective is not None for r in pending):
+            # Blocked on a collective, it waits for every rank of the group (as a lone Wait does).
+            op, peers = "Wait", (ALL_PEERS,)
+        else:
+            op, peers = "Waitall", tuple(comm._world(r._peer) for r in pending)
+        comm._slot.blocked(op, peers, sum(r._nbytes for r in pending))
+        wall0 = time.perf_counter()
+        for request in pending:
+            source, tag = request._inner.wait()
+            request._finish(source, tag)
+        comm._slot.running()
+        comm._record_wait(tuple(pending), wall0)
+        comm._advance(pending)

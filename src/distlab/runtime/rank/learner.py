@@ -1,0 +1,71 @@
+"""Loading a learner's solution file as a module, with errors that point at the learner's line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType, TracebackType
+
+from ...errors import UsageError
+
+
+class SolutionLoadError(Exception):
+    def __init__(self, summary: str, where: str, detail: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.where = where
+        self.detail = detail
+
+
+def compile_check(path: Path) -> None:
+    """Raises SolutionLoadError for a syntax error, without running anything."""
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read the solution file {path}: {exc.strerror}") from None
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        where = f"{path.name}, line {exc.lineno}"
+        summary = f"SyntaxError in {where}: {exc.msg}"
+        line = (exc.text or "").rstrip("\n")
+        detail = f"{line}\n{' ' * max((exc.offset or 1) - 1, 0)}^" if line else ""
+        raise SolutionLoadError(summary, where, detail) from None
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Imports the file as a fresh module; errors raised by its top level become SolutionLoadError."""
+    compile_check(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        where = innermost_frame_in(exc.__traceback__, path)
+        summary = f"importing {path.name} failed: {type(exc).__name__}: {exc}"
+        raise SolutionLoadError(summary, where, format_for(exc, path)) from None
+    return module
+
+
+def innermost_frame_in(tb: TracebackType | None, path: Path) -> str:
+    """'file.py, line 12, in allreduce' for the deepest frame in ``path``, else ''."""
+    found = ""
+    for frame in traceback.extract_tb(tb):
+        if Path(frame.filename).resolve() == path.resolve():
+            found = f"{path.name}, line {frame.lineno}, in {frame.name}"
+    return found
+
+
+def format_for(exc: BaseException, path: Path) -> str:
+    """The traceback trimmed to start at the first frame of the learner's file."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    start = next(
+        (i for i, f in enumerate(frames) if Path(f.filename).resolve() == path.resolve()), 0
+    )
+    lines = traceback.format_list(frames[start:])
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip()

@@ -1,0 +1,286 @@
+"""The rank entry point: one process of a job.
+
+Started by distlab's launcher (``--job DIR``) or by an external launcher on a real cluster::
+
+    mpirun -n 16 --hostfile hosts python -m distlab.worker --problem 03 --solution my.py
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
+        -m distlab.worker --problem 03 --solution my.py
+
+Call order inside a rank: note the pid and install the stack dumper, join the engine (MPI_Init or
+the gloo rendezvous), load the problem program and the learner's file, apply resource limits, run
+each task of the batch (ranks outside a task's group wait at a barrier), write the outcome file
+atomically, leave. Any learner failure is written to the outcome file first, then the whole job is
+ended, because peers of a failed rank would otherwise wait for it forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from ..clock.online import Timekeeper
+from ..comm.proxy import Comm
+from ..comm.rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
+from ..comm.requests import LearnerAbort
+from ..comm.stats import CommStats
+from ..engines.base import Engine
+from ..engines.counted import harness_engine
+from ..faults.decide import MessageFaults, ProcessFaults
+from ..jobspec import (
+    JOB_FILE,
+    Job,
+    RankError,
+    RankOutcome,
+    TaskOutcome,
+    log_path,
+    outcome_path,
+    pid_path,
+    program_module_name,
+    stack_path,
+    write_pickle_atomically,
+)
+from ..trace.events import TraceRecorder
+from . import limits as rank_limits
+from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
+
+
+def detect_backend() -> tuple[str, int, int]:
+    """(backend, rank, size) from the launcher's environment variables."""
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        return "mpi", int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    if "PMI_RANK" in os.environ:
+        return "mpi", int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return "gloo", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    raise SystemExit(
+        "distlab.worker must be started by mpiexec/mpirun or torchrun (no rank in the environment)"
+    )
+
+
+def make_engine(backend: str, timeout_s: float = 1800.0) -> Engine:
+    if backend == "mpi":
+        from ..engines import mpi
+
+        return mpi.world()
+    from ..engines import gloo
+
+    return gloo.world(timeout_s=timeout_s)
+
+
+def _watch_supervisor(pid: int) -> None:
+    """Ends this rank if the supervisor dies, so a crashed harness leaves no process behind."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(70)
+        except PermissionError:
+            pass
+
+
+def _redirect_output(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _error_from(exc: BaseException, solution: Path | None, task_index: int, job: Job) -> RankError:
+    if isinstance(exc, SolutionLoadError):
+        return RankError("import", exc.summary, exc.where, exc.detail, task_index)
+    if isinstance(exc, LearnerAbort):
+        kind, summary = "abort", str(exc)
+    elif isinstance(exc, SystemExit):
+        kind, summary = "exit", f"the solution called sys.exit({exc.code!r})"
+    elif isinstance(exc, MemoryError):
+        kind = "memory"
+        summary = f"memory limit exceeded: the rank may use {job.limits.address_space_mb} MiB"
+    elif isinstance(exc, rank_limits.CpuLimitExceeded):
+        kind = "cpu"
+        summary = f"CPU time limit exceeded: the rank may use {job.limits.cpu_seconds} s of CPU"
+    elif isinstance(exc, OSError) and exc.errno == 27:  # EFBIG
+        kind = "file-size"
+        summary = f"file size limit exceeded: files may grow to {job.limits.file_size_mb} MiB"
+    else:
+        kind, summary = "exception", f"{type(exc).__name__}: {exc}"
+    where = innermost_frame_in(exc.__traceback__, solution) if solution else ""
+    detail = format_for(exc, solution) if solution else traceback.format_exc()
+    return RankError(kind, summary, where, detail, task_index)
+
+
+def run_job(job_dir: Path) -> int:
+    with open(job_dir / JOB_FILE, "rb") as f:
+        job: Job = pickle.load(f)
+    backend, rank, size = detect_backend()
+    pid_path(job_dir, rank).write_text(str(os.getpid()))
+    _redirect_output(log_path(job_dir, rank))
+    stack_file = open(stack_path(job_dir, rank), "w")
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    if job.supervisor_pid:
+        threading.Thread(target=_watch_supervisor, args=(job.supervisor_pid,), daemon=True).start()
+    slot = RankSlot(job_dir / f"state-{rank}.bin")
+
+    engine = make_engine(job.backend)
+    handed = None
+    if job.mpi_monitoring and backend == "mpi":
+        # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
+        # counts beyond that was sent around the proxy (runtime/supervisor/mpi_monitoring.py).
+        engine, handed = harness_engine(engine)
+    outcome = RankOutcome(rank=rank, tasks=[])
+    solution_path = Path(job.solution_file) if job.solution_file else None
+    task_index = 0
+    try:
+        program = _load_program(Path(job.program_file), job.program_module, job.program)
+        tasks = pickle.loads(job.tasks_blob)
+        solution = load_module(solution_path, "solution") if solution_path else None
+        rank_limits.apply(job.limits)
+        for task_index, task in enumerate(tasks):
+            slot.task = task_index
+            outcome.tasks.append(_run_task(engine, slot, job, task, program, solution))
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
+        if handed is not None:
+            outcome.handed = handed.as_dict()
+        slot.set(FAILED)
+        outcome.error = _error_from(exc, solution_path, task_index, job)
+        write_pickle_atomically(outcome_path(job_dir, rank), outcome)
+        sys.stdout.flush()
+        os._exit(1)  # the supervisor ends the peers; MPI_Finalize would wait for them
+    if handed is not None:
+        outcome.handed = handed.as_dict()
+    write_pickle_atomically(outcome_path(job_dir, rank), outcome)
+    slot.set(FINISHED)
+    engine.close()
+    if backend == "gloo":
+        # Interpreter shutdown of several torch processes at once takes seconds on a small
+        # machine, and nothing is left to flush; MPI ranks must return to run MPI_Finalize.
+        sys.stdout.flush()
+        os._exit(0)
+    return 0
+
+
+def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]:
+    """``name`` of check.py, or "module:name" of a part that loading check.py has loaded."""
+    module: Any = load_module(path, module_name)
+    if ":" in name:
+        part, name = name.split(":", 1)
+        module = sys.modules.get(part)
+    program = getattr(module, name, None)
+    if not callable(program):
+        raise AttributeError(f"{path} has no program function {name!r}")
+    return program  # type: ignore[no-any-return]
+
+
+def _run_task(
+    engine: Engine, slot: RankSlot, job: Job, task: Any, program: Callable[..., Any], solution: Any
+) -> TaskOutcome | None:
+    members = list(range(task.ranks))
+    # Both splits are collective over every rank of the job, members or not.
+    group = engine if task.ranks == engine.size else engine.split(members)
+    plan = task.faults if task.faults is not None else job.faults
+    platform = task.platform if task.platform is not None else job.platform
+    clocked = platform is not None and (job.online_clock or plan is not None)
+    side = engine.split(members) if clocked else None
+    result: TaskOutcome | None = None
+    if group is not None:
+        slot.set(RUNNING)  # it may still say "idle" from the barrier after the previous task
+        world_rank = group.world_ranks[group.rank]
+        trace = TraceRecorder(world_rank) if job.trace else None
+        comm = Comm(
+            group,
+            slot,
+            CommStats(),
+            eager_limit=job.eager_limit,
+            trace=trace,
+            compute_multiplier=_compute_multiplier(job, plan, world_rank),
+            device_flops=(
+                task.platform.device_of(world_rank).flops if task.platform is not None
+                else _per_rank(job.device_flops, world_rank, None)
+            ),
+            clock=Timekeeper(platform, side) if side is not None else None,
+            faults=MessageFaults(plan, world_rank) if plan is not None else None,
+            trigger_steps=(
+                ProcessFaults(plan).trigger_steps(world_rank) if plan is not None else frozenset()
+            ),
+        )
+        start = time.perf_counter()
+        value = program(comm, solution, *task.args, **task.kwargs)
+        events = trace.events if trace is not None else None
+        result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
+        if group is not engine:
+            group.close()
+        if side is not None:
+            side.close()
+    if task.ranks != engine.size:
+        # Ranks outside the group wait here while the group runs the task.
+        slot.set(IDLE)
+        engine.barrier()
+    return result
+
+
+def _compute_multiplier(job: Job, plan: Any, rank: int) -> float:
+    if plan is not None:
+        return float(ProcessFaults(plan).compute_multiplier(rank))
+    return float(_per_rank(job.compute_multiplier, rank, 1.0))
+
+
+def _per_rank(values: tuple[Any, ...], rank: int, default: Any) -> Any:
+    return values[rank] if rank < len(values) else default
+
+
+def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> int:
+    """Runs the problem's ``main`` program under an external launcher; rank 0 prints the summary."""
+    from ...bank import Bank, resolve_solution
+
+    bank = Bank.default()
+    entry = bank.problem(problem)
+    solution_path = resolve_solution(entry, solution_arg)
+    backend, rank, size = detect_backend()
+    engine = make_engine(backend)
+    program_file = entry.path / "check.py"
+    program = _load_program(program_file, program_module_name(program_file), "main")
+    solution = load_module(solution_path, "solution")
+    comm = Comm(engine)
+    start = time.perf_counter()
+    summary = program(comm, solution, **params)
+    wall = time.perf_counter() - start
+    engine.barrier()
+    if rank == 0:
+        print(f"{entry.number} {entry.title}: ranks={size} backend={backend} wall={wall:.3f} s")
+        if summary is not None:
+            print(summary)
+    engine.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distlab.worker")
+    parser.add_argument("--job", type=Path, help="job folder written by distlab's launcher")
+    parser.add_argument("--problem", help="problem number, for a run under mpirun/torchrun")
+    parser.add_argument("--solution", default="reference", help="'reference', 'starter' or a path")
+    parser.add_argument("--param", action="append", default=[], help="NAME=VALUE for main()")
+    args = parser.parse_args(argv)
+    if args.job:
+        return run_job(args.job)
+    if not args.problem:
+        parser.error("give --job (from distlab) or --problem")
+    params = dict(p.split("=", 1) for p in args.param)
+    return run_standalone(args.problem, args.solution, params)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

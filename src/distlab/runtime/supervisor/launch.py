@@ -1,0 +1,169 @@
+"""Starting a job's ranks as real processes and watching them until they finish or must be ended.
+
+Call order: ``launch(job)`` writes the job folder, starts the ranks (mpiexec, or one process per
+rank with torchrun's variables for gloo), then polls every 50 ms: outcome files, the launcher's
+exit, the ranks' state slots and the deadline. It always ends with every process of the job gone,
+whatever happened: a pass, a learner exception, a crash, a deadlock, the deadline, or Ctrl-C.
+
+The decision of what a poll means (``judge``) is a pure function of what was observed, kept apart
+from the side effects so it is tested without processes.
+
+Process faults (``job.faults``: kill, stop, restart; docs/fault-plans.md). On each poll the
+supervisor reads every rank's step from its state slot, asks ``ProcessFaults.due`` (through the pure
+``due_signals``) which signals are due, sends them to the rank's pid (SIGKILL, SIGSTOP, SIGCONT
+``cont_after_s`` later) and records each action's sentence in ``LaunchResult.fault_events``. A rank
+killed by a fault makes the run "crashed" with the fault named, unless the other ranks carry on and
+finish without it (code that survives a peer's death), which is a pass. While a fault holds a rank
+stopped, the stall rule declares no deadlock: the job is meant to look stuck; the deadline still
+holds. With a ``restart`` fault, a run that crashed starts again, in a fresh job folder, up to
+``max_restarts`` times within the one deadline; the ranks read which attempt they are from the
+environment variable ``DISTLAB_ATTEMPT`` (0 first, n after the nth restart). Each kill or stop fires
+once per run, restarts included, and ``at_s`` triggers count from the first attempt's start.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..comm import rankstate
+from ..jobspec import JOB_FILE, Job, RankOutcome, outcome_path, write_pickle_atomically
+from . import mpi_monitoring
+from .judge import Observation, judge, should_restart
+from .process_faults import FaultState, apply_due_faults, process_faults
+from .processes import rank_pids
+from .start import Processes, failed_to_start, start_ranks
+from .verdicts import LaunchResult, conclude
+
+POLL_S = 0.05
+
+
+def launch(
+    job: Job,
+    deadline_s: float = 60.0,
+    stall_s: float = 3.0,
+    keep_dir: Path | None = None,
+) -> LaunchResult:
+    """Runs the job to its end and returns what happened; never leaves a process behind.
+
+    With a ``restart`` fault in ``job.faults``, a crashed attempt is followed by another in a fresh
+    job folder (``keep_dir/attempt-N`` when folders are kept), within the same deadline; the result
+    is the last attempt's, with ``attempts`` and the fault events of every attempt.
+    """
+    if keep_dir is None and os.environ.get("DISTLAB_KEEP_JOBS"):
+        # For debugging the harness: leave every job folder (logs, stacks, states) in place.
+        keep_root = Path(os.environ["DISTLAB_KEEP_JOBS"])
+        keep_root.mkdir(parents=True, exist_ok=True)
+        keep_dir = Path(tempfile.mkdtemp(prefix="distlab-job-", dir=keep_root))
+    faults = process_faults(job)
+    started = time.monotonic()  # the clock of the deadline and of at_s triggers, for every attempt
+    earlier: list[str] = []
+    attempt = 0
+    start_retried = False
+    while True:
+        kept = keep_dir if keep_dir is None or attempt == 0 else keep_dir / f"attempt-{attempt}"
+        result = _run_attempt(job, attempt, started, deadline_s, stall_s, kept, faults)
+        time_left = deadline_s - (time.monotonic() - started)
+        if not start_retried and failed_to_start(result) and time_left > 5:
+            # Open MPI's launcher sometimes fails to start on a heavily loaded machine before any
+            # rank runs; nothing of the learner's ran, so trying once more is safe.
+            start_retried = True
+            continue
+        if faults is None or not should_restart(result.status, attempt, faults.restarts, time_left):
+            break
+        earlier.append(f"attempt {attempt} {result.status}: {result.message}")
+        attempt += 1
+    result.attempts = attempt + 1
+    result.restarted_after = earlier
+    result.fault_events = list(faults.events) if faults is not None else []
+    return result
+
+
+def _run_attempt(
+    job: Job,
+    attempt: int,
+    started: float,
+    deadline_s: float,
+    stall_s: float,
+    keep_dir: Path | None,
+    faults: FaultState | None,
+) -> LaunchResult:
+    """One start of the job's ranks, polled to its end; every process of it is gone on return."""
+    job_dir = Path(tempfile.mkdtemp(prefix="distlab-job-")) if keep_dir is None else keep_dir
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_pickle_atomically(job_dir / JOB_FILE, job)
+    if faults is not None:
+        faults.new_attempt()
+    procs = start_ranks(job, job_dir, attempt)
+    outcomes: dict[int, RankOutcome] = {}
+    pids: dict[int, int] = {}  # rank -> pid, once its pid file is there (fixed for the attempt)
+    last_seqs: tuple[int, ...] = ()
+    last_change = time.monotonic()
+    try:
+        while True:
+            time.sleep(POLL_S)
+            now = time.monotonic()
+            _collect_outcomes(job_dir, job.world_size, outcomes)
+            states = [s for r in range(job.world_size) if (s := rankstate.read_state(job_dir, r))]
+            seqs = tuple(s.seq for s in states)
+            if seqs != last_seqs:
+                last_seqs, last_change = seqs, now
+            killed: frozenset[int] = frozenset()
+            stopped: frozenset[int] = frozenset()
+            if faults is not None:
+                if apply_due_faults(faults, job_dir, job.world_size, states, outcomes, pids, now - started):
+                    # A rank just continued: it had no chance to move yet, so the stall clock
+                    # starts again rather than counting its frozen time as no progress.
+                    last_change = now
+                killed, stopped = frozenset(faults.killed), faults.stopped()
+            obs = Observation(
+                now - started, procs.exited(), outcomes, states, now - last_change, killed, stopped
+            )
+            verdict = judge(obs, job.world_size, deadline_s, stall_s)
+            if verdict.action == "wait":
+                continue
+            if verdict.action == "done":
+                # Monitoring files are written at MPI_Finalize: give the ranks longer to get there.
+                _wait_briefly(procs, 10.0 if job.mpi_monitoring else 3.0)
+            result = conclude(
+                verdict.action, job, job_dir, procs, outcomes, states, now - started,
+                obs.stalled_for_s, faults,
+            )
+            break
+    except BaseException:
+        procs.kill_all(rank_pids(job_dir, job.world_size))
+        _cleanup(job_dir, keep_dir)
+        raise
+    # SIGKILL ends stopped ranks as well, and mpiexec/prterun never learn of a stop (they wait for
+    # exits only), so no SIGCONT is needed first.
+    procs.kill_all(rank_pids(job_dir, job.world_size))
+    if job.mpi_monitoring and job.backend == "mpi" and result.ok:
+        result.mpi_traffic = mpi_monitoring.read_job(job_dir, job.world_size)
+    _cleanup(job_dir, keep_dir)
+    return result
+
+
+def _wait_briefly(procs: Processes, seconds: float = 3.0) -> None:
+    # Ranks that wrote their outcome are finalizing; give them a moment to leave on their own.
+    end = time.monotonic() + seconds
+    while not procs.exited() and time.monotonic() < end:
+        time.sleep(POLL_S)
+
+
+def _collect_outcomes(job_dir: Path, world: int, outcomes: dict[int, RankOutcome]) -> None:
+    for rank in range(world):
+        if rank in outcomes:
+            continue
+        path = outcome_path(job_dir, rank)
+        if path.exists():
+            with open(path, "rb") as f:
+                outcomes[rank] = pickle.load(f)
+
+
+def _cleanup(job_dir: Path, keep_dir: Path | None) -> None:
+    if keep_dir is None:
+        shutil.rmtree(job_dir, ignore_errors=True)

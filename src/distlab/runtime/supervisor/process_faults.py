@@ -1,0 +1,93 @@
+"""Process faults (kill, stop, cont, restart) as the supervisor applies them: real signals to a
+rank's pid when ``judge.due_signals`` says they are due, and the record of what was done.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..comm import rankstate
+from ..faults.plans import FaultPlan, ProcessAction, ProcessFaults
+from ..jobspec import Job, RankOutcome, pid_path
+from .judge import due_signals
+from .processes import signal_quietly
+
+_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+
+
+class FaultState:
+    """What the supervisor has done with a plan's process faults.
+
+    ``fired`` and ``events`` span the whole run (each kill/stop fires once, restarts included);
+    the rest describes the processes of the current attempt and starts empty with each attempt.
+    """
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.faults = ProcessFaults(plan)
+        self.restarts = self.faults.restarts_allowed()
+        self.fired: set[int] = set()
+        self.events: list[str] = []
+        self.new_attempt()
+
+    def new_attempt(self) -> None:
+        self.stopped_at_s: dict[int, float] = {}  # stop fault index -> elapsed at its SIGSTOP
+        self.stops: dict[int, ProcessAction] = {}  # stop fault index -> its action, until SIGCONT
+        self.killed: dict[int, str] = {}  # rank -> the sentence of its kill
+
+    def stopped(self) -> frozenset[int]:
+        return frozenset(a.rank for a in self.stops.values())
+
+    def apply(self, action: ProcessAction, pid: int, elapsed_s: float) -> None:
+        """Sends the action's signal and records it, as ``ProcessFaults.due`` expects."""
+        signal_quietly(pid, _SIGNALS[action.kind])
+        self.events.append(action.describe())
+        if action.kind == "cont":
+            self.stopped_at_s.pop(action.fault_index, None)
+            self.stops.pop(action.fault_index, None)
+            return
+        self.fired.add(action.fault_index)
+        if action.kind == "stop":
+            self.stopped_at_s[action.fault_index] = elapsed_s
+            self.stops[action.fault_index] = action
+            return
+        self.killed[action.rank] = action.describe()
+        # SIGKILL ends a stopped process too: it is no longer held, and gets no SIGCONT.
+        for index in [i for i, a in self.stops.items() if a.rank == action.rank]:
+            self.stopped_at_s.pop(index, None)
+            self.stops.pop(index)
+
+
+def process_faults(job: Job) -> FaultState | None:
+    """The job's process faults, checked against its world before anything starts; None if the
+    plan has none (then the poll loop does no fault work at all)."""
+    plan = job.faults
+    if not isinstance(plan, FaultPlan) or not plan.of_kind("kill", "stop", "restart"):
+        return None
+    return FaultState(plan.validate_for(job.world_size))
+
+
+def apply_due_faults(
+    faults: FaultState,
+    job_dir: Path,
+    world: int,
+    states: list[rankstate.RankState],
+    outcomes: Mapping[int, RankOutcome],
+    pids: dict[int, int],
+    elapsed_s: float,
+) -> bool:
+    """Sends the signals due now; True if one of them was a SIGCONT."""
+    for rank in range(world):
+        if rank not in pids:
+            try:
+                pids[rank] = int(pid_path(job_dir, rank).read_text())
+            except (OSError, ValueError):  # not started yet, or the file is half written
+                pass
+    skip = frozenset(outcomes) | frozenset(faults.killed) | (frozenset(range(world)) - pids.keys())
+    actions = due_signals(
+        faults.faults, states, skip, elapsed_s, frozenset(faults.fired), faults.stopped_at_s
+    )
+    for action in actions:
+        faults.apply(action, pids[action.rank], elapsed_s)
+    return any(a.kind == "cont" for a in actions)

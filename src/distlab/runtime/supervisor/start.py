@@ -1,0 +1,155 @@
+"""Starting a job's processes: mpiexec for MPI (the Open MPI wheel beside the interpreter), or one
+process per rank with torchrun's variables on a free port for gloo. Each start is a new session,
+so that every process of it can be found and killed. Also the direct mpiexec runs of tests and
+benchmarks, started again after Open MPI's known start-up failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import HarnessError
+from ..jobspec import Job
+from . import mpi_monitoring
+from .processes import kill_session
+
+if TYPE_CHECKING:
+    from .verdicts import LaunchResult
+
+ATTEMPT_ENV = "DISTLAB_ATTEMPT"  # which attempt a rank belongs to: 0, then 1 after a restart, ...
+RANK_MODULE = "distlab.runtime.rank.worker"
+
+
+STARTUP_FAILURES = ("PMIx server's listener thread failed to start", "PRTE has lost communication")
+
+
+def mpiexec_failed_to_start(output: str) -> bool:
+    """Open MPI 5's launcher sometimes dies at start-up on a loaded machine (its PMIx listener
+    thread does not come up); nothing ran, and a second start works."""
+    return any(reason in output for reason in STARTUP_FAILURES)
+
+
+def run_mpiexec(
+    command: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
+    attempts: int = 3,
+) -> subprocess.CompletedProcess[str]:
+    """Runs an mpiexec command line to its end, starting it again after a known start-up failure.
+    For direct runs (an external-launcher test, a benchmark); jobs get the same from ``launch``."""
+    for _ in range(attempts):
+        done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+        if done.returncode == 0 or not mpiexec_failed_to_start(done.stdout + done.stderr):
+            break
+    return done
+
+
+def failed_to_start(result: LaunchResult) -> bool:
+    """The launcher died before any rank reported anything, for a known start-up reason."""
+    return (result.status == "crashed" and not result.outcomes
+            and mpiexec_failed_to_start(result.details))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mpiexec_path() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise HarnessError(
+            "mpiexec not found: run scripts/setup.sh (it installs the Open MPI wheel into .venv)"
+        )
+    return found
+
+
+def rank_env() -> dict[str, str]:
+    """What every rank inherits: one math thread per rank unless the user asked otherwise (as
+    torchrun does), because several ranks share the cores and spinning threads steal them."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def mpi_env() -> dict[str, str]:
+    """The environment of mpiexec for a job (and for the benchmarks, which measure the same)."""
+    env = rank_env()
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        # Oversubscribed ranks must give the core away while they poll for messages.
+        OMPI_MCA_mpi_yield_when_idle="1",
+        OMPI_MCA_btl="self,sm,tcp",
+        PRTE_MCA_prte_silence_shared_fs="1",
+    )
+    return env
+
+
+class Processes:
+    """The started processes of one job, and how to end them all."""
+
+    def __init__(self) -> None:
+        self.popens: list[subprocess.Popen[bytes]] = []
+
+    def exited(self) -> bool:
+        return all(p.poll() is not None for p in self.popens)
+
+    def kill_all(self, rank_pids: list[int]) -> None:
+        for p in self.popens:
+            kill_session(p.pid, rank_pids)
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
+    procs = Processes()
+    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir)]
+    out = open(job_dir / "launcher.log", "wb")
+    if job.backend == "mpi":
+        command = [
+            mpiexec_path(), "-n", str(job.world_size), "--oversubscribe", "--bind-to", "none",
+            *worker,
+        ]
+        # mpiexec hands its environment to the ranks it starts on this host.
+        env = mpi_env()
+        env[ATTEMPT_ENV] = str(attempt)
+        if job.mpi_monitoring:
+            env.update(mpi_monitoring.monitoring_env(job_dir))
+        procs.popens.append(
+            subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True,
+            )
+        )
+    elif job.backend == "gloo":
+        port = free_port()
+        for rank in range(job.world_size):
+            env = rank_env()
+            env[ATTEMPT_ENV] = str(attempt)
+            env.update(
+                RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(job.world_size), GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            )
+            procs.popens.append(
+                subprocess.Popen(
+                    worker, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    start_new_session=True,
+                )
+            )
+    else:
+        raise HarnessError(f"unknown backend {job.backend!r}: use mpi or gloo")
+    out.close()
+    return procs

@@ -1,0 +1,276 @@
+"""What a launch ended as, in sentences: the result of a launch, and the explanations the
+supervisor writes for each verdict (the failing rank and its error, the deadlock's cycle, what a
+fault did, how a crashed rank died, the ranks' stacks and logs).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..comm import rankstate
+from ..jobspec import Job, RankOutcome, TaskOutcome, log_path, stack_path
+from . import mpi_monitoring, waitfor
+from .process_faults import FaultState
+from .processes import rank_pids, signal_quietly
+from .start import Processes
+
+STACK_WAIT_S = 0.5
+
+
+@dataclass
+class LaunchResult:
+    """What happened to one launch. ``status`` is one of ok, error, deadlock, timeout, crashed."""
+
+    status: str
+    backend: str
+    world_size: int
+    wall_s: float
+    outcomes: dict[int, RankOutcome] = field(default_factory=dict)
+    message: str = ""
+    details: str = ""
+    failing_rank: int | None = None
+    failing_task: int | None = None
+    logs: dict[int, str] = field(default_factory=dict)
+    task_labels: list[str] = field(default_factory=list)
+    # Process faults: how many times the job was started (1 + restarts), every signal the
+    # supervisor sent in every attempt as "rank 3 was killed (SIGKILL) at step 30 by fault[1]",
+    # and why each attempt before the last one ended (the last one's is ``message``).
+    attempts: int = 1
+    fault_events: list[str] = field(default_factory=list)
+    restarted_after: list[str] = field(default_factory=list)
+    # With Job.mpi_monitoring, on a run that ended well: what Open MPI's monitoring counted, per
+    # rank that reached MPI_Finalize (mpi_monitoring.py); None when not asked for.
+    mpi_traffic: dict[int, mpi_monitoring.RankMonitoring] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def task_outcomes(self, index: int) -> list[TaskOutcome]:
+        """Per-rank outcomes of task ``index`` (ranks that took part, in rank order)."""
+        found = []
+        for rank in sorted(self.outcomes):
+            tasks = self.outcomes[rank].tasks
+            if index < len(tasks) and tasks[index] is not None:
+                found.append(tasks[index])
+        return found  # type: ignore[return-value]
+
+
+def conclude(
+    action: str,
+    job: Job,
+    job_dir: Path,
+    procs: Processes,
+    outcomes: dict[int, RankOutcome],
+    states: list[rankstate.RankState],
+    elapsed: float,
+    stalled_for: float = 0.0,
+    faults: FaultState | None = None,
+) -> LaunchResult:
+    result = LaunchResult("ok", job.backend, job.world_size, elapsed, dict(outcomes))
+    result.task_labels = list(job.task_labels)
+    if action == "done":
+        result.logs = _logs(job_dir, job.world_size)
+        return result
+    if action == "error":
+        rank, outcome = min(
+            ((r, o) for r, o in outcomes.items() if o.error is not None), key=lambda ro: ro[0]
+        )
+        assert outcome.error is not None
+        err = outcome.error
+        result.status = "error"
+        result.failing_rank, result.failing_task = rank, err.task_index
+        at = f" at {err.where}" if err.where else ""
+        result.message = f"rank {rank}: {err.summary}{at}"
+        result.details = err.traceback
+    elif action == "killed":
+        assert faults is not None
+        _conclude_killed(result, job, job_dir, procs, outcomes, states, stalled_for, faults)
+    elif action in ("deadlock", "timeout"):
+        graph = _collect_stacks(job_dir, job, _alive(states, faults))
+        result.status = action
+        if action == "deadlock":
+            hung = [st.rank for st in states if st.state == "blocked" and st.op == "hung"]
+            if hung:
+                head = (f"rank(s) {', '.join(map(str, hung))} hung by the fault plan, and every "
+                        "other rank waits: the job is stuck")
+            elif graph.cycle:
+                head = waitfor.cycle_sentence(graph.cycle) + ": a deadlock"
+            else:
+                head = "every rank waits and none can go on: a deadlock"
+            result.message = f"{head} (no rank made progress for {stalled_for:.1f} s)"
+        else:
+            result.message = f"the run passed its deadline of {elapsed:.0f} s"
+            # A stopped or killed rank's slot may still say "running": it computes nothing.
+            held = faults.stopped() | frozenset(faults.killed) if faults is not None else frozenset()
+            running = [s.rank for s in states if s.state == "running" and s.rank not in held]
+            if running:
+                result.message += f"; rank(s) {', '.join(map(str, running))} still computing"
+            if faults is not None:
+                result.message += "".join(
+                    f"; {a.describe()} and was not continued" for a in faults.stops.values()
+                )
+                result.message += "".join(f"; {k}" for k in faults.killed.values())
+        result.details = graph.describe() + "\n\n" + _stacks(job_dir, job)
+        if faults is not None and faults.stops:
+            # The slot of a frozen rank shows the call it was stopped in, not a wait of its own.
+            frozen = "".join(
+                f"rank {a.rank} is frozen by fault[{i}] (SIGSTOP): its line below is where it "
+                "stopped, and it has no stack to show\n"
+                for i, a in faults.stops.items()
+            )
+            result.details = frozen + result.details
+        if faults is not None and faults.killed:
+            result.details = _dead_lines(faults) + result.details
+        blocked = [s.task for s in states if s.state == "blocked"]
+        result.failing_task = min(blocked) if blocked else None
+    else:  # crashed: the launcher exited before every rank reported
+        missing = [r for r in range(job.world_size) if r not in outcomes]
+        result.status = "crashed"
+        result.failing_rank = missing[0] if missing else None
+        cause = _crash_cause(job_dir, missing, procs)
+        result.message = f"rank(s) {', '.join(map(str, missing))} ended without reporting: {cause}"
+        result.details = _stacks(job_dir, job, only=missing) or _launcher_tail(job_dir)
+    if faults is not None and faults.events:
+        applied = "\n".join(f"  {e}" for e in faults.events)
+        result.details = f"{result.details}\n\nprocess faults applied (fault plan):\n{applied}".lstrip()
+    result.logs = _logs(job_dir, job.world_size)
+    return result
+
+
+def _collect_stacks(
+    job_dir: Path, job: Job, states: list[rankstate.RankState]
+) -> waitfor.WaitForGraph:
+    """Asks every rank for its stack (SIGUSR1; a stopped rank cannot answer) and returns the
+    wait-for graph of the last poll."""
+    for pid in rank_pids(job_dir, job.world_size):
+        signal_quietly(pid, signal.SIGUSR1)
+    time.sleep(STACK_WAIT_S)
+    return waitfor.build(states, job.world_size)
+
+
+def _conclude_killed(
+    result: LaunchResult,
+    job: Job,
+    job_dir: Path,
+    procs: Processes,
+    outcomes: dict[int, RankOutcome],
+    states: list[rankstate.RankState],
+    stalled_for: float,
+    faults: FaultState,
+) -> None:
+    """A fault killed a rank and the others could not finish without it: the kill leads the
+    message, then what became of the rest (an error, an exit, or waiting for ever)."""
+    killed = sorted(faults.killed)
+    result.status = "crashed"
+    result.failing_rank = killed[0]
+    result.failing_task = next((s.task for s in states if s.rank == killed[0]), None)
+    head = "; ".join(faults.killed[r] for r in killed)
+    others = [r for r in range(job.world_size) if r not in outcomes and r not in faults.killed]
+    failed = [(r, o.error) for r, o in sorted(outcomes.items()) if o.error is not None]
+    if failed:
+        rank, err = failed[0]
+        assert err is not None
+        at = f" at {err.where}" if err.where else ""
+        then = f"then rank {rank} failed: {err.summary}{at}"
+        result.details = err.traceback
+    elif procs.exited():
+        then = (
+            f"then rank(s) {', '.join(map(str, others))} ended without reporting"
+            if others else "then the job ended"
+        )
+        result.details = _launcher_tail(job_dir)
+    else:
+        graph = _collect_stacks(job_dir, job, _alive(states, faults))
+        then = (
+            f"then rank(s) {', '.join(map(str, others))} waited for it and none could go on "
+            f"(no progress for {stalled_for:.1f} s)"
+        )
+        result.details = (
+            _dead_lines(faults) + graph.describe() + "\n\n" + _stacks(job_dir, job, only=others)
+        )
+    result.message = f"{head}; {then}"
+
+
+def _alive(states: list[rankstate.RankState], faults: FaultState | None) -> list[rankstate.RankState]:
+    """The states of ranks not killed by a fault: a dead rank's slot keeps its last call, which
+    would read as a wait of its own in the wait-for graph."""
+    if faults is None:
+        return states
+    return [s for s in states if s.rank not in faults.killed]
+
+
+def _dead_lines(faults: FaultState) -> str:
+    return "".join(f"rank {r} is gone: {faults.killed[r]}\n" for r in sorted(faults.killed))
+
+
+def _crash_cause(job_dir: Path, missing: list[int], procs: Processes) -> str:
+    texts = []
+    for rank in missing:
+        try:
+            texts.append(stack_path(job_dir, rank).read_text())
+        except OSError:
+            pass
+    blob = "\n".join(texts)
+    for needle, cause in (
+        ("Aborted", "killed by SIGABRT (abort() was called)"),
+        ("Segmentation fault", "segmentation fault"),
+        ("Floating-point exception", "floating-point exception"),
+        ("Bus error", "bus error"),
+    ):
+        if needle in blob:
+            return cause
+    codes = [p.returncode for p in procs.popens if p.returncode is not None and p.returncode < 0]
+    if codes:
+        return f"killed by signal {signal.Signals(-codes[0]).name}"
+    log = (job_dir / "launcher.log").read_text(errors="replace") if (job_dir / "launcher.log").exists() else ""
+    if "signal 9" in log or "Killed" in log:
+        return "killed by SIGKILL (out of memory, or killed from outside)"
+    return "the process exited without writing its outcome (os._exit or a signal)"
+
+
+def _stacks(job_dir: Path, job: Job, only: list[int] | None = None) -> str:
+    parts = []
+    for rank in only if only is not None else range(job.world_size):
+        try:
+            text = stack_path(job_dir, rank).read_text()
+        except OSError:
+            continue
+        trimmed = _main_thread(text)
+        if trimmed:
+            parts.append(f"rank {rank} stack (most recent call first):\n{trimmed}")
+    return "\n".join(parts)
+
+
+def _main_thread(dump: str) -> str:
+    """The frames of the thread that took the signal, without harness-internal frames."""
+    blocks = dump.split("\n\n")
+    chosen = next((b for b in blocks if "Current thread" in b or "Fatal Python error" in b), "")
+    lines = [
+        line for line in chosen.splitlines()
+        if line.startswith("  File") and "/distlab/runtime/" not in line
+    ]
+    return "\n".join(lines[:12])
+
+
+def _launcher_tail(job_dir: Path) -> str:
+    try:
+        text = (job_dir / "launcher.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return "launcher output:\n" + "\n".join(text.strip().splitlines()[-15:])
+
+
+def _logs(job_dir: Path, world: int) -> dict[int, str]:
+    logs = {}
+    for rank in range(world):
+        try:
+            text = log_path(job_dir, rank).read_text(errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            logs[rank] = text[-4000:]
+    return logs

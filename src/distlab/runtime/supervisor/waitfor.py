@@ -1,0 +1,82 @@
+"""The wait-for graph: from each blocked rank to the ranks it waits on, and the cycle if any.
+
+Pure functions over RankState records, so they are tested without processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..comm.rankstate import ALL_PEERS, RankState
+
+
+@dataclass(frozen=True)
+class WaitForGraph:
+    states: dict[int, RankState]
+    edges: dict[int, tuple[int, ...]]
+    cycle: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        lines = [s.describe() for s in sorted(self.states.values(), key=lambda s: s.rank)]
+        if self.cycle:
+            lines.append(cycle_sentence(self.cycle) + ": a cycle, so none of them can go on")
+        return "\n".join(lines)
+
+
+def build(states: list[RankState], world_size: int) -> WaitForGraph:
+    by_rank = {s.rank: s for s in states}
+    edges: dict[int, tuple[int, ...]] = {}
+    for s in states:
+        if s.state != "blocked":
+            continue
+        if s.peers == (ALL_PEERS,):
+            # A collective waits on every rank that has not entered the same collective.
+            edges[s.rank] = tuple(
+                r for r in range(world_size)
+                if r != s.rank and not (r in by_rank and by_rank[r].op == s.op and by_rank[r].state == "blocked")
+            )
+        elif s.op == "Sendrecv":
+            # Its send can always complete once the destination posts a receive; what holds a
+            # Sendrecv is its source not sending. Counting the destination too would see a cycle
+            # in every ring that is merely in the middle of an exchange.
+            edges[s.rank] = tuple(p for p in s.peers[:1] if p >= 0) if len(s.peers) > 1 else ()
+        else:
+            edges[s.rank] = tuple(p for p in s.peers if p >= 0)
+    return WaitForGraph(by_rank, edges, find_cycle(edges))
+
+
+def find_cycle(edges: dict[int, tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The first cycle found by depth-first search, as ranks in waiting order, or None."""
+    done: set[int] = set()
+    for start in sorted(edges):
+        path: list[int] = []
+        on_path: dict[int, int] = {}
+        node: int | None = start
+        # Follow the first unexplored edge; a rank waiting on one peer is the common case.
+        stack = [(start, iter(edges.get(start, ())))]
+        on_path[start] = 0
+        path.append(start)
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+                on_path.pop(node, None)
+                done.add(node)
+                continue
+            if nxt in on_path:
+                return tuple(path[on_path[nxt]:])
+            if nxt in done or nxt not in edges:
+                continue
+            on_path[nxt] = len(path)
+            path.append(nxt)
+            stack.append((nxt, iter(edges.get(nxt, ()))))
+    return None
+
+
+def cycle_sentence(cycle: tuple[int, ...]) -> str:
+    """(0, 3, 2) -> 'rank 0 waits on 3, 3 on 2, 2 on 0'."""
+    first = f"rank {cycle[0]} waits on {cycle[1 % len(cycle)]}"
+    rest = [f"{cycle[i]} on {cycle[(i + 1) % len(cycle)]}" for i in range(1, len(cycle))]
+    return ", ".join([first, *rest])

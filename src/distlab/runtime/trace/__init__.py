@@ -1,0 +1,3 @@
+"""What each rank did: the event record written on the proxy's hot path (``events.py``) and its
+export in the Chrome trace event format (``chrome.py``).
+"""
