@@ -19,6 +19,8 @@ from pathlib import Path
 
 from .bank import PROBLEM_FILES, Bank, Entry
 from .errors import CardError, UsageError
+from .grading.imports import ALLOWED as ALLOWED_IMPORTS
+from .grading.imports import problem_import_findings
 from .grading.parts import PART_FILE
 
 # Files a problem folder may hold besides its four: notes for authors, data it ships, and the
@@ -69,6 +71,9 @@ def static_findings(entry: Entry) -> list[Finding]:
         add(True, "checks", f"{count} checks declared")
     except Exception as exc:  # noqa: BLE001 - any import error of check.py is a finding
         add(False, "checks", f"check.py does not load: {type(exc).__name__}: {exc}")
+    leaks = problem_import_findings(entry.path)
+    add(not leaks, "imports", "; ".join(leaks) + f" (only {' and '.join(ALLOWED_IMPORTS)})"
+        if leaks else "only " + " and ".join(ALLOWED_IMPORTS))
     return out
 
 
