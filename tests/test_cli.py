@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from conftest import run_cli
+import pytest
+
+from conftest import PROBLEMS, run_cli
 
 
 def test_list_shows_all_25_slots_by_tier() -> None:
@@ -88,3 +91,42 @@ def test_a_corrupt_progress_file_is_reported_not_a_traceback(workspace: Path) ->
     out = run_cli("list")
     assert out.returncode == 0
     assert "unreadable" in out.stdout and "Traceback" not in out.stdout + out.stderr
+
+
+# Card text in square brackets, the way learners' code advice reads; rich's markup and Markdown's
+# links would each eat a different part of it.
+BRACKETS = "send np.concatenate([signs, np.float32([scale]).view(np.uint8)]) into buf[lo:hi]"
+LINKLIKE = "x[i](y) and \\[kept] and [bold]"
+
+
+@pytest.fixture
+def bracket_bank(tmp_path: Path) -> Path:
+    """The real index and problem 03, whose card's first hint and background hold brackets."""
+    root = tmp_path / "problems"
+    root.mkdir()
+    shutil.copy(PROBLEMS / "index.toml", root / "index.toml")
+    shutil.copytree(PROBLEMS / "03-ring-allreduce", root / "03-ring-allreduce")
+    card = root / "03-ring-allreduce" / "card.toml"
+    text = card.read_text().replace("hints = [\n", f"hints = [\n    {json.dumps(BRACKETS)},\n", 1)
+    text = text.replace('background = """\n', f'background = """\n{LINKLIKE.replace(chr(92), chr(92) * 2)} {BRACKETS}\n', 1)
+    card.write_text(text)
+    return root
+
+
+def test_hints_with_square_brackets_print_verbatim(bracket_bank: Path) -> None:
+    out = run_cli("hint", "03", env={"DISTLAB_PROBLEMS": str(bracket_bank)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert BRACKETS in out.stdout
+
+
+def test_the_card_keeps_its_square_brackets_through_markdown(bracket_bank: Path) -> None:
+    out = run_cli("show", "03", env={"DISTLAB_PROBLEMS": str(bracket_bank), "COLUMNS": "400"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    flat = " ".join(out.stdout.replace("│", " ").split())
+    assert BRACKETS in flat and LINKLIKE in flat
+
+
+def test_an_error_message_quoting_the_learners_text_keeps_its_brackets() -> None:
+    out = run_cli("show", "[bold]x")
+    assert out.returncode == 2
+    assert "no problem '[bold]x'" in out.stdout

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from .bank import Bank, Entry
 from .workspace import Workspace
@@ -126,12 +127,12 @@ def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
         while entry is not None:
             path, created = ws.start(entry)
             if created:
-                console.print(f"wrote {path}")
+                console.print(f"wrote {escape(str(path))}")
             passed = check(entry, path)
             stop = threading.Event()
             events: "queue.Queue[str]" = queue.Queue()
             Watcher(path, events, poll, stop).start()
-            console.print(f"[bold]watching {path.name}[/] ({'polling' if poll else 'notifications'}) · "
+            console.print(f"[bold]watching {escape(path.name)}[/] ({'polling' if poll else 'notifications'}) · "
                           "save to check again · h hint · n next · l list · r check · q quit")
             if passed:
                 console.print("[green]passed![/] press n for the next problem")
@@ -143,7 +144,7 @@ def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
                 except queue.Empty:
                     event = None
                 if event and event.startswith("fallback:"):
-                    console.print(f"[yellow]file notifications do not work here ({event[9:]}); "
+                    console.print(f"[yellow]file notifications do not work here ({escape(event[9:])}); "
                                   "polling instead (`distlab --poll` asks for it directly)[/]")
                 elif event == "changed":
                     passed = check(entry, path)
