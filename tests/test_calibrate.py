@@ -173,3 +173,15 @@ def test_out_overrides_the_default_path(tmp_path: Path) -> None:
     target = tmp_path / "mine" / "here.toml"
     assert run_calibration(console, "mpi", 3, target, True) == target
     assert load_platform(target).max_ranks() == 3
+
+
+def test_the_ring_table_folds_on_a_narrow_terminal_and_elides_no_figure() -> None:
+    from distlab.calibrate import RingRow, ring_table
+
+    rows = [RingRow(2**20, 1.234567e-3, 2.345678e-3, 3.456789e-3)]
+    out = io.StringIO()
+    Console(file=out, width=50, color_system=None).print(ring_table(rows, 4, "mpi"))
+    text = out.getvalue()
+    assert "…" not in text
+    for ratio in (f"{rows[0].ratio_analytic:.2f}", f"{rows[0].ratio_replayed:.2f}"):
+        assert ratio in text

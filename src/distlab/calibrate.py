@@ -45,6 +45,7 @@ from .runtime.jobspec import Job, Task, TaskOutcome, make_job
 from .runtime.launcher import LaunchResult, launch
 from .runtime.metrics import format_seconds
 from .runtime.netsim import replay
+from .terminal import folding
 from .workspace import workspace_dir, write_atomically
 
 BACKENDS = ("mpi", "gloo")
@@ -382,7 +383,7 @@ def ping_table(
         note = " (set aside)" if size in dropped else ""
         table.add_row(format_bytes(size), format_seconds(t), format_seconds(fit.predict(size)),
                       f"{t / fit.predict(size):.2f}{note}")
-    return table
+    return folding(table)
 
 
 def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
@@ -392,10 +393,10 @@ def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    # Short headers: the table must fit an 80-column terminal without truncating a ratio.
+    # Short headers, so that the table fits an 80-column terminal; on a narrower one it folds.
     headers = ("size", "analytic", "replayed", "wall", "wall/analytic", "wall/replayed")
     for header in headers:
-        table.add_column(header, justify="right", no_wrap=True)
+        table.add_column(header, justify="right")
     for row in rows:
         table.add_row(
             format_bytes(row.nbytes),
@@ -405,7 +406,7 @@ def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
             f"{row.ratio_analytic:.2f}",
             f"{row.ratio_replayed:.2f}",
         )
-    return table
+    return folding(table)
 
 
 def gap_sentence(ranks: int, cores: int) -> str:

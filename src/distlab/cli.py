@@ -22,6 +22,7 @@ from rich.table import Table
 
 from .bank import TIERS, Bank, Entry, resolve_solution
 from .errors import DistlabError, UsageError
+from .terminal import folding, make_console, print_code, reading_width
 from .workspace import Workspace
 
 app = typer.Typer(
@@ -29,7 +30,7 @@ app = typer.Typer(
     help="distlab: distributed-training problems, checked on real processes. "
     "With no command: watch mode on the next problem.",
 )
-console = Console(highlight=False)
+console: Console = make_console()
 
 
 def _bank() -> Bank:
@@ -77,7 +78,7 @@ def list_problems() -> None:
             else:
                 status = "ready"
             table.add_row(f"  {entry.number}", escape(entry.title), status)
-        console.print(table)
+        console.print(folding(table))
 
 
 @app.command()
@@ -98,7 +99,8 @@ def show(problem: str = typer.Argument(..., help="number or slug")) -> None:
         f"Start with `distlab start {entry.number}`; {len(card.hints)} hints with "
         f"`distlab hint {entry.number}`."
     )
-    console.print(Panel(Markdown(text), title=f"{entry.number} · {escape(card.title)}", expand=False))
+    console.print(Panel(Markdown(text), title=f"{entry.number} · {escape(card.title)}", expand=False,
+                        width=reading_width(console) if not console.is_terminal else None))
 
 
 @app.command()
@@ -343,9 +345,8 @@ def solution(
             f"the reference of {entry.number} opens once your solution passes "
             f"(`distlab check {entry.number}`), or with --force"
         )
-    from rich.syntax import Syntax
+    print_code(console, (entry.path / "reference.py").read_text())
 
-    console.print(Syntax((entry.path / "reference.py").read_text(), "python", line_numbers=True))
 
 
 @app.command()
@@ -363,7 +364,7 @@ def progress() -> None:
         filled = round(width * done / len(entries)) if entries else 0
         bar = f"[green]{'█' * filled}[/][dim]{'░' * (width - filled)}[/]"
         table.add_row(f"{tier} tier", bar, f"{done}/{len(entries)} passed")
-    console.print(table)
+    console.print(folding(table))
     upcoming = [e for e in bank.entries if e.ready and not state.of(e.number).passed]
     if upcoming:
         nxt = upcoming[0]
@@ -435,7 +436,7 @@ def dev_lint(
     table = Table("problem", "", "what", "finding", box=None)
     for f in findings:
         table.add_row(f.problem, "[green]ok[/]" if f.ok else "[red]FAIL[/]", escape(f.what), escape(f.message))
-    console.print(table)
+    console.print(folding(table))
     bad = [f for f in findings if not f.ok]
     console.print(f"{len(findings) - len(bad)} ok, {len(bad)} failing")
     raise typer.Exit(1 if bad else 0)

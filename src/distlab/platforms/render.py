@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from ..terminal import folding
+
 from .loader import load_shipped, resolve, shipped_names
 from .model import Link, Platform
 
@@ -138,7 +140,7 @@ def profiles_table(platform: Platform) -> Table:
         name = prof.name + (f" [dim]({escape(prof.description)})[/]" if prof.description else "")
         tflops, memory = f"{prof.flops / 1e12:g}", f"{prof.memory_gib:g} GiB"
         table.add_row(name, str(count), tflops, memory, rates, ops)
-    return table
+    return folding(table)
 
 
 def summary_table(platforms: Iterable[Platform]) -> Table:
@@ -149,7 +151,7 @@ def summary_table(platforms: Iterable[Platform]) -> Table:
     table.add_column("description")
     for p in platforms:
         table.add_row(p.name, str(p.max_ranks()), str(len(p.devices)), escape(p.description))
-    return table
+    return folding(table)
 
 
 def list_platforms(console: Console) -> None:
