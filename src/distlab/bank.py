@@ -265,9 +265,8 @@ def _load_index(root: Path) -> list[Entry]:
 
 def resolve_solution(entry: Entry, arg: str) -> Path:
     """'reference' or 'starter' name the problem's own files; anything else is a path."""
+    from .options import solution_file
+
     if arg in ("reference", "starter"):
         return entry.path / f"{arg}.py"
-    path = Path(arg).expanduser()
-    if not path.is_file():
-        raise UsageError(f"solution file {arg} does not exist")
-    return path.resolve()
+    return solution_file(arg)

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from . import options as opts
 from .bank import TIERS, Bank, Entry, resolve_solution
 from .errors import DistlabError, UsageError
 from .terminal import folding, make_console, print_code, reading_width
@@ -191,13 +192,17 @@ def check(
 
     if backend not in ("mpi", "gloo"):
         raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
+    seed, time_limit = opts.seed(seed), opts.time_limit(time_limit)
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    if time_limit is not None and time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
     if clock not in ("virtual", "wall"):
         raise UsageError(f"unknown clock {clock!r}: use virtual or wall")
+    # Refused now, not after the checks: the results must have somewhere to go, and never over
+    # the learner's progress or their own file.
+    json_out = opts.json_path(json_out, keep={
+        "your progress file": ws.progress_file, "the solution file being checked": path,
+    })
     options = Options(backend, seed, time_limit, platform, faults, clock)
     results = _check_and_record(entry, path, options, verbose, own=solution is None)
     if json_out:
@@ -230,6 +235,7 @@ def run(
     bad = [p for p in param if "=" not in p]
     if bad:
         raise UsageError(f"--param takes NAME=VALUE; got {bad[0]!r}")
+    seed = opts.seed(seed)
     entry = _bank().ready_problem(problem)
     path = _solution_for(entry, solution, Workspace())
     params = dict(p.split("=", 1) for p in param)
