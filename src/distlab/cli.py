@@ -22,7 +22,7 @@ from rich.table import Table
 
 from . import options as opts
 from .bank import TIERS, Bank, Entry, resolve_solution
-from .errors import DistlabError, UsageError
+from .errors import CardError, DistlabError, UsageError
 from .terminal import folding, make_console, print_code, reading_width
 from .workspace import Workspace
 
@@ -72,6 +72,8 @@ def list_problems() -> None:
             state = progress.problems.get(entry.number)
             if not entry.ready:
                 status = "[dim]coming[/]"
+            elif not _card_loads(entry):
+                status = f"[red]broken[/]: its card does not load (`distlab show {entry.number}` says why)"
             elif state and state.passed:
                 status = "[green]passed[/]"
             elif state and state.attempts:
@@ -80,6 +82,14 @@ def list_problems() -> None:
                 status = "ready"
             table.add_row(f"  {entry.number}", escape(entry.title), status)
         console.print(folding(table))
+
+
+def _card_loads(entry: Entry) -> bool:
+    try:
+        entry.card()
+    except CardError:
+        return False
+    return True
 
 
 @app.command()
