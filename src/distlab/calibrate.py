@@ -40,13 +40,14 @@ from . import calibration_ranks
 from .bank import Bank
 from .errors import HarnessError, UsageError
 from .platforms import Platform, load_platform
+from .platforms.loader import workspace_platforms_dir
 from .runtime.collectives_cost import ring_allreduce_time
 from .runtime.jobspec import Job, Task, TaskOutcome, make_job
 from .runtime.launcher import LaunchResult, launch
 from .runtime.metrics import format_seconds
 from .runtime.netsim import replay
 from .terminal import folding
-from .workspace import workspace_dir, write_atomically
+from .workspace import write_atomically
 
 BACKENDS = ("mpi", "gloo")
 RING_PROBLEM = "03"
@@ -240,7 +241,17 @@ def _close(a: float, b: float) -> bool:
 
 
 def default_output(backend: str) -> Path:
-    return workspace_dir() / "platforms" / f"calibrated-{backend}.toml"
+    """In the workspace's platforms/, where ``--platform calibrated-BACKEND`` finds it by name."""
+    return workspace_platforms_dir() / f"calibrated-{backend}.toml"
+
+
+def platform_option(path: Path) -> str:
+    """What to give --platform for the file at ``path``: its name if lookup finds it, else the path."""
+    from .platforms.loader import workspace_names
+
+    if path.parent == workspace_platforms_dir() and path.suffix == ".toml" and path.stem in workspace_names():
+        return path.stem
+    return str(path)
 
 
 def check_writable(path: Path) -> None:
@@ -495,7 +506,8 @@ def run_calibration(
     platform = write_platform(path, model)
     console.print(
         f"wrote [bold]{escape(str(path))}[/] (platform {platform.name}, {ranks} devices, "
-        f"{model.flops / 1e9:.1f} GFLOP/s per device)"
+        f"{model.flops / 1e9:.1f} GFLOP/s per device); use it with "
+        f"--platform {escape(platform_option(path))}"
     )
 
     rows = measure_ring(backend, ranks, plan, platform)

@@ -18,7 +18,8 @@ from rich.tree import Tree
 
 from ..terminal import folding
 
-from .loader import load_shipped, resolve, shipped_names
+from .loader import load_platform, load_shipped, resolve, shipped_names, workspace_names, \
+    workspace_platforms_dir
 from .model import Link, Platform
 
 
@@ -155,8 +156,14 @@ def summary_table(platforms: Iterable[Platform]) -> Table:
 
 
 def list_platforms(console: Console) -> None:
-    """`distlab platforms`: the shipped platforms in one table."""
+    """`distlab platforms`: the shipped platforms in one table, then the workspace's own."""
     console.print(summary_table(load_shipped(name) for name in shipped_names()))
+    mine = workspace_names()
+    if mine:
+        folder = workspace_platforms_dir()
+        table = summary_table(load_platform(folder / f"{name}.toml") for name in mine)
+        table.title = f"yours, in {escape(str(folder))}"
+        console.print(table)
     console.print("[dim]`distlab platform show NAME` draws one; a card may also name a .toml file.[/]")
 
 
