@@ -23,10 +23,12 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_cli(
-    *args: str, timeout: float = 120, cwd: Path | None = None, workspace: Path | None = None
+    *args: str, timeout: float = 120, cwd: Path | None = None, workspace: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs the distlab CLI as a user would, in a child process; returns its exit code and output."""
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
+    """Runs the distlab CLI as a user would, in a child process; returns its exit code and output.
+    ``env`` adds to (or overrides) the variables it runs with."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
     if workspace is not None:
         env["DISTLAB_WORKSPACE"] = str(workspace)
     return subprocess.run(

@@ -70,6 +70,13 @@ def _card_with(tmp_path: Path, old: str, new: str) -> Path:
         ('[steps]', '[steps]\nrelax = "x"', "key 'steps.relax' is not a known key"),
         ('[scenario]', '[scenario]\nbackground2 = "x"', "key 'scenario.background2' is not a known key"),
         ('tier = "basic"', 'tier = basic', "not valid TOML"),
+        # The learner's file lives in the workspace: a card may not send it anywhere else.
+        ('solution_file = "03-ring-allreduce.py"', 'solution_file = "../03.py"',
+         "key 'solution_file' must be a file name inside the workspace; got '../03.py'"),
+        ('solution_file = "03-ring-allreduce.py"', 'solution_file = "/tmp/03.py"',
+         "key 'solution_file' must be a file name inside the workspace; got '/tmp/03.py'"),
+        ('solution_file = "03-ring-allreduce.py"', 'solution_file = "sub/../../03.py"',
+         "key 'solution_file' must be a file name inside the workspace"),
     ],
 )
 def test_a_malformed_card_names_the_key_and_the_value(tmp_path: Path, old: str, new: str, message: str) -> None:

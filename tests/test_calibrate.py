@@ -173,3 +173,43 @@ def test_out_overrides_the_default_path(tmp_path: Path) -> None:
     target = tmp_path / "mine" / "here.toml"
     assert run_calibration(console, "mpi", 3, target, True) == target
     assert load_platform(target).max_ranks() == 3
+
+
+def test_the_ring_table_folds_on_a_narrow_terminal_and_elides_no_figure() -> None:
+    from distlab.calibrate import RingRow, ring_table
+
+    rows = [RingRow(2**20, 1.234567e-3, 2.345678e-3, 3.456789e-3)]
+    out = io.StringIO()
+    Console(file=out, width=50, color_system=None).print(ring_table(rows, 4, "mpi"))
+    text = out.getvalue()
+    assert "…" not in text
+    for ratio in (f"{rows[0].ratio_analytic:.2f}", f"{rows[0].ratio_replayed:.2f}"):
+        assert ratio in text
+
+
+def test_a_calibrated_platform_is_found_by_its_name(workspace: Path) -> None:
+    from distlab.calibrate import default_output
+    from distlab.platforms import resolve
+
+    from conftest import run_cli
+
+    write_platform(default_output("mpi"), model(2e-6, 1e-10))
+    platform = resolve("calibrated-mpi")
+    assert platform.name == "calibrated-mpi" and platform.max_ranks() == 4
+    shown = run_cli("platform", "show", "calibrated-mpi", workspace=workspace)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "calibrated-mpi" in shown.stdout
+    listed = run_cli("platforms", workspace=workspace)
+    assert "calibrated-mpi" in listed.stdout
+
+
+def test_the_platform_doc_lists_every_shipped_platform() -> None:
+    from distlab.platforms import shipped_names
+
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "platform-format.md").read_text()
+    for name in shipped_names():
+        assert f"| `{name}`" in doc, name
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert f"ships {words[len(shipped_names())]} platforms" in doc

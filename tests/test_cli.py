@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
-from conftest import run_cli
+import pytest
+
+from conftest import DISTLAB, PROBLEMS, run_cli
 
 
 def test_list_shows_all_25_slots_by_tier() -> None:
@@ -88,3 +94,81 @@ def test_a_corrupt_progress_file_is_reported_not_a_traceback(workspace: Path) ->
     out = run_cli("list")
     assert out.returncode == 0
     assert "unreadable" in out.stdout and "Traceback" not in out.stdout + out.stderr
+
+
+# Card text in square brackets, the way learners' code advice reads; rich's markup and Markdown's
+# links would each eat a different part of it.
+BRACKETS = "send np.concatenate([signs, np.float32([scale]).view(np.uint8)]) into buf[lo:hi]"
+LINKLIKE = "x[i](y) and \\[kept] and [bold]"
+
+
+@pytest.fixture
+def bracket_bank(tmp_path: Path) -> Path:
+    """The real index and problem 03, whose card's first hint and background hold brackets."""
+    root = tmp_path / "problems"
+    root.mkdir()
+    shutil.copy(PROBLEMS / "index.toml", root / "index.toml")
+    shutil.copytree(PROBLEMS / "03-ring-allreduce", root / "03-ring-allreduce")
+    card = root / "03-ring-allreduce" / "card.toml"
+    text = card.read_text().replace("hints = [\n", f"hints = [\n    {json.dumps(BRACKETS)},\n", 1)
+    text = text.replace('background = """\n', f'background = """\n{LINKLIKE.replace(chr(92), chr(92) * 2)} {BRACKETS}\n', 1)
+    card.write_text(text)
+    return root
+
+
+def test_hints_with_square_brackets_print_verbatim(bracket_bank: Path) -> None:
+    out = run_cli("hint", "03", env={"DISTLAB_PROBLEMS": str(bracket_bank)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert BRACKETS in out.stdout
+
+
+def test_the_card_keeps_its_square_brackets_through_markdown(bracket_bank: Path) -> None:
+    out = run_cli("show", "03", env={"DISTLAB_PROBLEMS": str(bracket_bank), "COLUMNS": "400"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    flat = " ".join(out.stdout.replace("│", " ").split())
+    assert BRACKETS in flat and LINKLIKE in flat
+
+
+def test_an_error_message_quoting_the_learners_text_keeps_its_brackets() -> None:
+    out = run_cli("show", "[bold]x")
+    assert out.returncode == 2
+    assert "no problem '[bold]x'" in out.stdout
+
+
+def test_a_piped_solution_is_the_reference_file_exactly_even_at_80_columns() -> None:
+    reference = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
+    assert max(len(line) for line in reference.splitlines()) > 80  # else the test proves nothing
+    out = run_cli("solution", "03", "--force", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == reference
+
+
+def test_a_solution_on_an_80_column_terminal_keeps_every_code_line_whole() -> None:
+    from rich.console import Console
+
+    from distlab.cli import print_code
+
+    reference = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
+    screen = io.StringIO()
+    print_code(Console(file=screen, force_terminal=True, width=80, color_system=None), reference)
+    shown = screen.getvalue()
+    for line in reference.splitlines():
+        assert line.rstrip() in shown, line
+
+
+def test_tables_fold_on_a_narrow_terminal_and_elide_nothing() -> None:
+    for command in (("platforms",), ("progress",), ("platform", "show", "rack")):
+        out = run_cli(*command, env={"COLUMNS": "40"})
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "…" not in out.stdout, (command, out.stdout)
+
+
+def test_piped_output_uses_the_full_line_width() -> None:
+    from distlab.platforms import load_shipped, shipped_names
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([*DISTLAB, "platforms"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in shipped_names():
+        description = load_shipped(name).description
+        assert any(description in line for line in out.stdout.splitlines()), description

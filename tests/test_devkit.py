@@ -127,3 +127,28 @@ def test_parts_are_named_per_problem_and_bad_names_are_refused(tmp_path: Path) -
         check_part(tmp_path / "90-one" / "check.py", "costs")
     with pytest.raises(CardError, match="lowercase"):
         check_part(tmp_path / "90-one" / "check.py", "../evil")
+
+
+def test_lint_without_runs_fails_a_card_on_an_unknown_platform_or_a_solution_outside(bank: Path) -> None:
+    for number, slug in (("03", "ring-allreduce"), ("01", "sync-parameter-server")):
+        shutil.copytree(PROBLEMS / f"{number}-{slug}", bank / f"{number}-{slug}")
+    card = bank / "03-ring-allreduce" / "card.toml"
+    card.write_text(card.read_text().replace('platform = "laptop"', 'platform = "lapptop"'))
+    card = bank / "01-sync-parameter-server" / "card.toml"
+    card.write_text(card.read_text().replace('solution_file = "01-sync-parameter-server.py"',
+                                             'solution_file = "../01.py"'))
+    lint = run_cli("dev", "lint", "--no-run")
+    assert lint.returncode == 1, lint.stdout
+    out = " ".join(lint.stdout.split())
+    assert "no platform 'lapptop'" in out
+    assert "key 'solution_file' must be a file name inside the workspace" in out
+
+
+def test_list_shows_a_card_with_a_toml_syntax_error_as_broken(bank: Path) -> None:
+    shutil.copytree(PROBLEMS / "03-ring-allreduce", bank / "03-ring-allreduce")
+    card = bank / "03-ring-allreduce" / "card.toml"
+    card.write_text(card.read_text().replace('tier = "basic"', "tier = basic"))
+    listed = run_cli("list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if "AllReduce by hand" in line)
+    assert "broken" in row and "ready" not in row

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
@@ -52,6 +54,41 @@ def test_the_worker_runs_under_an_external_mpirun() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ranks=3 backend=mpi" in out.stdout
     assert "matches the sum of all inputs" in out.stdout
+
+
+def test_the_worker_exits_non_zero_under_an_external_mpirun_when_the_result_is_wrong() -> None:
+    # The starter leaves every buffer as it was: rank 0 finds the sum wrong.
+    out = run_mpiexec(
+        [mpiexec_path(), "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
+         "-m", "distlab.worker", "--problem", "03", "--solution", "starter", "--param", "n=1001"],
+        MPI_ENV, timeout_s=60, cwd=REPO,
+    )
+    assert "DIFFERS FROM the sum of all inputs" in out.stdout, out.stdout + out.stderr
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("summary, wrong", [
+    ("n=8 float64: matches the sum of all inputs; 1.00 ms wall on rank 0", False),
+    ("n=8 float64: DIFFERS FROM the sum of all inputs; 1.00 ms wall on rank 0", True),
+    ("40 steps on 4 ranks: global-batch loss 0.1 ... replicas DIFFER across ranks", True),
+    ("the differences are small", False),
+    ({"auc": 0.9}, False),
+    ({"auc": 0.5, "ok": False}, True),
+    (None, False),
+])
+def test_a_summary_says_whether_the_result_is_wrong(summary: object, wrong: bool) -> None:
+    from distlab.runtime.rank.worker import summary_is_wrong
+
+    assert summary_is_wrong(summary) is wrong
+
+
+def test_the_readme_names_the_flags_mpirun_needs_as_root_and_on_few_cores() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## On a real cluster"):readme.index("## Benchmarks")]
+    assert "--oversubscribe" in section
+    assert "--allow-run-as-root" in section or "OMPI_ALLOW_RUN_AS_ROOT" in section
+    assert "exit" in section  # and says what the exit status means
 
 
 def test_the_worker_runs_under_torchrun() -> None:

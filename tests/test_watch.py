@@ -82,6 +82,28 @@ def test_watch_mode_rechecks_on_save_and_answers_keys(one_problem_bank: Path, wo
     assert Workspace(workspace).load_progress().of("03").passed
 
 
+def test_watch_mode_waits_for_a_file_that_disappears_and_reprints_the_keys(
+        one_problem_bank: Path, workspace: Path) -> None:
+    env = dict(os.environ, DISTLAB_PROBLEMS=str(one_problem_bank), DISTLAB_WORKSPACE=str(workspace),
+               COLUMNS="160", NO_COLOR="1")
+    term = Terminal([sys.executable, "-m", "distlab.cli", "--poll"], env)
+    term.expect("watching 03-ring-allreduce.py")
+    keys = "h hint · n next · l list · r check · q quit"
+    mine = workspace / "03-ring-allreduce.py"
+    mine.unlink()  # an editor's save (write aside, remove, rename) or a plain rm
+    term.expect("waiting for it to come back")
+    time.sleep(1.5)  # several polls with the file gone
+    assert term.proc.poll() is None, term.screen
+    shown = term.screen.count(keys)
+    mine.write_text((PROBLEMS / "03-ring-allreduce" / "reference.py").read_text())
+    term.expect("passed!")
+    term.expect(keys)  # the key line again, after the re-check
+    assert term.screen.count(keys) > shown, term.screen
+    term.press("q")
+    term.expect("bye")
+    assert term.close() == 0
+
+
 def test_the_next_problem_skips_passed_ones_and_wraps(tmp_path: Path) -> None:
     bank = Bank(PROBLEMS)
     ws = Workspace(tmp_path)

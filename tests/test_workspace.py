@@ -45,3 +45,13 @@ def test_a_progress_file_of_the_wrong_shape_is_rebuilt_too(tmp_path: Path) -> No
     ws = Workspace(tmp_path)
     ws.progress_file.write_text('{"version": 1, "problems": {"03": {"bogus": 1}}}')
     assert "unreadable" in ws.load_progress().warning
+
+
+def test_a_binary_progress_file_is_kept_aside_and_rebuilt_too(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    blob = b"\x89PNG\r\n\x1a\n\xff\xfe" + bytes(range(256))
+    ws.progress_file.write_bytes(blob)
+    progress = ws.load_progress()
+    assert "unreadable" in progress.warning and "progress.json.corrupt" in progress.warning
+    assert (tmp_path / "progress.json.corrupt").read_bytes() == blob
+    assert Workspace(tmp_path).load_progress().warning == ""

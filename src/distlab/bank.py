@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import CardError, UsageError
@@ -181,7 +181,7 @@ def load_card(path: Path) -> Card:
         platform=r.string("platform"),
         time_limit_s=r.integer("time_limit_s", minimum=1),
         backends=r.strings("backends", BACKENDS),
-        solution_file=r.string("solution_file"),
+        solution_file=_workspace_file(path, r.string("solution_file")),
         scenario=Scenario(
             background=scenario.string("background"),
             constraints=scenario.strings("constraints"),
@@ -196,6 +196,17 @@ def load_card(path: Path) -> Card:
         ),
         hints=r.strings("hints", min_items=1),
     )
+
+
+def _workspace_file(path: Path, name: str) -> str:
+    """The learner's file is written (and checked) in the workspace: a card may name a file there,
+    or in a folder of it, but never one outside (absolute, or climbing out with ..)."""
+    parts = PurePosixPath(name).parts
+    if PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name or not parts:
+        raise CardError(
+            f"{path}: key 'solution_file' must be a file name inside the workspace; got {name!r}"
+        )
+    return name
 
 
 # -- the index ----------------------------------------------------------------------------------
@@ -265,9 +276,8 @@ def _load_index(root: Path) -> list[Entry]:
 
 def resolve_solution(entry: Entry, arg: str) -> Path:
     """'reference' or 'starter' name the problem's own files; anything else is a path."""
+    from .options import solution_file
+
     if arg in ("reference", "starter"):
         return entry.path / f"{arg}.py"
-    path = Path(arg).expanduser()
-    if not path.is_file():
-        raise UsageError(f"solution file {arg} does not exist")
-    return path.resolve()
+    return solution_file(arg)

@@ -40,12 +40,14 @@ from . import calibration_ranks
 from .bank import Bank
 from .errors import HarnessError, UsageError
 from .platforms import Platform, load_platform
+from .platforms.loader import workspace_platforms_dir
 from .runtime.clock.collectives_cost import ring_allreduce_time
 from .runtime.clock.metrics import format_seconds
 from .runtime.clock.replay import replay
 from .runtime.jobspec import Job, Task, TaskOutcome, make_job
 from .runtime.supervisor import LaunchResult, launch
-from .workspace import workspace_dir, write_atomically
+from .terminal import folding
+from .workspace import write_atomically
 
 BACKENDS = ("mpi", "gloo")
 RING_PROBLEM = "03"
@@ -239,7 +241,17 @@ def _close(a: float, b: float) -> bool:
 
 
 def default_output(backend: str) -> Path:
-    return workspace_dir() / "platforms" / f"calibrated-{backend}.toml"
+    """In the workspace's platforms/, where ``--platform calibrated-BACKEND`` finds it by name."""
+    return workspace_platforms_dir() / f"calibrated-{backend}.toml"
+
+
+def platform_option(path: Path) -> str:
+    """What to give --platform for the file at ``path``: its name if lookup finds it, else the path."""
+    from .platforms.loader import workspace_names
+
+    if path.parent == workspace_platforms_dir() and path.suffix == ".toml" and path.stem in workspace_names():
+        return path.stem
+    return str(path)
 
 
 def check_writable(path: Path) -> None:
@@ -382,7 +394,7 @@ def ping_table(
         note = " (set aside)" if size in dropped else ""
         table.add_row(format_bytes(size), format_seconds(t), format_seconds(fit.predict(size)),
                       f"{t / fit.predict(size):.2f}{note}")
-    return table
+    return folding(table)
 
 
 def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
@@ -392,10 +404,10 @@ def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    # Short headers: the table must fit an 80-column terminal without truncating a ratio.
+    # Short headers, so that the table fits an 80-column terminal; on a narrower one it folds.
     headers = ("size", "analytic", "replayed", "wall", "wall/analytic", "wall/replayed")
     for header in headers:
-        table.add_column(header, justify="right", no_wrap=True)
+        table.add_column(header, justify="right")
     for row in rows:
         table.add_row(
             format_bytes(row.nbytes),
@@ -405,7 +417,7 @@ def ring_table(rows: Sequence[RingRow], ranks: int, backend: str) -> Table:
             f"{row.ratio_analytic:.2f}",
             f"{row.ratio_replayed:.2f}",
         )
-    return table
+    return folding(table)
 
 
 def gap_sentence(ranks: int, cores: int) -> str:
@@ -494,7 +506,8 @@ def run_calibration(
     platform = write_platform(path, model)
     console.print(
         f"wrote [bold]{escape(str(path))}[/] (platform {platform.name}, {ranks} devices, "
-        f"{model.flops / 1e9:.1f} GFLOP/s per device)"
+        f"{model.flops / 1e9:.1f} GFLOP/s per device); use it with "
+        f"--platform {escape(platform_option(path))}"
     )
 
     rows = measure_ring(backend, ranks, plan, platform)

@@ -6,6 +6,7 @@ Exit codes: 0 passed (or the command did its job), 1 a check failed, 2 usage or 
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from pathlib import Path
@@ -15,11 +16,14 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from . import options as opts
 from .bank import TIERS, Bank, Entry, resolve_solution
-from .errors import DistlabError, UsageError
+from .errors import CardError, DistlabError, UsageError
+from .terminal import folding, make_console, print_code, reading_width
 from .workspace import Workspace
 
 app = typer.Typer(
@@ -27,11 +31,32 @@ app = typer.Typer(
     help="distlab: distributed-training problems, checked on real processes. "
     "With no command: watch mode on the next problem.",
 )
-console = Console(highlight=False)
+console: Console = make_console()
 
 
 def _bank() -> Bank:
     return Bank.default()
+
+
+# Code spans (`...`) are the Markdown a card may use on purpose; everything else in card text is
+# the author's prose, in which brackets are code (buf[lo:hi]) and never a link.
+_CODE_SPAN = re.compile(r"(`+)(?:.+?)\1", re.DOTALL)
+
+
+def markdown_literal(text: str) -> str:
+    """Card text for Markdown: backslashes and square brackets outside code spans escaped, so
+    that ``x[i](y)`` or ``\\[x]`` print as written; code spans are kept (they escape nothing)."""
+    out, last = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        out.append(_escape_md(text[last:span.start()]))
+        out.append(span.group(0))
+        last = span.end()
+    out.append(_escape_md(text[last:]))
+    return "".join(out)
+
+
+def _escape_md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
 
 
 @app.command("list")
@@ -40,21 +65,31 @@ def list_problems() -> None:
     bank, ws = _bank(), Workspace()
     progress = ws.load_progress()
     if progress.warning:
-        console.print(f"[yellow]{progress.warning}[/]")
+        console.print(f"[yellow]{escape(progress.warning)}[/]")
     for tier in TIERS:
         table = Table(title=f"{tier} tier", title_justify="left", show_header=False, box=None)
         for entry in (e for e in bank.entries if e.tier == tier):
             state = progress.problems.get(entry.number)
             if not entry.ready:
                 status = "[dim]coming[/]"
+            elif not _card_loads(entry):
+                status = f"[red]broken[/]: its card does not load (`distlab show {entry.number}` says why)"
             elif state and state.passed:
                 status = "[green]passed[/]"
             elif state and state.attempts:
                 status = "[yellow]in progress[/]"
             else:
                 status = "ready"
-            table.add_row(f"  {entry.number}", entry.title, status)
-        console.print(table)
+            table.add_row(f"  {entry.number}", escape(entry.title), status)
+        console.print(folding(table))
+
+
+def _card_loads(entry: Entry) -> bool:
+    try:
+        entry.card()
+    except CardError:
+        return False
+    return True
 
 
 @app.command()
@@ -63,18 +98,20 @@ def show(problem: str = typer.Argument(..., help="number or slug")) -> None:
     entry = _bank().ready_problem(problem)
     card = entry.card()
     s = card.scenario
-    bullets = lambda items: "\n".join(f"- {i}" for i in items)  # noqa: E731
+    md = markdown_literal
+    bullets = lambda items: "\n".join(f"- {md(i)}" for i in items)  # noqa: E731
     text = (
         f"**{card.tier} tier** · ranks {', '.join(map(str, card.world_sizes))} · platform "
-        f"`{card.platform}` · time limit {card.time_limit_s} s · tags: {', '.join(card.tags)}\n\n"
-        f"## Background\n{s.background.strip()}\n\n## Constraints\n{bullets(s.constraints)}\n\n"
+        f"`{card.platform}` · time limit {card.time_limit_s} s · tags: {md(', '.join(card.tags))}\n\n"
+        f"## Background\n{md(s.background.strip())}\n\n## Constraints\n{bullets(s.constraints)}\n\n"
         f"## Fault injection\n{bullets(s.faults)}\n\n## Monitoring metrics\n{bullets(s.metrics)}\n\n"
-        f"## Your path\n- **Define**: {card.steps.define}\n- **Instrument**: {card.steps.instrument}\n"
-        f"- **Simulate**: {card.steps.simulate}\n- **Tune**: {card.steps.tune}\n\n"
+        f"## Your path\n- **Define**: {md(card.steps.define)}\n- **Instrument**: {md(card.steps.instrument)}\n"
+        f"- **Simulate**: {md(card.steps.simulate)}\n- **Tune**: {md(card.steps.tune)}\n\n"
         f"Start with `distlab start {entry.number}`; {len(card.hints)} hints with "
         f"`distlab hint {entry.number}`."
     )
-    console.print(Panel(Markdown(text), title=f"{entry.number} · {card.title}", expand=False))
+    console.print(Panel(Markdown(text), title=f"{entry.number} · {escape(card.title)}", expand=False,
+                        width=reading_width(console) if not console.is_terminal else None))
 
 
 @app.command()
@@ -83,9 +120,10 @@ def start(problem: str = typer.Argument(..., help="number or slug")) -> None:
     entry = _bank().ready_problem(problem)
     path, created = Workspace().start(entry)
     if created:
-        console.print(f"wrote {path}\nedit it, then run: distlab check {entry.number}")
+        console.print(f"wrote {escape(str(path))}\nedit it, then run: distlab check {entry.number}")
     else:
-        console.print(f"{path} already exists; left it as it is. Check it: distlab check {entry.number}")
+        console.print(f"{escape(str(path))} already exists; left it as it is. "
+                      f"Check it: distlab check {entry.number}")
 
 
 def _solution_for(entry: Entry, solution: Optional[str], ws: Workspace) -> Path:
@@ -95,7 +133,7 @@ def _solution_for(entry: Entry, solution: Optional[str], ws: Workspace) -> Path:
     if mine.exists():
         return mine
     console.print(
-        f"[dim]no {mine.name} in your workspace yet: checking the starter "
+        f"[dim]no {escape(mine.name)} in your workspace yet: checking the starter "
         f"(`distlab start {entry.number}` copies it for you to edit)[/]"
     )
     return entry.path / "starter.py"
@@ -164,13 +202,17 @@ def check(
 
     if backend not in ("mpi", "gloo"):
         raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
+    seed, time_limit = opts.seed(seed), opts.time_limit(time_limit)
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    if time_limit is not None and time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
     if clock not in ("virtual", "wall"):
         raise UsageError(f"unknown clock {clock!r}: use virtual or wall")
+    # Refused now, not after the checks: the results must have somewhere to go, and never over
+    # the learner's progress or their own file.
+    json_out = opts.json_path(json_out, keep={
+        "your progress file": ws.progress_file, "the solution file being checked": path,
+    })
     options = Options(backend, seed, time_limit, platform, faults, clock)
     results = _check_and_record(entry, path, options, verbose, own=solution is None)
     if json_out:
@@ -203,6 +245,7 @@ def run(
     bad = [p for p in param if "=" not in p]
     if bad:
         raise UsageError(f"--param takes NAME=VALUE; got {bad[0]!r}")
+    seed = opts.seed(seed)
     entry = _bank().ready_problem(problem)
     path = _solution_for(entry, solution, Workspace())
     params = dict(p.split("=", 1) for p in param)
@@ -236,7 +279,7 @@ def tune(
     base = RunOptions(ranks, backend, platform, params=dict(p.split("=", 1) for p in fixed))
     prefix = out or ws.root / "tune" / f"{entry.number}-{name}"
     csv_path, png = sweep(entry, path, base, name, values, metric, prefix, console)
-    console.print(f"wrote {csv_path}" + (f" and {png}" if png else " (no point to plot)"))
+    console.print(escape(f"wrote {csv_path}" + (f" and {png}" if png else " (no point to plot)")))
 
 
 @app.command()
@@ -261,7 +304,7 @@ def report(
         else:
             target = out or ws.root / "reports" / f"{entry.number}.html"
         write_atomically(target, build(entry, path, ws))
-        console.print(f"wrote {target}")
+        console.print(f"wrote {escape(str(target))}")
 
 
 @app.command()
@@ -277,15 +320,15 @@ def exam(
     bank = _bank()
     if submit:
         summary = exams.submit(bank, out, console)
-        console.print(f"exam score {summary['score']}/{summary['max_score']}: "
-                      f"{out / 'results.json'} and {out / 'report.html'}")
+        console.print(escape(f"exam score {summary['score']}/{summary['max_score']}: "
+                             f"{out / 'results.json'} and {out / 'report.html'}"))
         return
     if not problems or not time_limit:
         raise UsageError("open an exam with --problems and --time, or grade one with --submit")
     opened = exams.open_exam(bank, [p.strip() for p in problems.split(",")],
                              exams.parse_duration(time_limit), out)
-    console.print(f"exam open until {exams._iso(opened.deadline)}: edit the files in {out / 'work'}, "
-                  f"then run: distlab exam --out {out} --submit")
+    console.print(escape(f"exam open until {exams._iso(opened.deadline)}: edit the files in "
+                         f"{out / 'work'}, then run: distlab exam --out {out} --submit"))
 
 
 @app.command()
@@ -300,7 +343,7 @@ def hint(problem: str = typer.Argument(..., help="number or slug")) -> None:
     ws.save_progress(progress)
     for i in range(state.hints_shown):
         style = "bold" if i == state.hints_shown - 1 else "dim"
-        console.print(f"hint {i + 1}/{len(hints)}: {hints[i]}", style=style)
+        console.print(f"hint {i + 1}/{len(hints)}: {escape(hints[i])}", style=style)
     if state.hints_shown == len(hints):
         console.print("[dim]that was the last hint[/]")
 
@@ -318,9 +361,8 @@ def solution(
             f"the reference of {entry.number} opens once your solution passes "
             f"(`distlab check {entry.number}`), or with --force"
         )
-    from rich.syntax import Syntax
+    print_code(console, (entry.path / "reference.py").read_text())
 
-    console.print(Syntax((entry.path / "reference.py").read_text(), "python", line_numbers=True))
 
 
 @app.command()
@@ -329,7 +371,7 @@ def progress() -> None:
     bank, ws = _bank(), Workspace()
     state = ws.load_progress()
     if state.warning:
-        console.print(f"[yellow]{state.warning}[/]")
+        console.print(f"[yellow]{escape(state.warning)}[/]")
     table = Table(show_header=False, box=None, padding=(0, 1))
     for tier in TIERS:
         entries = [e for e in bank.entries if e.tier == tier]
@@ -338,13 +380,13 @@ def progress() -> None:
         filled = round(width * done / len(entries)) if entries else 0
         bar = f"[green]{'█' * filled}[/][dim]{'░' * (width - filled)}[/]"
         table.add_row(f"{tier} tier", bar, f"{done}/{len(entries)} passed")
-    console.print(table)
+    console.print(folding(table))
     upcoming = [e for e in bank.entries if e.ready and not state.of(e.number).passed]
     if upcoming:
         nxt = upcoming[0]
         started = ws.solution_path(nxt).exists()
         verb = "check" if started else "start"
-        console.print(f"next: {nxt.number} · {nxt.title} (`distlab {verb} {nxt.number}`)")
+        console.print(f"next: {nxt.number} · {escape(nxt.title)} (`distlab {verb} {nxt.number}`)")
     else:
         console.print("every written problem has passed: well done")
 
@@ -409,8 +451,8 @@ def dev_lint(
     findings = lint(_bank(), only=only, run=run, jobs=jobs)
     table = Table("problem", "", "what", "finding", box=None)
     for f in findings:
-        table.add_row(f.problem, "[green]ok[/]" if f.ok else "[red]FAIL[/]", f.what, f.message)
-    console.print(table)
+        table.add_row(f.problem, "[green]ok[/]" if f.ok else "[red]FAIL[/]", escape(f.what), escape(f.message))
+    console.print(folding(table))
     bad = [f for f in findings if not f.ok]
     console.print(f"{len(findings) - len(bad)} ok, {len(bad)} failing")
     raise typer.Exit(1 if bad else 0)
@@ -428,7 +470,8 @@ def dev_new(
     if tier not in TIERS:
         raise UsageError(f"tier must be one of {', '.join(TIERS)}")
     folder = new_problem(_bank(), slug, title, tier)
-    console.print(f"wrote {folder} and added it to the index; next: distlab dev lint --problems {folder.name[:2]}")
+    console.print(escape(f"wrote {folder} and added it to the index; "
+                         f"next: distlab dev lint --problems {folder.name[:2]}"))
 
 
 def _terminate(signum: int, frame: Optional[FrameType]) -> None:
@@ -447,7 +490,7 @@ def main() -> None:
         code = app(standalone_mode=False)
         code = code if isinstance(code, int) else 0
     except DistlabError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)
     except typer.Exit as exc:
         code = exc.exit_code
@@ -461,11 +504,11 @@ def main() -> None:
             if callable(show):
                 show()
             else:
-                console.print(f"[red]error:[/] {exc.format_message()}")
+                console.print(f"[red]error:[/] {escape(exc.format_message())}")
             sys.exit(2)
         if isinstance(exc, Abort):  # the library's wrapping of Ctrl-C
             _interrupted()
-        console.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}")
+        console.print(f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
         sys.exit(2)
     if code == 130:  # typer turns Ctrl-C into Exit(130) after the launcher has cleaned up
         _interrupted()

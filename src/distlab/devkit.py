@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bank import PROBLEM_FILES, Bank, Entry
-from .errors import CardError, UsageError
+from .errors import CardError, DistlabError, UsageError
 from .grading.imports import ALLOWED as ALLOWED_IMPORTS
 from .grading.imports import problem_import_findings
 from .grading.parts import PART_FILE
@@ -33,7 +33,7 @@ MIN_HINTS = 3
 class Finding:
     problem: str
     ok: bool
-    what: str  # "card", "files", "hints", "checks", "starter fails", "reference passes"
+    what: str  # "card", "files", "hints", "platform", "checks", "starter fails", "reference passes"
     message: str
 
 
@@ -64,6 +64,14 @@ def static_findings(entry: Entry) -> list[Finding]:
     add(not mismatch, "card", "; ".join(mismatch) or "valid, agrees with the index")
     add(len(card.hints) >= MIN_HINTS, "hints",
         f"{len(card.hints)} hint(s); at least {MIN_HINTS} expected")
+    try:
+        from .platforms import resolve
+
+        # The card's platform must exist now, not when the first check of a learner looks it up.
+        platform = resolve(card.platform)
+        add(True, "platform", f"{card.platform}: {platform.max_ranks()} ranks")
+    except DistlabError as exc:
+        add(False, "platform", str(exc))
     try:
         from .grading.runner import load_checklist
 

@@ -4,7 +4,9 @@ It opens the next problem not yet passed (copying its starter into the workspace
 checks it, and checks it again each time the learner saves the file. Keys: h a hint, n the next
 problem, l the list, r check again, q quit. File notifications come from the operating system
 (watchfiles); where they do not work (some network or container file systems), the loop says so
-and falls back to polling the file's modification time, which `--poll` also asks for.
+and falls back to polling the file's modification time, which `--poll` also asks for. A file
+that disappears (an editor's save can remove it before renaming the new one in place, or an
+`rm`) is waited for, and checked when it is back; the key line is printed after every check.
 
 The decisions (which problem is next, what a key does) are plain functions; the loop around them
 owns the terminal and the watcher.
@@ -25,8 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from .bank import Bank, Entry
+from .errors import DistlabError
 from .workspace import Workspace
 
 KEYS = {"h": "hint", "n": "next", "l": "list", "r": "check", "q": "quit"}
@@ -115,6 +119,41 @@ class Keys:
         return data or "q"  # end of input: quit
 
 
+@dataclass
+class _Rechecker:
+    """Checks the file again and prints the key line after it; a file that is gone for a moment
+    (an editor's save that removes and renames, an `rm`) is waited for, not an error."""
+
+    entry: Entry
+    path: Path
+    check: Callable[[Entry, Path], bool]
+    console: Console
+    keys_line: str
+    waiting: bool = False
+
+    def __call__(self) -> None:
+        if not self.path.exists():
+            self._wait()
+            return
+        try:
+            passed = self.check(self.entry, self.path)
+        except DistlabError:
+            if self.path.exists():
+                raise
+            self._wait()  # it went away while it was being read
+            return
+        self.waiting = False
+        self.console.print(self.keys_line)
+        if passed:
+            self.console.print("[green]passed![/] press n for the next problem")
+
+    def _wait(self) -> None:
+        if not self.waiting:  # once, not at every poll
+            self.console.print(f"[yellow]{escape(self.path.name)} is gone; waiting for it to come "
+                               "back (q quits)[/]")
+        self.waiting = True
+
+
 def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
         check: Callable[[Entry, Path], bool], show_hint: Callable[[Entry], None],
         show_list: Callable[[], None]) -> int:
@@ -126,15 +165,15 @@ def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
         while entry is not None:
             path, created = ws.start(entry)
             if created:
-                console.print(f"wrote {path}")
-            passed = check(entry, path)
+                console.print(f"wrote {escape(str(path))}")
+            keys_line = (f"[bold]watching {escape(path.name)}[/] "
+                         f"({'polling' if poll else 'notifications'}) · "
+                         "save to check again · h hint · n next · l list · r check · q quit")
             stop = threading.Event()
             events: "queue.Queue[str]" = queue.Queue()
             Watcher(path, events, poll, stop).start()
-            console.print(f"[bold]watching {path.name}[/] ({'polling' if poll else 'notifications'}) · "
-                          "save to check again · h hint · n next · l list · r check · q quit")
-            if passed:
-                console.print("[green]passed![/] press n for the next problem")
+            recheck = _Rechecker(entry, path, check, console, keys_line)
+            recheck()
             move: str | None = None
             while move is None:
                 key = keys.read(0.2)
@@ -143,12 +182,10 @@ def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
                 except queue.Empty:
                     event = None
                 if event and event.startswith("fallback:"):
-                    console.print(f"[yellow]file notifications do not work here ({event[9:]}); "
+                    console.print(f"[yellow]file notifications do not work here ({escape(event[9:])}); "
                                   "polling instead (`distlab --poll` asks for it directly)[/]")
                 elif event == "changed":
-                    passed = check(entry, path)
-                    if passed:
-                        console.print("[green]passed![/] press n for the next problem")
+                    recheck()
                 action = action_for(key) if key else None
                 if action == "quit":
                     move = "quit"
@@ -159,7 +196,7 @@ def run(bank: Bank, ws: Workspace, console: Console, poll: bool,
                 elif action == "list":
                     show_list()
                 elif action == "check":
-                    passed = check(entry, path)
+                    recheck()
             stop.set()
             if move == "quit":
                 console.print("bye: your progress is saved")

@@ -90,7 +90,8 @@ class Workspace:
 
     def load_progress(self) -> Progress:
         try:
-            raw = self.progress_file.read_text()
+            # Bytes: json.loads decodes them, and a binary file fails there as corrupt (below).
+            raw = self.progress_file.read_bytes()
         except FileNotFoundError:
             return Progress()
         except OSError as exc:

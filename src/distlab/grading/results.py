@@ -7,10 +7,11 @@ within a major version; a consumer should ignore fields it does not know.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..workspace import write_atomically
 
 SCHEMA = "distlab.results/1"
 STATUSES = ("passed", "failed", "error")
@@ -95,11 +96,8 @@ class Results:
 
 
 def write(results: Results, path: Path) -> None:
-    """Writes atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results.to_json(), indent=2, default=_plain) + "\n")
-    os.replace(tmp, path)
+    """Writes atomically: a reader never sees half a file, and a failed write leaves no temp file."""
+    write_atomically(path, json.dumps(results.to_json(), indent=2, default=_plain) + "\n")
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,8 @@
-"""Reading and validating platform files; finding the shipped ones.
+"""Reading and validating platform files; finding the shipped ones and the learner's own.
+
+A name is looked up among the shipped platforms first, then in the workspace's ``platforms/``
+folder, where `distlab calibrate` writes ``calibrated-mpi.toml`` (so ``--platform calibrated-mpi``
+finds it); anything else is a path.
 
 Every error names the file, the field (``link[3].bandwidth_gbps``) and the bad value, in one
 sentence, as ``PlatformError`` (a ``DistlabError``, so the CLI prints it without a traceback).
@@ -310,15 +314,36 @@ def load_shipped(name: str) -> Platform:
     return parse_platform(file.read_text(encoding="utf-8"), f"{name}.toml (shipped)")
 
 
+def workspace_platforms_dir() -> Path:
+    """The learner's own platforms (what `distlab calibrate` writes): workspace/platforms/."""
+    from ..workspace import workspace_dir  # the workspace's place is the workspace module's to say
+
+    return workspace_dir() / "platforms"
+
+
+def workspace_names() -> list[str]:
+    """Names of the platform files in the workspace, less those a shipped name hides."""
+    folder = workspace_platforms_dir()
+    if not folder.is_dir():
+        return []
+    shipped = set(shipped_names())
+    return sorted(p.stem for p in folder.glob("*.toml") if p.is_file() and p.stem not in shipped)
+
+
 def resolve(name_or_path: str | Path) -> Platform:
-    """A shipped platform by name ("rack"), else a platform file by path ("my/cluster.toml")."""
+    """A shipped platform by name ("rack"), else one of the workspace's by name
+    ("calibrated-mpi"), else a platform file by path ("my/cluster.toml")."""
     ref = str(name_or_path)
     if isinstance(name_or_path, str) and ref in shipped_names():
         return load_shipped(ref)
+    if isinstance(name_or_path, str) and ref in workspace_names():
+        return load_platform(workspace_platforms_dir() / f"{ref}.toml")
     path = Path(ref).expanduser()
     if path.is_file() or ref.endswith(".toml") or "/" in ref or isinstance(name_or_path, Path):
         return load_platform(path)
+    mine = workspace_names()
     raise PlatformError(
-        f"no platform {ref!r}: shipped platforms are {', '.join(shipped_names())}; "
-        f"or give the path of a .toml platform file"
+        f"no platform {ref!r}: shipped platforms are {', '.join(shipped_names())}"
+        + (f"; yours (in {workspace_platforms_dir()}) are {', '.join(mine)}" if mine else "")
+        + "; or give the path of a .toml platform file"
     )

@@ -16,7 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from .loader import load_shipped, resolve, shipped_names
+from ..terminal import folding
+
+from .loader import load_platform, load_shipped, resolve, shipped_names, workspace_names, \
+    workspace_platforms_dir
 from .model import Link, Platform
 
 
@@ -138,7 +141,7 @@ def profiles_table(platform: Platform) -> Table:
         name = prof.name + (f" [dim]({escape(prof.description)})[/]" if prof.description else "")
         tflops, memory = f"{prof.flops / 1e12:g}", f"{prof.memory_gib:g} GiB"
         table.add_row(name, str(count), tflops, memory, rates, ops)
-    return table
+    return folding(table)
 
 
 def summary_table(platforms: Iterable[Platform]) -> Table:
@@ -149,12 +152,18 @@ def summary_table(platforms: Iterable[Platform]) -> Table:
     table.add_column("description")
     for p in platforms:
         table.add_row(p.name, str(p.max_ranks()), str(len(p.devices)), escape(p.description))
-    return table
+    return folding(table)
 
 
 def list_platforms(console: Console) -> None:
-    """`distlab platforms`: the shipped platforms in one table."""
+    """`distlab platforms`: the shipped platforms in one table, then the workspace's own."""
     console.print(summary_table(load_shipped(name) for name in shipped_names()))
+    mine = workspace_names()
+    if mine:
+        folder = workspace_platforms_dir()
+        table = summary_table(load_platform(folder / f"{name}.toml") for name in mine)
+        table.title = f"yours, in {escape(str(folder))}"
+        console.print(table)
     console.print("[dim]`distlab platform show NAME` draws one; a card may also name a .toml file.[/]")
 
 

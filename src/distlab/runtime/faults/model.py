@@ -27,6 +27,13 @@ KINDS = MESSAGE_KINDS + PROCESS_KINDS
 # a signed int64 wherever a caller stores them (JSON readers, NumPy).
 MAX_SEED = 2**63 - 1
 
+# Bounds on a plan's values: far past any fault worth injecting, and small enough that the
+# virtual clock's sums stay finite (a latency of 1e308 s made a run "virtual inf s, idle nan%").
+MAX_SECONDS = 86_400.0  # latency_s, at_s, from_s, until_s, cont_after_s: a day
+MAX_GBPS = 1e6  # bandwidth gbps: a petabit per second
+MAX_SLOWDOWN = 1e4  # slow factor and factor_range: ten thousand times slower
+MAX_RESTARTS = 100  # restart max_restarts
+
 
 class FaultPlanError(DistlabError):
     """A fault plan is malformed or does not fit the job; the message names the file and entry."""

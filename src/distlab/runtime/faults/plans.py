@@ -33,17 +33,8 @@ from typing import Any
 
 from .decide import MessageAction, MessageFaults, ProcessAction, ProcessFaults
 from .model import (
-    FORMAT_VERSION,
-    KINDS,
-    MAX_SEED,
-    MESSAGE_KINDS,
-    PROCESS_KINDS,
-    Fault,
-    FaultPlan,
-    FaultPlanError,
-    Ranks,
-    Window,
-    draw,
+    FORMAT_VERSION, KINDS, MAX_GBPS, MAX_RESTARTS, MAX_SECONDS, MAX_SEED, MAX_SLOWDOWN,
+    MESSAGE_KINDS, PROCESS_KINDS, Fault, FaultPlan, FaultPlanError, Ranks, Window, draw,
 )
 
 __all__ = [
@@ -93,22 +84,24 @@ class _Entry:
         if key not in self.t:
             raise self.fail(f"needs '{key}'{why}")
 
-    def number(self, key: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False,
-               must: str = "") -> float | None:
+    def number(self, key: str, lo: float = 0.0, hi: float = MAX_SECONDS, lo_open: bool = False,
+               must: str = "", unit: str = " s") -> float | None:
+        """A finite number in [lo, hi] ((lo, hi] with ``lo_open``); by default seconds up to a day."""
         if key not in self.t:
             return None
         v = self.t[key]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or v < lo or v > hi or (lo_open and v == lo):
-            raise self.bad(key, must or (f"a number > {lo:g}" if lo_open else f"a number >= {lo:g}"))
+            bound = f"a number > {lo:g}" if lo_open else f"a number >= {lo:g}"
+            raise self.bad(key, must or f"{bound} and at most {hi:g}{unit}")
         return float(v)
 
-    def integer(self, key: str, lo: int = 0) -> int | None:
+    def integer(self, key: str, lo: int = 0, hi: int | None = None) -> int | None:
         if key not in self.t:
             return None
         v = self.t[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise self.bad(key, f"an integer >= {lo}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+            raise self.bad(key, f"an integer >= {lo}" + (f" and at most {hi}" if hi is not None else ""))
         return v
 
     def ranks(self, key: str, allow_all: bool = True, noun: str = "rank") -> Ranks:
@@ -223,7 +216,7 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
     fields: dict[str, Any] = {"index": i, "kind": kind, "note": table.get("note", "")}
     if kind == "restart":
         e.need("max_restarts")
-        return Fault(**fields, max_restarts=e.integer("max_restarts") or 0)
+        return Fault(**fields, max_restarts=e.integer("max_restarts", hi=MAX_RESTARTS) or 0)
 
     # Selection.
     if e.has("groups") and e.has("src", "dst"):
@@ -271,7 +264,7 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
             raise e.fail("needs exactly one of 'factor' (fraction of the link's bandwidth) or 'gbps' (a cap)")
         must = "in (0, 1], the fraction of the link's bandwidth left"
         fields["factor"] = e.number("factor", 0.0, 1.0, lo_open=True, must=must)
-        fields["gbps"] = e.number("gbps", lo_open=True)
+        fields["gbps"] = e.number("gbps", lo_open=True, hi=MAX_GBPS, unit=" Gb/s")
     elif kind == "partition":
         e.need("groups", " (the sides, like groups = [[0, 1], [2, 3]])")
         mode = table.get("mode", "drop")
@@ -288,13 +281,14 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
     elif kind == "slow":
         if e.has("factor") == e.has("factor_range"):
             raise e.fail("needs exactly one of 'factor' (e.g. 3.0) or 'factor_range' (e.g. [2.0, 5.0])")
-        fields["factor"] = e.number("factor", 1.0, must="a number >= 1 (how many times slower)")
+        fields["factor"] = e.number("factor", 1.0, hi=MAX_SLOWDOWN, unit="",
+                                    must=f"a number >= 1 and at most {MAX_SLOWDOWN:g} (how many times slower)")
         if "factor_range" in table:
             fr = table["factor_range"]
             if (not isinstance(fr, list) or len(fr) != 2
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fr)
-                    or not 1.0 <= fr[0] <= fr[1] or not math.isfinite(fr[1])):
-                raise e.bad("factor_range", "[low, high] with 1 <= low <= high")
+                    or not 1.0 <= fr[0] <= fr[1] <= MAX_SLOWDOWN):
+                raise e.bad("factor_range", f"[low, high] with 1 <= low <= high <= {MAX_SLOWDOWN:g}")
             fields["factor_range"] = (float(fr[0]), float(fr[1]))
     return Fault(**fields)
 

@@ -19,12 +19,25 @@ class SolutionLoadError(Exception):
         self.detail = detail
 
 
-def compile_check(path: Path) -> None:
-    """Raises SolutionLoadError for a syntax error, without running anything."""
+def read_source(path: Path) -> bytes:
+    """The file's bytes, as Python's import reads them; UsageError if it cannot be Python at all."""
     try:
-        source = path.read_text()
+        source = path.read_bytes()
+    except IsADirectoryError:
+        raise UsageError(f"the solution file {path} is a folder, not a .py file") from None
     except OSError as exc:
         raise UsageError(f"cannot read the solution file {path}: {exc.strerror}") from None
+    if b"\0" in source:  # no text file holds a NUL byte, and compile() refuses one
+        raise UsageError(f"the solution file {path} is binary, not Python source text")
+    return source
+
+
+def compile_check(path: Path) -> None:
+    """Raises SolutionLoadError for a syntax error, without running anything.
+
+    It compiles the bytes, not a decoded str, so that a UTF-8 BOM or a ``# -*- coding: ... -*-``
+    line means what it means to Python's import (which the ranks use to load the file)."""
+    source = read_source(path)
     try:
         compile(source, str(path), "exec")
     except SyntaxError as exc:

@@ -3,6 +3,7 @@
 Started by distlab's launcher (``--job DIR``) or by an external launcher on a real cluster::
 
     mpirun -n 16 --hostfile hosts python -m distlab.worker --problem 03 --solution my.py
+    mpirun --allow-run-as-root --oversubscribe -n 4 python -m distlab.worker --problem 03 ...
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 \\
         -m distlab.worker --problem 03 --solution my.py
 
@@ -19,6 +20,7 @@ import argparse
 import faulthandler
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -242,8 +244,23 @@ def _per_rank(values: tuple[Any, ...], rank: int, default: Any) -> Any:
     return values[rank] if rank < len(values) else default
 
 
+# How a problem's main() says that the result is wrong: a dict with "ok" (or "passed") False, or
+# the word in capitals, as the shipped programs write it ("DIFFERS FROM the sum of all inputs",
+# "replicas DIFFER across ranks"). Either gives exit status 1, so a script around mpirun sees it.
+_WRONG = re.compile(r"\bDIFFERS?\b")
+
+
+def summary_is_wrong(summary: Any) -> bool:
+    if isinstance(summary, dict):
+        return summary.get("ok") is False or summary.get("passed") is False
+    return isinstance(summary, str) and _WRONG.search(summary) is not None
+
+
 def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> int:
-    """Runs the problem's ``main`` program under an external launcher; rank 0 prints the summary."""
+    """Runs the problem's ``main`` program under an external launcher; rank 0 prints the summary.
+
+    Returns 1 on rank 0 when the summary says the result is wrong (``summary_is_wrong``): the
+    launcher (mpirun, torchrun) then exits non-zero too."""
     from ...bank import Bank, resolve_solution
 
     bank = Bank.default()
@@ -259,12 +276,16 @@ def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> i
     summary = program(comm, solution, **params)
     wall = time.perf_counter() - start
     engine.barrier()
+    wrong = rank == 0 and summary_is_wrong(summary)
     if rank == 0:
         print(f"{entry.number} {entry.title}: ranks={size} backend={backend} wall={wall:.3f} s")
         if summary is not None:
             print(summary)
+        if wrong:
+            print(f"the result is wrong: exit status 1 (check it with `distlab check {entry.number}`)")
+        sys.stdout.flush()
     engine.close()
-    return 0
+    return 1 if wrong else 0
 
 
 def main(argv: list[str] | None = None) -> int:
