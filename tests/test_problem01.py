@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, leftovers
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
 SEED = 4242
-HERE = FIXTURES / "01"
 CHECK_PY = PROBLEMS / "01-sync-parameter-server" / "check.py"
 
 
@@ -53,7 +52,7 @@ def checked() -> CheckRuns:
 
 
 def fixture(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name))
+    return ("--solution", str(fixture_solution("01", name)))
 
 
 MODEL = "the model after K steps"

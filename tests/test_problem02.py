@@ -22,13 +22,12 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean
+from conftest import PROBLEMS
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
 from distlab.runtime.netsim import replay
 
 SEED = 4242
-HERE = FIXTURES / "02"
 PROBLEM = PROBLEMS / "02-alpha-beta"
 
 
@@ -243,7 +242,7 @@ def _failed_prefixes(run: Checked) -> set[str]:
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, symptoms = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
+    run = checked("--solution", str(fixture_solution("02", name)))
     assert_clean(run)
     assert run.rc == 1, run.out
     assert _failed_prefixes(run) == failing, run.out
@@ -255,7 +254,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 
 @pytest.mark.slow
 def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_polyfit.py"))
+    run = checked("--solution", str(fixture_solution("02", "alt_polyfit.py")))
     assert not run.leftovers, run.out
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["score"] == run.results["max_score"], run.out

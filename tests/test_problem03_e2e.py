@@ -15,13 +15,11 @@ import re
 from typing import Callable
 
 import pytest
-from conftest import FIXTURES
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 pytestmark = pytest.mark.slow
 
 SEED = 4242
-HERE = FIXTURES / "03"
 SHORT_DEADLINE_S = 4  # --time-limit for the fixture that never ends (the card says 60 s)
 
 
@@ -31,12 +29,12 @@ def checked() -> CheckRuns:
 
 
 def fixture_args(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name), "--seed", str(SEED))
+    return ("--solution", str(fixture_solution("03", name)), "--seed", str(SEED))
 
 
 def line_of(name: str, needle: str) -> int:
     """1-based number of the first line of fixture ``name`` that contains ``needle``."""
-    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+    for number, line in enumerate(fixture_solution("03", name).read_text().splitlines(), start=1):
         if needle in line:
             return number
     raise AssertionError(f"{needle!r} not in {name}")

@@ -22,14 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has
+from conftest import PROBLEMS, job_processes, run_cli
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 from distlab.runtime.launcher import mpiexec_path, run_mpiexec
 from distlab.runtime.stats import CommStats
 
 SEED = 4242
-HERE = FIXTURES / "04"
 PROBLEM = PROBLEMS / "04-gradient-compression"
 
 
@@ -226,7 +225,7 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     must, failing, passing = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
+    run = checked("--solution", str(fixture_solution("04", name)))
     assert_clean(run)
     assert run.rc == 1, run.out
     assert_output_has(run, must)
@@ -240,7 +239,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ("--solution", "reference"),
-    ("--solution", str(HERE / "alt_point_to_point.py")),
+    ("--solution", str(fixture_solution("04", "alt_point_to_point.py"))),
     ("--solution", "reference", "--backend", "gloo"),
 ], ids=["reference", "alt_point_to_point", "reference-gloo"])
 def test_correct_solutions_pass(args: tuple[str, ...], checked: Callable[..., Checked]) -> None:

@@ -22,13 +22,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, leftovers
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "05"
 FOLDER = PROBLEMS / "05-dp-or-mp"
 
 
@@ -268,7 +267,7 @@ PLAN, MLP, SPLIT, COUNT, TIME = ("plan picks", "TP MLP", "each rank keeps", "one
 
 
 def line_of(name: str, needle: str) -> int:
-    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+    for number, line in enumerate(fixture_solution("05", name).read_text().splitlines(), start=1):
         if needle in line:
             return number
     raise AssertionError(f"{needle!r} not in {name}")
@@ -308,7 +307,7 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, needles = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
+    run = checked("--solution", str(fixture_solution("05", name)))
     assert_clean(run)
     assert run.rc == 1, run.out
     assert run.results is not None and not run.results["passed"]
@@ -339,7 +338,7 @@ def test_reference_passes(checked: Callable[..., Checked]) -> None:
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_functional.py"), "--backend", "gloo")
+    run = checked("--solution", str(fixture_solution("05", "alt_functional.py")), "--backend", "gloo")
     assert not run.leftovers, "\n".join(run.leftovers)
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["backend"] == "gloo"

@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, leftovers, run_check
+from conftest import PROBLEMS
+from e2e import Checked, fixture_solution, leftovers, run_check
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "06"
 FOLDER = PROBLEMS / "06-ddp-from-scratch"
 
 
@@ -207,7 +206,7 @@ def checked() -> dict[str, Checked]:
     """Every CLI run of this file, two at a time (each waits on its ranks much of the time)."""
     runs: dict[str, tuple[str, ...]] = {"reference": ("--solution", "reference"), "starter": ()}
     for name in [*BUGGY, *PASSING]:
-        runs[name] = ("--solution", str(HERE / name))
+        runs[name] = ("--solution", str(fixture_solution("06", name)))
     with ThreadPoolExecutor(max_workers=2) as pool:
         # Not probed one by one: two runs side by side would see each other's ranks as leftovers.
         futures = {name: pool.submit(run_check, "06", *args, seed=SEED, timeout=240, probe_leftovers=False)

@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has, leftovers
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution, leftovers
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "07"
 PROBLEM = PROBLEMS / "07-sync-storm"
 
 
@@ -229,7 +228,7 @@ def checked() -> CheckRuns:
 
 
 def fixture(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name))
+    return ("--solution", str(fixture_solution("07", name)))
 
 
 # name -> (substrings the output must contain, {check name start: status}).

@@ -23,15 +23,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean
+from conftest import PROBLEMS
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
 from distlab.grading import check_part
 from distlab.runtime.chrome import validate_chrome_trace
 from distlab.runtime.jobspec import program_module_name
 
 SEED = 4242
-HERE = FIXTURES / "08"
 FOLDER = PROBLEMS / "08-find-the-bottleneck"
 
 
@@ -243,7 +242,7 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, must = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
+    run = checked("--solution", str(fixture_solution("08", name)))
     assert_clean(run)
     assert run.rc == 1, run.out
     result = run.check(failing)
@@ -256,7 +255,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 
 @pytest.mark.slow
 def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_send_recv.py"))
+    run = checked("--solution", str(fixture_solution("08", "alt_send_recv.py")))
     assert not run.leftovers
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["score"] == run.results["max_score"]
