@@ -14,22 +14,17 @@ no process started.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
 SEED = 4242
-HERE = FIXTURES / "01"
 CHECK_PY = PROBLEMS / "01-sync-parameter-server" / "check.py"
 
 
@@ -51,62 +46,13 @@ cases, programs, models, readings = check.cases, check.programs, check.models, c
 # -- end to end ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    """One `distlab check 01` run."""
-
-    rc: int
-    out: str
-    flat: str  # whitespace runs made one space (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def check(self, name_start: str) -> dict[str, Any]:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        assert found, f"no check named {name_start!r}"
-        return found[0]
-
-    def statuses(self) -> dict[str, str]:
-        assert self.results is not None, self.out
-        return {c["name"]: c["status"] for c in self.results["checks"]}
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run_check(*args: str) -> Checked:
-    with tempfile.TemporaryDirectory(prefix="dl1-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "01", *args, "--seed", str(SEED), "--json", str(json_path),
-                       timeout=240)
-        wall = time.monotonic() - start
-        leftovers = _leftovers()
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            cache[args] = _run_check(*args)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("01", seed=SEED, timeout=240)
 
 
 def fixture(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name))
+    return ("--solution", str(fixture_solution("01", name)))
 
 
 MODEL = "the model after K steps"
@@ -133,10 +79,6 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
                                 "wait for that worker's push before it serves the next"],
                          [MODEL, PAIRS, BYTES, BALANCE, LATE]),
 }
-
-
-def assert_clean(run: Checked) -> None:
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
 
 
 @pytest.mark.slow
@@ -205,7 +147,7 @@ def test_free_run_trains_and_reports() -> None:
     flat = " ".join(proc.stdout.split())
     assert "S=1 W=2" in flat and "held-out AUC" in flat
     assert "equals single-process gradient descent" in flat
-    assert not _leftovers()
+    assert not leftovers()
 
 
 # -- the pure helpers ----------------------------------------------------------------------------

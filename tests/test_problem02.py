@@ -14,25 +14,20 @@ mpiexec or prterun may outlive a command. All runs use one seed, so a failure he
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
 from distlab.runtime.clock.replay import replay
 
 SEED = 4242
-HERE = FIXTURES / "02"
 PROBLEM = PROBLEMS / "02-alpha-beta"
 
 
@@ -216,52 +211,9 @@ def test_choice_verdicts_name_the_symptom() -> None:
 # -- end to end: `distlab check 02` -----------------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    """One `distlab check 02` run."""
-
-    rc: int
-    out: str
-    flat: str  # every run of whitespace made one space (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def status(self) -> dict[str, str]:
-        assert self.results is not None, self.out
-        return {c["name"].split(":")[0].split(" within")[0]: c["status"] for c in self.results["checks"]}
-
-    def failed(self) -> list[str]:
-        assert self.results is not None, self.out
-        return [c["name"] for c in self.results["checks"] if c["status"] != "passed"]
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            with tempfile.TemporaryDirectory(prefix="dl2-") as scratch:
-                json_path = Path(scratch) / "results.json"
-                start = time.monotonic()
-                proc = run_cli("check", "02", *args, "--seed", str(SEED), "--json", str(json_path),
-                               timeout=150)
-                wall = time.monotonic() - start
-                leftovers = _leftovers()
-                results = json.loads(json_path.read_text()) if json_path.exists() else None
-            out = proc.stdout + proc.stderr
-            cache[args] = Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("02", seed=SEED, timeout=150)
 
 
 FIT, SPIKES, PREDICT, CHOOSE, RING = (
@@ -290,8 +242,8 @@ def _failed_prefixes(run: Checked) -> set[str]:
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, symptoms = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    run = checked("--solution", str(fixture_solution("02", name)))
+    assert_clean(run)
     assert run.rc == 1, run.out
     assert _failed_prefixes(run) == failing, run.out
     for text in symptoms:
@@ -302,7 +254,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 
 @pytest.mark.slow
 def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_polyfit.py"))
+    run = checked("--solution", str(fixture_solution("02", "alt_polyfit.py")))
     assert not run.leftovers, run.out
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["score"] == run.results["max_score"], run.out

@@ -11,94 +11,33 @@ fixture that spins forever runs with `--time-limit 6` instead of the card's 60 s
 
 from __future__ import annotations
 
-import json
 import re
-import tempfile
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 import pytest
-
-from conftest import FIXTURES, job_processes, run_cli
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 pytestmark = pytest.mark.slow
 
 SEED = 4242
-HERE = FIXTURES / "03"
 SHORT_DEADLINE_S = 4  # --time-limit for the fixture that never ends (the card says 60 s)
 
 
-@dataclass
-class Checked:
-    """One `distlab check 03` run."""
-
-    args: tuple[str, ...]
-    rc: int
-    out: str  # stdout + stderr as printed
-    flat: str  # the same with every run of whitespace made one space (rich wraps long lines)
-    results: dict[str, Any] | None  # the --json file, if written
-    wall_s: float
-    leftovers: list[str]  # job processes still alive ~1.5 s after the CLI exited
-
-    def check(self, name_start: str) -> dict[str, Any]:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        names = [c["name"] for c in self.results["checks"]]
-        assert found, f"no check named {name_start!r} in {names}"
-        return found[0]
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    """conftest's job_processes(), after up to ``wait_s`` for processes on their way out."""
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run_check(*args: str, time_limit: float | None = None) -> Checked:
-    extra = ("--time-limit", str(time_limit)) if time_limit else ()
-    with tempfile.TemporaryDirectory(prefix="dl3-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "03", *args, *extra, "--json", str(json_path), timeout=150)
-        wall = time.monotonic() - start
-        leftovers = _leftovers()
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    flat = " ".join(out.split())
-    return Checked(args + extra, proc.returncode, out, flat, results, wall, leftovers)
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[Any, ...], Checked] = {}
-
-    def get(*args: str, time_limit: float | None = None, fresh: bool = False) -> Checked:
-        key = (args, time_limit)
-        if fresh or key not in cache:
-            cache[key] = _run_check(*args, time_limit=time_limit)
-        return cache[key]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("03", seed=None, timeout=150)  # the seed is in each run's own arguments
 
 
 def fixture_args(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name), "--seed", str(SEED))
+    return ("--solution", str(fixture_solution("03", name)), "--seed", str(SEED))
 
 
 def line_of(name: str, needle: str) -> int:
     """1-based number of the first line of fixture ``name`` that contains ``needle``."""
-    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+    for number, line in enumerate(fixture_solution("03", name).read_text().splitlines(), start=1):
         if needle in line:
             return number
     raise AssertionError(f"{needle!r} not in {name}")
-
-
-def assert_clean(run: Checked) -> None:
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
 
 
 # -- the fixtures that must fail, and the symptom each must be named by --------------------------
@@ -143,8 +82,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     run = checked(*fixture_args(name), time_limit=time_limit)
     assert_clean(run)
     assert run.rc == 1, run.out
-    for text in must:
-        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    assert_output_has(run, must)
     for text in must_not:
         assert text not in run.flat, f"{text!r} unexpected in:\n{run.out}"
     assert run.results is not None and not run.results["passed"]

@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
 import os
 import sys
-import tempfile
 import textwrap
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS, job_processes, run_cli
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 from distlab.runtime.comm.stats import CommStats
 from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
 SEED = 4242
-HERE = FIXTURES / "04"
 PROBLEM = PROBLEMS / "04-gradient-compression"
 
 
@@ -174,54 +170,9 @@ def _plans_equal(a: Any, b: Any) -> bool:
 # -- end to end -----------------------------------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    """One `distlab check 04` run."""
-
-    rc: int
-    out: str
-    flat: str  # whitespace runs made one space (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def status(self, name_start: str) -> str:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        assert found, f"no check named {name_start!r}"
-        return str(found[0]["status"])
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run_check(*args: str) -> Checked:
-    with tempfile.TemporaryDirectory(prefix="dl4-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "04", *args, "--seed", str(SEED), "--json", str(json_path),
-                       timeout=180)
-        wall = time.monotonic() - start
-        leftovers = _leftovers()
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            cache[args] = _run_check(*args)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("04", seed=SEED, timeout=180)
 
 
 # name -> (substrings the output must contain, checks that must fail, checks that must pass)
@@ -274,11 +225,10 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     must, failing, passing = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    run = checked("--solution", str(fixture_solution("04", name)))
+    assert_clean(run)
     assert run.rc == 1, run.out
-    for text in must:
-        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    assert_output_has(run, must)
     for check_name in failing:
         assert run.status(check_name) == "failed", (check_name, run.out)
     for check_name in passing:
@@ -289,12 +239,12 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ("--solution", "reference"),
-    ("--solution", str(HERE / "alt_point_to_point.py")),
+    ("--solution", str(fixture_solution("04", "alt_point_to_point.py"))),
     ("--solution", "reference", "--backend", "gloo"),
 ], ids=["reference", "alt_point_to_point", "reference-gloo"])
 def test_correct_solutions_pass(args: tuple[str, ...], checked: Callable[..., Checked]) -> None:
     run = checked(*args)
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert_clean(run)
     assert run.rc == 0, run.out
     assert "passed 04" in run.flat
     r = run.results

@@ -12,13 +12,9 @@ replays with `distlab check 05 --seed 4242 --solution ...`.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
@@ -26,12 +22,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "05"
 FOLDER = PROBLEMS / "05-dp-or-mp"
 
 
@@ -262,62 +258,16 @@ def test_shards_follow_the_card(diagnoses: ModuleType) -> None:
 # == end to end through the CLI =======================================================================
 
 
-@dataclass
-class Checked:
-    rc: int
-    out: str
-    flat: str  # whitespace runs made one space (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def check(self, name_start: str) -> dict[str, Any]:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        assert found, f"no check named {name_start!r}"
-        return found[0]
-
-    def messages(self) -> str:
-        assert self.results is not None, self.out
-        return " ".join(" ".join(c["message"].split()) for c in self.results["checks"])
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run(*args: str) -> Checked:
-    with tempfile.TemporaryDirectory(prefix="dl5-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "05", "--seed", str(SEED), *args, "--json", str(json_path), timeout=240)
-        wall = time.monotonic() - start
-        leftovers = _leftovers()
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            cache[args] = _run(*args)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("05", seed=SEED, timeout=240)
 
 
 PLAN, MLP, SPLIT, COUNT, TIME = ("plan picks", "TP MLP", "each rank keeps", "one allreduce", "TP communication")
 
 
 def line_of(name: str, needle: str) -> int:
-    for number, line in enumerate((HERE / name).read_text().splitlines(), start=1):
+    for number, line in enumerate(fixture_solution("05", name).read_text().splitlines(), start=1):
         if needle in line:
             return number
     raise AssertionError(f"{needle!r} not in {name}")
@@ -357,8 +307,8 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, needles = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    run = checked("--solution", str(fixture_solution("05", name)))
+    assert_clean(run)
     assert run.rc == 1, run.out
     assert run.results is not None and not run.results["passed"]
     for check_name in (PLAN, MLP, SPLIT, COUNT, TIME):
@@ -388,7 +338,7 @@ def test_reference_passes(checked: Callable[..., Checked]) -> None:
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_functional.py"), "--backend", "gloo")
+    run = checked("--solution", str(fixture_solution("05", "alt_functional.py")), "--backend", "gloo")
     assert not run.leftovers, "\n".join(run.leftovers)
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["backend"] == "gloo"
@@ -417,4 +367,4 @@ def test_free_run_summary() -> None:
     assert proc.returncode == 0, flat
     assert "p=2, 2 block(s), hidden 128, 64 tokens: output matches one device" in flat
     assert "plan(7B, 8 x 80 GiB, batch 8) = {'dp': 4, 'tp': 2, 'pp': 1}" in flat
-    assert not _leftovers()
+    assert not leftovers()

@@ -12,24 +12,20 @@ outlive the command.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS
+from e2e import Checked, fixture_solution, leftovers, run_check
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "06"
 FOLDER = PROBLEMS / "06-ddp-from-scratch"
 
 
@@ -192,34 +188,6 @@ def test_single_process_training_learns(training: ModuleType) -> None:
 # -- end to end: the CLI on every solution --------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    rc: int
-    out: str
-    flat: str
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run_check(*args: str) -> Checked:
-    with tempfile.TemporaryDirectory(prefix="dl6-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "06", *args, "--seed", str(SEED), "--json", str(json_path), timeout=240)
-        wall = time.monotonic() - start
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, [])
-
-
 # name -> substrings the output must contain (the symptom, named).
 BUGGY: dict[str, list[str]] = {
     "forward_order.py": ["every allreduce started only after backward had ended", "reverse parameter order"],
@@ -238,13 +206,15 @@ def checked() -> dict[str, Checked]:
     """Every CLI run of this file, two at a time (each waits on its ranks much of the time)."""
     runs: dict[str, tuple[str, ...]] = {"reference": ("--solution", "reference"), "starter": ()}
     for name in [*BUGGY, *PASSING]:
-        runs[name] = ("--solution", str(HERE / name))
+        runs[name] = ("--solution", str(fixture_solution("06", name)))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run_check, *args) for name, args in runs.items()}
+        # Not probed one by one: two runs side by side would see each other's ranks as leftovers.
+        futures = {name: pool.submit(run_check, "06", *args, seed=SEED, timeout=240, probe_leftovers=False)
+                   for name, args in runs.items()}
         done = {name: future.result() for name, future in futures.items()}
-    leftovers = _leftovers()
+    left = leftovers()
     for run in done.values():
-        run.leftovers = leftovers
+        run.leftovers = left
     return done
 
 

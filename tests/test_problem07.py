@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
 import math
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS, run_cli
+from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution, leftovers
 
 from distlab.grading import check_part
 
 SEED = 4242
-HERE = FIXTURES / "07"
 PROBLEM = PROBLEMS / "07-sync-storm"
 
 
@@ -226,58 +222,13 @@ def test_plan_is_a_pure_function_of_the_seed() -> None:
 # -- end to end, through the CLI ------------------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    """One `distlab check 07` run."""
-
-    rc: int
-    out: str
-    flat: str  # whitespace runs made one space (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def status(self, name_start: str) -> str:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        assert found, f"no check named {name_start!r}"
-        return str(found[0]["status"])
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
-def _run_check(*args: str) -> Checked:
-    with tempfile.TemporaryDirectory(prefix="dl7-") as scratch:
-        json_path = Path(scratch) / "results.json"
-        start = time.monotonic()
-        proc = run_cli("check", "07", *args, "--seed", str(SEED), "--json", str(json_path),
-                       timeout=240)
-        wall = time.monotonic() - start
-        leftovers = _leftovers()
-        results = json.loads(json_path.read_text()) if json_path.exists() else None
-    out = proc.stdout + proc.stderr
-    return Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            cache[args] = _run_check(*args)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("07", seed=SEED, timeout=240)
 
 
 def fixture(name: str) -> tuple[str, ...]:
-    return ("--solution", str(HERE / name))
+    return ("--solution", str(fixture_solution("07", name)))
 
 
 # name -> (substrings the output must contain, {check name start: status}).
@@ -315,10 +266,9 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     must, statuses = BUGGY[name]
     run = checked(*fixture(name))
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    assert_clean(run)
     assert run.rc == 1, run.out
-    for text in must:
-        assert text in run.flat, f"{text!r} missing from:\n{run.out}"
+    assert_output_has(run, must)
     for check_name, status in statuses.items():
         assert run.status(check_name) == status, run.out
     assert run.results is not None and run.results["score"] < run.results["max_score"]
@@ -366,7 +316,7 @@ def test_free_run_sweep_writes_the_tune_csv(tmp_path: Path) -> None:
                    "--param", f"out={out}", timeout=120)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
-    assert not _leftovers()
+    assert not leftovers()
     rows = list(csv.reader(out.read_text().splitlines()))
     assert rows[0] == ["threshold_bytes", "virtual_step_s"]
     times = {int(t): float(s) for t, s in rows[1:]}

@@ -15,24 +15,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
+from conftest import PROBLEMS
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
 from distlab.grading import check_part
 from distlab.runtime.jobspec import program_module_name
 from distlab.runtime.trace.chrome import validate_chrome_trace
 
 SEED = 4242
-HERE = FIXTURES / "08"
 FOLDER = PROBLEMS / "08-find-the-bottleneck"
 
 
@@ -219,48 +217,9 @@ def test_reference_trace_is_valid_with_one_track_per_rank() -> None:
 # -- end to end ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Checked:
-    rc: int
-    out: str
-    flat: str  # whitespace runs made single spaces (rich wraps long lines)
-    results: dict[str, Any] | None
-    wall_s: float
-    leftovers: list[str]
-
-    def check(self, name_start: str) -> dict[str, Any]:
-        assert self.results is not None, self.out
-        found = [c for c in self.results["checks"] if c["name"].startswith(name_start)]
-        assert found, f"no check named {name_start!r}"
-        return found[0]
-
-
-def _leftovers(wait_s: float = 1.5) -> list[str]:
-    end = time.monotonic() + wait_s
-    while (found := job_processes()) and time.monotonic() < end:
-        time.sleep(0.1)
-    return found
-
-
 @pytest.fixture(scope="module")
-def checked() -> Iterator[Callable[..., Checked]]:
-    cache: dict[tuple[str, ...], Checked] = {}
-
-    def get(*args: str) -> Checked:
-        if args not in cache:
-            with tempfile.TemporaryDirectory(prefix="dl8-") as scratch:
-                json_path = Path(scratch) / "results.json"
-                start = time.monotonic()
-                proc = run_cli("check", "08", *args, "--seed", str(SEED), "--json", str(json_path),
-                               timeout=170)
-                wall = time.monotonic() - start
-                leftovers = _leftovers()
-                results = json.loads(json_path.read_text()) if json_path.exists() else None
-            out = proc.stdout + proc.stderr
-            cache[args] = Checked(proc.returncode, out, " ".join(out.split()), results, wall, leftovers)
-        return cache[args]
-
-    yield get
+def checked() -> CheckRuns:
+    return CheckRuns("08", seed=SEED, timeout=170)
 
 
 # fixture -> (the check that must fail, substrings its message must contain)
@@ -283,8 +242,8 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, must = BUGGY[name]
-    run = checked("--solution", str(HERE / name))
-    assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)
+    run = checked("--solution", str(fixture_solution("08", name)))
+    assert_clean(run)
     assert run.rc == 1, run.out
     result = run.check(failing)
     assert result["status"] == "failed", run.out
@@ -296,7 +255,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 
 @pytest.mark.slow
 def test_alternative_solution_passes(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(HERE / "alt_send_recv.py"))
+    run = checked("--solution", str(fixture_solution("08", "alt_send_recv.py")))
     assert not run.leftovers
     assert run.rc == 0, run.out
     assert run.results is not None and run.results["score"] == run.results["max_score"]
