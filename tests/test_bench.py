@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from distlab.bench.suite import run_mpi_timings
+import io
+
+from rich.console import Console
+
+from distlab.bench.suite import Figure, figures_table, run_mpi_timings
 from distlab.bench.timings import ALLREDUCE_BYTES, RANKS
 
 
@@ -45,3 +49,19 @@ def test_the_proxy_cost_rows_are_measured_and_report_only() -> None:
         "proxy Python per Sendrecv, hot", "proxy Python per Sendrecv, cache cleared"
     ]
     assert all(r.limit is None and r.met is None for r in rows)  # explained, never judged
+
+
+def test_the_figures_table_folds_on_an_80_column_terminal_and_cuts_no_figure() -> None:
+    figures = [
+        Figure("ring vs built-in Allreduce, 16 MiB, 4 ranks", 14.2e-3, "built-in Allreduce",
+               12.43e-3, 1.14, "x", 1.2),
+        Figure("proxy per small operation (8 B ping-pong)", 12.3e-6, "raw mpi4py", 9.2e-6,
+               3.1, "us per message", 30.0),
+    ]
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(figures_table(figures, "distlab bench"))
+    text = out.getvalue()
+    assert "\u2026" not in text, text  # rich's ellipsis: something was elided
+    for header in ("benchmark", "measured", "baseline", "ratio", "overhead", "target"):
+        assert header in text, text
+    assert "14.20 ms" in text and "1.14x" in text and "12.3 us" in text, text

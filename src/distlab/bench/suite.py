@@ -36,6 +36,7 @@ from rich.table import Table
 from ..errors import HarnessError
 from ..runtime.supervisor import mpi_env, mpiexec_failed_to_start, mpiexec_path
 from ..runtime.supervisor.processes import kill_session
+from ..terminal import folding
 from . import proxy_cost
 from .timings import (
     PINGPONG_BYTES,
@@ -320,14 +321,15 @@ def figures_table(figures: list[Figure], title: str) -> Table:
     )
     for header in ("benchmark", "measured", "baseline", "ratio", "overhead", "target", "met"):
         first = header == "benchmark"
-        table.add_column(header, justify="left" if first else "right", no_wrap=True)
+        table.add_column(header, justify="left" if first else "right")
     for f in figures:
         baseline = _duration(f.baseline_s) if f.baseline_s else "-"
         ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
         table.add_row(
             f.name, _duration(f.value_s), baseline, ratio, _overhead(f), _target(f), _met(f)
         )
-    return table
+    # On a narrow terminal the columns wrap and fold: a figure cut to "measu…" is no figure.
+    return folding(table)
 
 
 def results_json(
