@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from ..platforms import Platform, parse_platform, resolve, uniform
+from ..runtime.clock import collectives_cost as cost
 from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT, CommStats
 from ..runtime.faults.plans import parse_fault_plan
 from ..runtime.jobspec import Task
@@ -17,6 +18,6 @@ from .parts import check_part
 
 __all__ = [
     "COLLECTIVES", "POINT_TO_POINT", "CheckContext", "CheckFailed", "Checklist", "CommStats",
-    "Platform", "Run", "RunFailed", "Task", "TaskRun", "check_part", "parse_fault_plan",
+    "Platform", "Run", "RunFailed", "Task", "TaskRun", "check_part", "cost", "parse_fault_plan",
     "parse_platform", "resolve", "uniform", "validate_chrome_trace",
 ]
