@@ -176,7 +176,8 @@ def test_out_overrides_the_default_path(tmp_path: Path) -> None:
 
 
 def test_the_ring_table_folds_on_a_narrow_terminal_and_elides_no_figure() -> None:
-    from distlab.calibrate import RingRow, ring_table
+    from distlab.calibrate import RingRow
+    from distlab.calibrate.command import ring_table
 
     rows = [RingRow(2**20, 1.234567e-3, 2.345678e-3, 3.456789e-3)]
     out = io.StringIO()

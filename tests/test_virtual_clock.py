@@ -112,14 +112,15 @@ def test_a_check_reads_each_task_on_its_own_platform() -> None:
     import numpy as np
 
     from distlab.grading.api import CheckContext, Session
+    from distlab.runs import run_options
     from distlab.runtime.rank.learner import load_module
 
     name = program_module_name(PROGRAMS)
     programs = sys.modules.get(name) or load_module(PROGRAMS, name)
     session = Session(
-        program_file=PROGRAMS, solution_file=PROGRAMS, backend="mpi", seed=1, deadline_s=60,
+        program_file=PROGRAMS, solution_file=PROGRAMS, seed=1,
         narrator=type("Quiet", (), {"say": lambda self, text: None})(),
-        platform=uniform(4, ALPHA, BETA),
+        options=run_options("mpi", uniform(4, ALPHA, BETA), deadline_s=60),
     )
     own = uniform(4, 10 * ALPHA, 2 * BETA)
     n, p = 1 << 16, 4

@@ -200,14 +200,11 @@ def check(
     from .grading import results as results_io
     from .grading.runner import Options
 
-    if backend not in ("mpi", "gloo"):
-        raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
-    seed, time_limit = opts.seed(seed), opts.time_limit(time_limit)
+    backend, seed, time_limit = opts.backend(backend), opts.seed(seed), opts.time_limit(time_limit)
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    if clock not in ("virtual", "wall"):
-        raise UsageError(f"unknown clock {clock!r}: use virtual or wall")
+    clock = opts.clock(clock)
     # Refused now, not after the checks: the results must have somewhere to go, and never over
     # the learner's progress or their own file.
     json_out = opts.json_path(json_out, keep={
@@ -238,8 +235,7 @@ def run(
     """A free run of the problem on real ranks: its summary, times, metrics, trace."""
     from .freerun import RunOptions, free_run
 
-    if backend not in ("mpi", "gloo"):
-        raise UsageError(f"unknown backend {backend!r}: use mpi or gloo")
+    backend = opts.backend(backend)
     if ranks < 1:
         raise UsageError("--ranks must be at least 1")
     bad = [p for p in param if "=" not in p]

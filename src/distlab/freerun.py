@@ -13,15 +13,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from .bank import Entry
-from .errors import UsageError
 from .platforms import Platform
-from .platforms import resolve as resolve_platform
-from .runtime.clock.metrics import RunMetrics, format_seconds, summarize
-from .runtime.clock.replay import Replay, replay
-from .runtime.faults.plans import FaultPlan, load_fault_plan
-from .runtime.jobspec import Limits, Task, make_job
+from .runs import Program, run, run_options
+from .runtime.clock.metrics import RunMetrics, format_seconds
+from .runtime.clock.replay import Replay
+from .runtime.faults.plans import FaultPlan
+from .runtime.jobspec import Task
 from .runtime.rank.learner import SolutionLoadError, compile_check
-from .runtime.supervisor import LaunchResult, launch
+from .runtime.supervisor import LaunchResult
 from .runtime.trace import chrome
 
 
@@ -56,28 +55,25 @@ def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
 
     Raises UsageError for bad options and SolutionLoadError for a file that does not compile."""
     card = entry.card()
-    if options.backend not in card.backends:
-        raise UsageError(f"problem {entry.number} runs on {', '.join(card.backends)}, not {options.backend}")
-    if options.clock not in ("virtual", "wall"):
-        raise UsageError(f"unknown clock {options.clock!r}: use virtual or wall")
-    platform = resolve_platform(options.platform or card.platform)
-    platform.check_world(options.ranks)
-    plan = _fault_plan(options)
+    run_opts = run_options(
+        options.backend, options.platform, default_platform=card.platform,
+        allowed_backends=card.backends, problem=entry.number, clock=options.clock,
+        faults=options.faults, seed=options.seed, world=options.ranks,
+        deadline_s=options.deadline_s, default_deadline_s=float(card.time_limit_s),
+    )
     compile_check(solution)
     task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
-    job = make_job(
-        entry.path / "check.py", "main", [task], options.backend, solution,
-        limits=Limits(), faults=plan, platform=platform,
+    done = run(
+        Program(entry.path / "check.py", "main", solution), [task], run_opts,
         online_clock=True,  # a free run shows comm.now() figures; checks turn it on when needed
     )
-    result = launch(job, deadline_s=options.deadline_s or float(card.time_limit_s))
-    outcome = RunOutcome(result, platform, plan)
-    if result.ok:
-        outcomes = result.task_outcomes(0)
-        outcome.summary = outcomes[0].value if outcomes else None
-        outcome.traces = {rank: o.trace or [] for rank, o in enumerate(outcomes)}
-        outcome.played = replay(outcome.traces, platform)
-        outcome.metrics = summarize(outcome.played, outcome.traces)
+    outcome = RunOutcome(done.result, run_opts.platform, run_opts.faults)
+    if done.ok:
+        task_run = done.tasks[0]
+        outcome.summary = task_run.values[0] if task_run.outcomes else None
+        outcome.traces = task_run.traces
+        outcome.played = task_run.replay()
+        outcome.metrics = task_run.metrics()
     return outcome
 
 
@@ -125,9 +121,3 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         chrome.export(options.trace, outcome.traces, outcome.played, meta)
         console.print(f"trace written to {options.trace} (open it in Perfetto or chrome://tracing)")
     return 0
-
-
-def _fault_plan(options: RunOptions) -> FaultPlan | None:
-    if options.faults is None:
-        return None
-    return load_fault_plan(options.faults, seed=options.seed).validate_for(options.ranks)

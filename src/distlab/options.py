@@ -1,5 +1,6 @@
-"""The options of the commands that run a problem (`check`, `run`, `tune`, `report`): one function
-per option, one set of messages, one place to call them from.
+"""The options of the commands that run a problem (`check`, `run`, `tune`, `report`, `calibrate`):
+one function per option, one set of messages, one place to call them from (the commands, and the
+front door for runs, distlab/runs.py, which checks a run's options as a whole).
 
 Each function takes the value as the command line parsed it and returns it checked (or None when
 the option was not given), or raises UsageError with one sentence that names the option and the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .errors import UsageError
@@ -19,6 +20,24 @@ from .runtime.faults.model import MAX_SEED
 
 # A run longer than a day is a mistake, not a deadline; nan and inf would be no deadline at all.
 MAX_TIME_LIMIT_S = 86_400.0
+BACKENDS = ("mpi", "gloo")
+CLOCKS = ("virtual", "wall")
+
+
+def backend(value: str, allowed: Sequence[str] = BACKENDS, problem: str = "") -> str:
+    """--backend: an engine distlab has, and one the problem's card allows."""
+    if value not in BACKENDS:
+        raise UsageError(f"unknown backend {value!r}: use {' or '.join(BACKENDS)}")
+    if value not in allowed:
+        raise UsageError(f"problem {problem} runs on {', '.join(allowed)}, not {value}")
+    return value
+
+
+def clock(value: str) -> str:
+    """--clock: grade on the virtual clock (the modelled cluster) or on wall time."""
+    if value not in CLOCKS:
+        raise UsageError(f"unknown clock {value!r}: use {' or '.join(CLOCKS)}")
+    return value
 
 
 def seed(value: int | None) -> int | None:

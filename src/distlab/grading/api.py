@@ -11,9 +11,10 @@ A problem's checks are plain functions in the supervisor process, declared in or
         t.expect(np.allclose(got, want), "rank 2 holds the sum", f"{got[:4]}...")
 
 ``t.launch`` starts real ranks running a *program* (a function of check.py, run on every rank as
-``program(comm, solution, *args)``) and returns their results; expected values are computed here,
-outside the processes that run learner code. Identical launches in one session run once, so
-several checks can judge the same run from different angles.
+``program(comm, solution, *args)``) through the front door (distlab/runs.py) and returns their
+results; expected values are computed here, outside the processes that run learner code.
+Identical launches in one session run once, so several checks can judge the same run from
+different angles.
 """
 
 from __future__ import annotations
@@ -26,13 +27,11 @@ from typing import Any, Callable, NoReturn, Protocol
 import numpy as np
 
 from ..platforms import Platform
-from ..runtime.clock.metrics import RunMetrics, summarize
-from ..runtime.clock.replay import Replay, replay
-from ..runtime.comm.stats import COLLECTIVES, CommStats
-from ..runtime.jobspec import Limits, Task, TaskOutcome, make_job, program_module_name
-from ..runtime.supervisor import LaunchResult, launch
+from ..runs import Program, Run, RunOptions, TaskRun, run
+from ..runtime.comm.stats import COLLECTIVES
+from ..runtime.jobspec import Task, program_module_name
+from ..runtime.supervisor import LaunchResult
 from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
-from ..runtime.trace.events import Event
 
 
 class CheckFailed(Exception):
@@ -72,56 +71,6 @@ class Checklist:
         return register
 
 
-@dataclass
-class TaskRun:
-    """One task of a launch: what every rank returned, counted and did."""
-
-    task: Task
-    outcomes: list[TaskOutcome]
-    platform: Platform
-    _replay: Replay | None = None
-
-    @property
-    def values(self) -> list[Any]:
-        return [o.value for o in self.outcomes]
-
-    @property
-    def stats(self) -> list[CommStats]:
-        return [o.stats for o in self.outcomes]
-
-    @property
-    def traces(self) -> dict[int, list[Event]]:
-        """Rank -> its events; the task's ranks are the job's first ``task.ranks`` ranks."""
-        return {rank: o.trace or [] for rank, o in enumerate(self.outcomes)}
-
-    def replay(self) -> Replay:
-        """The task on the virtual clock of its launch's platform (computed once)."""
-        if self._replay is None:
-            self._replay = replay(self.traces, self.platform)
-        return self._replay
-
-    def metrics(self) -> RunMetrics:
-        return summarize(self.replay(), self.traces)
-
-    def wall_span(self) -> float:
-        """Wall seconds from the first communication call of any rank to the last one's end:
-        the communication the learner wrote, without the program's own set-up around it."""
-        events = [e for trace in self.traces.values() for e in trace]
-        if not events:
-            return max((o.wall_s for o in self.outcomes), default=0.0)
-        return max(e[-1] for e in events) - min(e[-2] for e in events)
-
-
-@dataclass
-class Run:
-    result: LaunchResult
-    tasks: list[TaskRun]
-
-    @property
-    def wall_s(self) -> float:
-        return self.result.wall_s
-
-
 class Narrator(Protocol):
     def say(self, text: str) -> None: ...
 
@@ -157,17 +106,10 @@ class Session:
 
     program_file: Path
     solution_file: Path
-    backend: str
     seed: int
-    deadline_s: float
     narrator: Narrator
-    platform: Platform
-    limits: Limits = Limits()
-    clock: str = "virtual"  # "wall": performance is graded on measured time (real clusters)
-    faults: Any = None  # a fault plan applied to every launch (a task's own plan wins)
-    # Exam grading: count what MPI carried below the proxy in every launch (MPI backend only),
-    # and sum what it carried that the proxy did not into ``below_proxy``.
-    mpi_monitoring: bool = False
+    options: RunOptions  # backend, platform, clock, fault plan, deadline, limits, monitoring
+    # Exam grading (options.mpi_monitoring): what MPI carried that the proxy did not, summed.
     below_proxy: Unexplained = field(default_factory=Unexplained)
     totals: SessionTotals = field(default_factory=SessionTotals)
     cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
@@ -180,8 +122,8 @@ class CheckContext:
         self._session = session
         self.seed = session.seed
         self.rng = np.random.default_rng([session.seed, index])
-        self.backend = session.backend
-        self.platform = session.platform
+        self.backend = session.options.backend
+        self.platform = session.options.platform
         self.metrics: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
@@ -194,12 +136,12 @@ class CheckContext:
 
     @property
     def clock(self) -> str:
-        return self._session.clock
+        return self._session.options.clock
 
     def measured_time(self, task_run: TaskRun) -> float:
         """The time a performance check grades: the replay's makespan on the virtual clock, or
         the slowest rank's wall time of the task under ``--clock wall``."""
-        if self._session.clock == "wall":
+        if self.clock == "wall":
             return task_run.wall_span()
         return task_run.replay().makespan
 
@@ -207,7 +149,7 @@ class CheckContext:
         """Records the headline figure against its analytic bound (and the run's metrics)."""
         self.metric("measured_s", measured_s)
         self.metric("bound_s", bound_s)
-        self.metric("clock", self._session.clock)
+        self.metric("clock", self.clock)
         totals = self._session.totals
         totals.virtual_s, totals.bound_s = measured_s, bound_s
         if task_run is not None:
@@ -236,25 +178,18 @@ class CheckContext:
         ``platform``: model another platform than the session's for this launch (a hidden
         variant, or a scenario's own cluster); ``Task(platform=...)`` does it for one task."""
         s = self._session
-        world = max(task.ranks for task in tasks)
-        platform = platform or s.platform
-        platform.check_world(world)
-        for task in tasks:
-            if task.platform is not None:
-                task.platform.check_world(task.ranks)
-        job = make_job(
-            s.program_file, _program_name(program, s.program_file), tasks, s.backend,
-            s.solution_file,
-            limits=s.limits, platform=platform, faults=s.faults, online_clock=online_clock,
-            mpi_monitoring=s.mpi_monitoring and s.backend == "mpi",
-        )
-        key = pickle.dumps((job.program, job.tasks_blob, deadline_s, online_clock, platform))
+        name = _program_name(program, s.program_file)
+        platform = platform or s.options.platform
+        key = pickle.dumps((name, pickle.dumps(tuple(tasks)), deadline_s, online_clock, platform))
         cached = s.cache.get(key)
         if isinstance(cached, Run):
             return cached
         if isinstance(cached, LaunchResult):
             raise RunFailed(cached, first_report=False)
-        result = launch(job, deadline_s=deadline_s or s.deadline_s, stall_s=stall_s)
+        done = run(Program(s.program_file, name, s.solution_file), tasks, s.options,
+                   platform=platform, online_clock=online_clock, deadline_s=deadline_s,
+                   stall_s=stall_s)
+        result = done.result
         if not result.ok:
             s.cache[key] = result
             s.totals.launches += 1
@@ -262,14 +197,9 @@ class CheckContext:
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
-        runs = []
-        for i, task in enumerate(tasks):
-            task_platform = platform if task.platform is None else task.platform
-            runs.append(TaskRun(task, result.task_outcomes(i), task_platform))
-        run = Run(result, runs)
-        s.cache[key] = run
-        s.totals.add(result, runs)
-        return run
+        s.cache[key] = done
+        s.totals.add(result, done.tasks)
+        return done
 
 
 def _program_name(program: Callable[..., Any], check_file: Path) -> str:

@@ -21,10 +21,10 @@ from typing import Protocol
 
 from ..bank import Entry
 from ..errors import CardError
-from ..platforms import resolve as resolve_platform
+from .. import options as opts
+from ..runs import run_options
 from ..runtime.clock.metrics import format_seconds
-from ..runtime.faults.plans import load_fault_plan
-from ..runtime.jobspec import Limits, program_module_name
+from ..runtime.jobspec import program_module_name
 from ..runtime.rank.learner import SolutionLoadError, compile_check
 from .api import CheckContext, CheckFailed, Checklist, RunFailed, Session
 from .results import CheckResult, Results
@@ -69,12 +69,7 @@ def load_checklist(entry: Entry) -> Checklist:
 
 def check_problem(entry: Entry, solution: Path, options: Options, reporter: Reporter) -> Results:
     card = entry.card()
-    if options.backend not in card.backends:
-        from ..errors import UsageError
-
-        raise UsageError(
-            f"problem {entry.number} runs on {', '.join(card.backends)}, not {options.backend}"
-        )
+    opts.backend(options.backend, card.backends, entry.number)
     seed = options.seed if options.seed is not None else secrets.randbelow(10**6)
     started = time.monotonic()
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -94,21 +89,13 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         reporter.compile_failed(exc.summary, exc.detail)
         return _finish(results, started, reporter)
 
-    platform = resolve_platform(options.platform or card.platform)
-    faults = load_fault_plan(options.faults, seed=seed) if options.faults else None
-    session = Session(
-        program_file=entry.path / "check.py",
-        solution_file=solution,
-        backend=options.backend,
-        seed=seed,
-        deadline_s=options.deadline_s or float(card.time_limit_s),
-        narrator=reporter,
-        platform=platform,
-        limits=Limits(),
-        clock=options.clock,
-        faults=faults,
-        mpi_monitoring=options.mpi_monitoring,
+    run_opts = run_options(
+        options.backend, options.platform, default_platform=card.platform,
+        allowed_backends=card.backends, problem=entry.number, clock=options.clock,
+        faults=options.faults, seed=seed, deadline_s=options.deadline_s,
+        default_deadline_s=float(card.time_limit_s), mpi_monitoring=options.mpi_monitoring,
     )
+    session = Session(entry.path / "check.py", solution, seed, reporter, run_opts)
     for index, spec in enumerate(checklist.checks, start=1):
         reporter.check_started(index, spec.title)
         ctx = CheckContext(session, index)
@@ -146,7 +133,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     results.virtual_s, results.bound_s = totals.virtual_s, totals.bound_s
     results.summary, results.clock = totals.summary, options.clock
     results.ranks = sorted({totals.min_ranks, totals.max_ranks} - {0})
-    if session.mpi_monitoring and options.backend == "mpi":
+    if run_opts.mpi_monitoring:
         results.below_proxy = session.below_proxy.to_json()
     return _finish(results, started, reporter)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .runtime.comm.proxy import Comm
+from ..runtime.comm.proxy import Comm
 
 PING_TAG = 11
 PONG_TAG = 12
