@@ -136,11 +136,16 @@ def correctness_tasks(t: CheckContext) -> list[Task]:
 
 
 def ring_bound(t: CheckContext, p: int, nbytes: int) -> float:
-    """2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link of the platform."""
+    """2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link of the platform. On another
+    platform than the card's, ring neighbours may share links (PCIe switches, sockets), which the
+    formula ignores: there the bound is the built-in ring replayed on it, if that is slower."""
     routes = [t.platform.route(r, (r + 1) % p) for r in range(p)]
     alpha = max(r.alpha_s for r in routes)
     beta = max(r.beta_s_per_byte for r in routes)
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+    formula = 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+    if t.on_card_setting:
+        return formula
+    return max(formula, t.collective_time("Allreduce", p, nbytes))
 
 
 # -- judging ------------------------------------------------------------------------------------
@@ -298,6 +303,9 @@ def time_within_ring_bound(t: CheckContext) -> None:
         if measured / bound >= worst:
             worst = measured / bound
             t.performance(measured, bound, task_run)
+        if t.learner_faults:  # delays and caps the bound knows nothing of: a figure, not a grade
+            t.say("with your fault plan in force the bound does not hold: reported, not graded")
+            continue
         t.expect(measured <= 1.05 * bound,
                  f"at most {1.05 * bound * 1e3:.3f} ms (5% over the ring bound)",
                  f"{measured * 1e3:.3f} ms for p = {case.p}, {measured / bound:.2f}x the bound: "

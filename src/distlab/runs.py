@@ -26,7 +26,7 @@ from .runtime.comm.stats import CommStats
 from .runtime.faults.plans import FaultPlan, load_fault_plan
 from .runtime.jobspec import Limits, Task, TaskOutcome, make_job
 from .runtime.supervisor import LaunchResult, launch
-from .runtime.trace.events import Event
+from .runtime.trace.events import COLL, Event
 
 @dataclass(frozen=True)
 class Program:
@@ -181,3 +181,14 @@ def run(
         TaskRun(task, result.task_outcomes(i), platform if task.platform is None else task.platform)
         for i, task in enumerate(tasks)
     ])
+
+
+def collective_time(platform: Platform, op: str, ranks: int, nbytes: int) -> float:
+    """The virtual time of one built-in collective (``op``, ``nbytes`` per rank) over the first
+    ``ranks`` ranks of ``platform``: its standard algorithm (runtime/clock/collectives_cost.py)
+    replayed through the platform's links, shared links included. On a platform where a formula's
+    alpha and beta hide contention, this is what a hand-written version of that algorithm can
+    reach there."""
+    group = tuple(range(ranks))
+    event = (COLL, op, group, 0, nbytes, -1, 0.0, 0.0)
+    return replay({rank: [event] for rank in group}, platform).makespan

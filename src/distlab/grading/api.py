@@ -27,7 +27,7 @@ from typing import Any, Callable, NoReturn, Protocol
 import numpy as np
 
 from ..platforms import Platform
-from ..runs import Program, Run, RunOptions, TaskRun, run
+from ..runs import Program, Run, RunOptions, TaskRun, collective_time, run
 from ..runtime.comm.stats import COLLECTIVES
 from ..runtime.jobspec import Task, program_module_name
 from ..runtime.supervisor import LaunchResult
@@ -109,6 +109,7 @@ class Session:
     seed: int
     narrator: Narrator
     options: RunOptions  # backend, platform, clock, fault plan, deadline, limits, monitoring
+    card_platform: str = ""  # the platform the card's analytic bounds are written for
     # Exam grading (options.mpi_monitoring): what MPI carried that the proxy did not, summed.
     below_proxy: Unexplained = field(default_factory=Unexplained)
     totals: SessionTotals = field(default_factory=SessionTotals)
@@ -137,6 +138,23 @@ class CheckContext:
     @property
     def clock(self) -> str:
         return self._session.options.clock
+
+    @property
+    def on_card_setting(self) -> bool:
+        """The card's own platform and no fault plan of the learner's (``--platform``,
+        ``--faults``): the setting a card's closed-form bounds are written for."""
+        session = self._session
+        return session.options.platform.name == session.card_platform and session.options.faults is None
+
+    @property
+    def learner_faults(self) -> bool:
+        """A fault plan given with ``--faults`` is in force in every run."""
+        return self._session.options.faults is not None
+
+    def collective_time(self, op: str, ranks: int, nbytes: int) -> float:
+        """The built-in ``op``'s standard algorithm replayed on this check's platform (see
+        runs.collective_time): a bound that counts the links the platform shares."""
+        return collective_time(self.platform, op, ranks, nbytes)
 
     def measured_time(self, task_run: TaskRun) -> float:
         """The time a performance check grades: the replay's makespan on the virtual clock, or
