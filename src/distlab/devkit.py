@@ -23,9 +23,10 @@ from .grading.imports import ALLOWED as ALLOWED_IMPORTS
 from .grading.imports import problem_import_findings
 from .grading.parts import PART_FILE
 
-# Files a problem folder may hold besides its four: notes for authors, data it ships, and the
-# parts of a long check.py (check_<part>.py, grading/parts.py).
-ALLOWED_EXTRAS = {"README.md", "data", "__pycache__"}
+# Files a problem folder may hold besides its four: the other roles of a problem package
+# (docs/problem-format.md), notes for authors, data it ships, and the parts of a check.py still
+# written the old way (check_<part>.py, grading/parts.py).
+ALLOWED_EXTRAS = {"programs.py", "cases.py", "judging.py", "README.md", "data", "__pycache__"}
 MIN_HINTS = 3
 
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from .bank import Entry
 from .platforms import Platform
-from .runs import Program, run, run_options
+from .runs import problem_program, run, run_options
 from .runtime.clock.metrics import RunMetrics, format_seconds
 from .runtime.clock.replay import Replay
 from .runtime.faults.plans import FaultPlan
@@ -64,7 +64,7 @@ def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
     compile_check(solution)
     task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
     done = run(
-        Program(entry.path / "check.py", "main", solution), [task], run_opts,
+        problem_program(entry.path, "main", solution), [task], run_opts,
         online_clock=True,  # a free run shows comm.now() figures; checks turn it on when needed
     )
     outcome = RunOutcome(done.result, run_opts.platform, run_opts.faults)

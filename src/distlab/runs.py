@@ -24,7 +24,7 @@ from .runtime.clock.metrics import RunMetrics, summarize
 from .runtime.clock.replay import Replay, replay
 from .runtime.comm.stats import CommStats
 from .runtime.faults.plans import FaultPlan, load_fault_plan
-from .runtime.jobspec import Limits, Task, TaskOutcome, make_job
+from .runtime.jobspec import Limits, Task, TaskOutcome, make_job, problem_programs
 from .runtime.supervisor import LaunchResult, launch
 from .runtime.trace.events import COLL, Event
 
@@ -37,6 +37,12 @@ class Program:
     name: str
     solution: Path | None = None
     module: str | None = None
+
+
+def problem_program(folder: Path, name: str, solution: Path | None = None) -> Program:
+    """The rank program ``name`` of the problem in ``folder`` (its ``main``: the free run)."""
+    file, module = problem_programs(folder)
+    return Program(file, name, solution, module)
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,16 @@ from ..platforms import Platform, parse_platform, resolve, uniform
 from ..runtime.clock import collectives_cost as cost
 from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT, CommStats
 from ..runtime.faults.plans import parse_fault_plan
-from ..runtime.jobspec import Task
 from ..runtime.trace.chrome import validate_chrome_trace
-from .api import CheckContext, CheckFailed, Checklist, Run, RunFailed, TaskRun
+from . import faults
+from .api import CheckContext, CheckFailed, Checklist, RunFailed
+from .judges import Mismatch, agreement, first_mismatch
 from .parts import check_part
+from .tasks import CaseRun, Run, Task, TaskRun
 
 __all__ = [
-    "COLLECTIVES", "POINT_TO_POINT", "CheckContext", "CheckFailed", "Checklist", "CommStats",
-    "Platform", "Run", "RunFailed", "Task", "TaskRun", "check_part", "cost", "parse_fault_plan",
-    "parse_platform", "resolve", "uniform", "validate_chrome_trace",
+    "COLLECTIVES", "POINT_TO_POINT", "CaseRun", "CheckContext", "CheckFailed", "Checklist",
+    "CommStats", "Mismatch", "Platform", "Run", "RunFailed", "Task", "TaskRun", "agreement",
+    "check_part", "cost", "faults", "first_mismatch", "parse_fault_plan", "parse_platform",
+    "resolve", "uniform", "validate_chrome_trace",
 ]

@@ -1,37 +1,47 @@
 """The public API of check.py files.
 
-A problem's checks are plain functions in the supervisor process, declared in order::
+A problem's checks are plain functions in the supervisor process, declared in order; the runs
+they judge are declared once, next to them, and shared like test fixtures::
 
     CHECKS = Checklist()
 
-    @CHECKS.check("results equal the built-in Allreduce", points=3)
-    def results_match(t: CheckContext) -> None:
-        run = t.launch(run_cases, [Task(ranks=4, args=(cases,))])
-        ...
-        t.expect(np.allclose(got, want), "rank 2 holds the sum", f"{got[:4]}...")
+    @CHECKS.run
+    def every_case(t: CheckContext) -> Run:
+        return t.launch(programs.run_cases, [Task(ranks=p, cases=cases.for_ranks(p)) for p in P])
 
-``t.launch`` starts real ranks running a *program* (a function of check.py, run on every rank as
-``program(comm, solution, *args)``) through the front door (distlab/runs.py) and returns their
-results; expected values are computed here, outside the processes that run learner code.
-Identical launches in one session run once, so several checks can judge the same run from
-different angles.
+    @CHECKS.check("results equal the built-in Allreduce", points=3)
+    def results_match(t: CheckContext, every_case: Run) -> None:
+        for result in every_case.cases():
+            ...
+
+A check names the runs it reads as parameters; each declared run is made once per session, by
+the first check that asks for it (with that check's ``t``), and handed to every later one; a run
+that failed fails each of them, the first with the whole story. ``t.launch`` starts real ranks
+running a *program* (a function of the problem's programs.py, run on every rank as
+``program(comm, solution, case)``) through the front door (distlab/runs.py); expected values are
+computed here, outside the processes that run learner code.
 """
 
 from __future__ import annotations
 
+import inspect
 import pickle
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Protocol
 
 import numpy as np
 
+from .. import runs
 from ..platforms import Platform
-from ..runs import Program, Run, RunOptions, TaskRun, collective_time, run
+from ..runs import Program, RunOptions, collective_time, run
 from ..runtime.comm.stats import COLLECTIVES
-from ..runtime.jobspec import Task, program_module_name
+from ..runtime.jobspec import Task as RankTask
+from ..runtime.jobspec import program_module_name
 from ..runtime.supervisor import LaunchResult
 from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
+from .tasks import Run, Task, TaskRun, typed
 
 
 class CheckFailed(Exception):
@@ -58,10 +68,11 @@ class CheckSpec:
 
 
 class Checklist:
-    """The ordered checks of one problem."""
+    """The ordered checks of one problem, and the runs they share."""
 
     def __init__(self) -> None:
         self.checks: list[CheckSpec] = []
+        self.runs: dict[str, Callable[..., Any]] = {}
 
     def check(self, title: str, points: int = 1) -> Callable[[CheckFn], CheckFn]:
         def register(fn: CheckFn) -> CheckFn:
@@ -69,6 +80,26 @@ class Checklist:
             return fn
 
         return register
+
+    def run(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Declares a run (or any value made from runs) that checks read by naming it as a
+        parameter: made once per session, on first use."""
+        self.runs[fn.__name__] = fn
+        return fn
+
+    def wanted(self, fn: Callable[..., Any]) -> list[str]:
+        """The declared runs ``fn`` names after its first parameter (the check's ``t``)."""
+        return list(inspect.signature(fn).parameters)[1:]
+
+    def undeclared(self) -> list[str]:
+        """'check_name: name' for each parameter of a check or a run that no run declares."""
+        return [f"{fn.__name__}: {name}"
+                for fn in [spec.fn for spec in self.checks] + list(self.runs.values())
+                for name in self.wanted(fn) if name not in self.runs]
+
+    def call(self, fn: Callable[..., Any], t: "CheckContext") -> Any:
+        """Calls a check (or a run) with the declared runs it names."""
+        return fn(t, **{name: t._session.declared(name, self, t) for name in self.wanted(fn)})
 
 
 class Narrator(Protocol):
@@ -114,6 +145,25 @@ class Session:
     below_proxy: Unexplained = field(default_factory=Unexplained)
     totals: SessionTotals = field(default_factory=SessionTotals)
     cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
+    made: dict[str, Any] = field(default_factory=dict)  # declared runs made so far (or their error)
+
+    def declared(self, name: str, checklist: Checklist, t: "CheckContext") -> Any:
+        """The declared run ``name``, made on first use with the asking check's context."""
+        if name not in self.made:
+            try:
+                self.made[name] = checklist.call(checklist.runs[name], t)
+            except RunFailed as exc:
+                self.made[name] = exc
+                raise
+            except CheckFailed as exc:
+                self.made[name] = exc
+                raise
+        made = self.made[name]
+        if isinstance(made, RunFailed):
+            raise RunFailed(made.result, first_report=False)
+        if isinstance(made, CheckFailed):
+            raise CheckFailed(str(made))
+        return made
 
 
 class CheckContext:
@@ -156,14 +206,14 @@ class CheckContext:
         runs.collective_time): a bound that counts the links the platform shares."""
         return collective_time(self.platform, op, ranks, nbytes)
 
-    def measured_time(self, task_run: TaskRun) -> float:
+    def measured_time(self, task_run: runs.TaskRun) -> float:
         """The time a performance check grades: the replay's makespan on the virtual clock, or
         the slowest rank's wall time of the task under ``--clock wall``."""
         if self.clock == "wall":
             return task_run.wall_span()
         return task_run.replay().makespan
 
-    def performance(self, measured_s: float, bound_s: float, task_run: TaskRun | None = None) -> None:
+    def performance(self, measured_s: float, bound_s: float, task_run: runs.TaskRun | None = None) -> None:
         """Records the headline figure against its analytic bound (and the run's metrics)."""
         self.metric("measured_s", measured_s)
         self.metric("bound_s", bound_s)
@@ -183,7 +233,7 @@ class CheckContext:
     def launch(
         self,
         program: Callable[..., Any],
-        tasks: list[Task],
+        tasks: list[Task] | list[RankTask],
         deadline_s: float | None = None,
         stall_s: float = 3.0,
         online_clock: bool = False,
@@ -196,33 +246,50 @@ class CheckContext:
         ``platform``: model another platform than the session's for this launch (a hidden
         variant, or a scenario's own cluster); ``Task(platform=...)`` does it for one task."""
         s = self._session
-        name = _program_name(program, s.program_file)
+        specs = [task if isinstance(task, Task) else _from_rank_task(task) for task in tasks]
+        rank_tasks = [spec.for_ranks() for spec in specs]
+        found = _program_of(program, s.program_file)
         platform = platform or s.options.platform
-        key = pickle.dumps((name, pickle.dumps(tuple(tasks)), deadline_s, online_clock, platform))
-        cached = s.cache.get(key)
-        if isinstance(cached, Run):
-            return cached
-        if isinstance(cached, LaunchResult):
-            raise RunFailed(cached, first_report=False)
-        done = run(Program(s.program_file, name, s.solution_file), tasks, s.options,
-                   platform=platform, online_clock=online_clock, deadline_s=deadline_s,
+        key = b""
+        if found.module is None:  # a problem still written as check.py and parts: runs cached
+            key = pickle.dumps((found.name, pickle.dumps(tuple(rank_tasks)), deadline_s,
+                                online_clock, platform))
+            cached = s.cache.get(key)
+            if isinstance(cached, Run):
+                return cached
+            if isinstance(cached, LaunchResult):
+                raise RunFailed(cached, first_report=False)
+        done = run(Program(found.file, found.name, s.solution_file, found.module), rank_tasks,
+                   s.options, platform=platform, online_clock=online_clock, deadline_s=deadline_s,
                    stall_s=stall_s)
         result = done.result
         if not result.ok:
-            s.cache[key] = result
+            if key:
+                s.cache[key] = result
             s.totals.launches += 1
             raise RunFailed(result, first_report=True)
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
-        s.cache[key] = done
-        s.totals.add(result, done.tasks)
-        return done
+        launched = typed(done, specs)
+        if key:
+            s.cache[key] = launched
+        s.totals.add(result, launched.tasks)
+        return launched
 
 
-def _program_name(program: Callable[..., Any], check_file: Path) -> str:
-    """How a rank finds ``program`` once it has loaded check.py: its name there, or
-    "module:name" for a program of one of check.py's parts (grading/parts.py)."""
+def _from_rank_task(task: RankTask) -> Task:
+    return Task(ranks=task.ranks, args=task.args, faults=task.faults, platform=task.platform,
+                label=task.label)
+
+
+def _program_of(program: Callable[..., Any], check_file: Path) -> Program:
+    """Where a rank finds ``program``: a function of a problem package's module (file and
+    module name), or, for a problem still written as check.py and parts, its name in check.py
+    or "module:name" for a program of one of check.py's parts (grading/parts.py)."""
+    module = sys.modules[program.__module__]
+    if program.__module__.startswith("distlab_problem_") and "." in program.__module__:
+        return Program(Path(str(module.__file__)), program.__name__, None, program.__module__)
     if program.__module__ == program_module_name(check_file):
-        return program.__name__
-    return f"{program.__module__}:{program.__name__}"
+        return Program(check_file, program.__name__)
+    return Program(check_file, f"{program.__module__}:{program.__name__}")

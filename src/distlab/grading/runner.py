@@ -19,12 +19,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Protocol
 
+from .. import options as opts
 from ..bank import Entry
 from ..errors import CardError
-from .. import options as opts
 from ..runs import run_options
 from ..runtime.clock.metrics import format_seconds
-from ..runtime.jobspec import program_module_name
+from ..runtime.jobspec import problem_package, program_module_name
 from ..runtime.rank.learner import SolutionLoadError, compile_check
 from .api import CheckContext, CheckFailed, Checklist, RunFailed, Session
 from .results import CheckResult, Results
@@ -55,15 +55,22 @@ class Options:
 
 def load_checklist(entry: Entry) -> Checklist:
     path = entry.path / "check.py"
-    spec = importlib.util.spec_from_file_location(program_module_name(path), path)
-    if spec is None or spec.loader is None:
-        raise CardError(f"{path}: cannot be imported")
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module: ModuleType
+    if (entry.path / "programs.py").is_file():  # a problem package (docs/problem-format.md)
+        module = importlib.import_module(problem_package(entry.path) + ".check")
+    else:
+        spec = importlib.util.spec_from_file_location(program_module_name(path), path)
+        if spec is None or spec.loader is None:
+            raise CardError(f"{path}: cannot be imported")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
     checks = getattr(module, "CHECKS", None)
     if not isinstance(checks, Checklist) or not checks.checks:
         raise CardError(f"{path}: must define CHECKS = Checklist() with at least one check")
+    undeclared = checks.undeclared()
+    if undeclared:
+        raise CardError(f"{path}: no @CHECKS.run declares what these ask for: {', '.join(undeclared)}")
     return checks
 
 
@@ -102,7 +109,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         t0 = time.monotonic()
         status, message, details = "passed", "", ""
         try:
-            spec.fn(ctx)
+            checklist.call(spec.fn, ctx)
         except RunFailed as exc:
             status = "failed"
             if exc.first_report:

@@ -7,8 +7,11 @@ p = 1, 2, 3, 5, 8 starts 8 ranks once and runs the smaller cases on sub-communic
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
+import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -139,6 +142,43 @@ def program_module_name(program_file: Path) -> str:
     """The one module name a problem's check.py gets, in the supervisor and in every rank."""
     folder = "".join(c if c.isalnum() else "_" for c in program_file.parent.name)
     return f"distlab_problem_{folder}_{program_file.stem}"
+
+
+def problem_package(folder: Path) -> str:
+    """Registers a problem's folder as a package (once per process) and returns its name.
+
+    A problem folder (``problems/03-ring-allreduce/``) is no importable name, and every problem
+    has its own ``cases.py``: so the folder gets a package name unique to it,
+    ``distlab_problem_03_ring_allreduce``, whose modules import each other as ``from . import
+    cases``. The supervisor and every rank register it the same way, so cases and results defined
+    in its modules travel between them as pickles."""
+    folder = folder.resolve()
+    name = "distlab_problem_" + "".join(c if c.isalnum() else "_" for c in folder.name)
+    known = sys.modules.get(name)
+    if known is None or list(getattr(known, "__path__", [])) != [str(folder)]:
+        package = types.ModuleType(name, f"the problem in {folder}")
+        package.__path__ = [str(folder)]
+        package.__package__ = name
+        sys.modules[name] = package
+        for stale in [m for m in sys.modules if m.startswith(name + ".")]:
+            del sys.modules[stale]  # another folder of the same name was loaded before
+    return name
+
+
+def problem_programs(folder: Path) -> tuple[Path, str]:
+    """(file, module name) of the module that holds a problem's rank programs (its ``main``):
+    ``programs.py`` of a problem package, or check.py of a problem written the old way."""
+    if (folder / "programs.py").is_file():
+        return folder / "programs.py", problem_package(folder) + ".programs"
+    return folder / "check.py", program_module_name(folder / "check.py")
+
+
+def import_program_module(program_file: Path, module_name: str) -> types.ModuleType:
+    """The module of a problem package (``<package>.programs``), imported through its package."""
+    package, _, _ = module_name.rpartition(".")
+    if problem_package(program_file.parent) != package:
+        raise ImportError(f"{program_file} is not in the package {package}")
+    return importlib.import_module(module_name)
 
 
 def write_pickle_atomically(path: Path, value: Any) -> None:

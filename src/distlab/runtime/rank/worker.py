@@ -43,10 +43,11 @@ from ..jobspec import (
     RankError,
     RankOutcome,
     TaskOutcome,
+    import_program_module,
     log_path,
     outcome_path,
     pid_path,
-    program_module_name,
+    problem_programs,
     stack_path,
     write_pickle_atomically,
 )
@@ -176,8 +177,13 @@ def run_job(job_dir: Path) -> int:
 
 
 def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]:
-    """``name`` of check.py, or "module:name" of a part that loading check.py has loaded."""
-    module: Any = load_module(path, module_name)
+    """``name`` of a problem package's module (``<package>.programs``); or, for a problem still
+    written as check.py and its parts, ``name`` of check.py or "module:name" of a part."""
+    module: Any
+    if module_name.startswith("distlab_problem_") and "." in module_name:
+        module = import_program_module(path, module_name)
+    else:
+        module = load_module(path, module_name)
     if ":" in name:
         part, name = name.split(":", 1)
         module = sys.modules.get(part)
@@ -268,8 +274,8 @@ def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> i
     solution_path = resolve_solution(entry, solution_arg)
     backend, rank, size = detect_backend()
     engine = make_engine(backend)
-    program_file = entry.path / "check.py"
-    program = _load_program(program_file, program_module_name(program_file), "main")
+    program_file, module_name = problem_programs(entry.path)
+    program = _load_program(program_file, module_name, "main")
     solution = load_module(solution_path, "solution")
     comm = Comm(engine)
     start = time.perf_counter()

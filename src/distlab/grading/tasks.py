@@ -1,0 +1,118 @@
+"""Tasks that carry their cases, and runs read back case by case.
+
+A check hands the ranks *cases* (a problem's own dataclasses, from its ``cases.py``) and reads the
+results back with the case they belong to; it never unpacks argument tuples or finds a task by
+its label::
+
+    run = t.launch(programs.run_cases, [Task(ranks=4, cases=batch), Task(ranks=8, case=timed)])
+    for result in run.cases():          # one CaseRun per case, in order
+        result.case, result.values      # the case, and what each rank returned for it
+    for result in run.cases(Timed):     # only the cases of one type
+
+``Task(ranks, case=c)`` runs ``program(comm, solution, c)`` and each rank returns one value;
+``Task(ranks, cases=[c1, c2])`` runs ``program(comm, solution, [c1, c2])`` in one go (one
+sub-communicator, one set of processes for many cases) and each rank returns a list with one
+value per case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, Sequence, TypeVar, overload
+
+from .. import runs
+from ..platforms import Platform
+from ..runtime.faults.plans import FaultPlan
+from ..runtime.jobspec import Task as RankTask
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a program on the first ``ranks`` ranks of the launch."""
+
+    ranks: int
+    case: Any = None
+    cases: Sequence[Any] | None = None  # several cases in one go: the program gets the list
+    faults: FaultPlan | None = None  # this task's own fault plan (faults.py builds one)
+    platform: Platform | None = None  # this task's own cluster (a hidden variant)
+    label: str = ""  # how a failure names the task: "while running <label>"
+    # A problem still written as check.py and parts passes positional arguments instead.
+    args: tuple[Any, ...] = ()
+
+    def for_ranks(self) -> RankTask:
+        if self.cases is not None:
+            args: tuple[Any, ...] = (list(self.cases),)
+        elif self.case is not None:
+            args = (self.case,)
+        else:
+            args = self.args
+        return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
+                        platform=self.platform)
+
+
+@dataclass
+class TaskRun(runs.TaskRun):
+    """One task of a launch, with the task as the check wrote it (``spec``)."""
+
+    spec: Task = field(default_factory=lambda: Task(0))
+
+    @property
+    def case(self) -> Any:
+        return self.spec.case
+
+
+@dataclass(frozen=True)
+class CaseRun(Generic[C]):
+    """One case and what every rank returned for it; ``task`` holds the counters, the trace and
+    the replay of the task it ran in (shared with the other cases of a ``cases=`` batch)."""
+
+    case: C
+    values: list[Any]  # rank -> its program's value for this case
+    task: TaskRun
+
+    @property
+    def ranks(self) -> int:
+        return self.task.spec.ranks
+
+
+@dataclass
+class Run(runs.Run):
+    """A launch whose tasks came from ``Task``s: read it task by task or case by case."""
+
+    tasks: list[TaskRun] = field(default_factory=list)  # type: ignore[assignment]
+
+    @overload
+    def cases(self) -> list[CaseRun[Any]]: ...
+    @overload
+    def cases(self, kind: type[C]) -> list[CaseRun[C]]: ...
+
+    def cases(self, kind: type[Any] = object) -> list[CaseRun[Any]]:
+        """Every case of every task in launch order, or only those of the type ``kind``."""
+        found: list[CaseRun[Any]] = []
+        for task_run in self.tasks:
+            spec = task_run.spec
+            if spec.cases is None:
+                if isinstance(spec.case, kind):
+                    found.append(CaseRun(spec.case, task_run.values, task_run))
+                continue
+            for i, case in enumerate(spec.cases):
+                if isinstance(case, kind):
+                    found.append(CaseRun(case, [value[i] for value in task_run.values], task_run))
+        return found
+
+    def task_of(self, case: object) -> TaskRun:
+        """The task that ran ``case``."""
+        for task_run in self.tasks:
+            spec = task_run.spec
+            if spec.case is case or (spec.cases is not None and any(c is case for c in spec.cases)):
+                return task_run
+        raise KeyError(f"no task of this run ran {case!r}")
+
+
+def typed(done: runs.Run, tasks: Sequence[Task]) -> Run:
+    """The front door's run, with each task run knowing the ``Task`` it came from."""
+    return Run(done.result, [
+        TaskRun(r.task, r.outcomes, r.platform, spec=spec) for r, spec in zip(done.tasks, tasks)
+    ])
