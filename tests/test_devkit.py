@@ -24,7 +24,8 @@ def bank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_scaffolded_problem_passes_lint_end_to_end(bank: Path) -> None:
     made = run_cli("dev", "new", "gossip-sum", "--title", "Gossip a sum", "--tier", "expert")
     assert made.returncode == 0, made.stdout + made.stderr
-    assert (bank / "26-gossip-sum" / "card.toml").is_file()
+    for name in ("card.toml", "check.py", "programs.py", "cases.py", "starter.py", "reference.py"):
+        assert (bank / "26-gossip-sum" / name).is_file()
     listed = run_cli("list")
     assert "Gossip a sum" in listed.stdout
     lint = run_cli("dev", "lint", "--problems", "26")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import string
 import subprocess
 import sys
 import tempfile
@@ -136,101 +137,10 @@ def lint(bank: Bank, only: list[str] | None = None, run: bool = True, jobs: int 
 
 # -- dev new ------------------------------------------------------------------------------------
 
-CARD_TEMPLATE = '''format_version = 1
-id = "{number}"
-slug = "{slug}"
-title = "{title}"
-tier = "{tier}"
-tags = ["communication"]
-world_sizes = [2, 4]
-platform = "laptop"
-time_limit_s = 60
-backends = ["mpi", "gloo"]
-solution_file = "{number}-{slug}.py"
-hints = [
-    "A nudge: what must every rank hold at the end?",
-    "The idea: which messages does each rank send, and in which order?",
-    "The key: how do you keep two ranks from waiting on each other?",
-]
-
-[scenario]
-background = """
-The business story: who runs this job, what it trains, and why it hurts today.
-"""
-constraints = ["What must hold: a latency, a memory cap, a byte budget."]
-faults = ["Which faults the checks inject, and when."]
-metrics = ["What the learner should watch while solving it."]
-
-[steps]
-define = "The boundary of the problem: inputs, outputs, what must hold for every rank count."
-instrument = "What to run first and which figures to read."
-simulate = "Which faults to try and what to watch for."
-tune = "Which parameter to sweep and what curve to expect."
-'''
-
-STARTER_TEMPLATE = '''"""Problem {number}: {title}.
-
-Write solve(comm, x) so that every rank returns the sum of x over all ranks, using
-point-to-point calls only. Check it with `distlab check {number}`.
-"""
-
-from distlab import SUM
-
-
-def solve(comm, x):
-    """Returns the sum of x over all ranks."""
-    # TODO: replace this line
-    return x
-'''
-
-REFERENCE_TEMPLATE = '''"""Problem {number}, reference solution: every rank sends its value to every other rank."""
-
-import numpy as np
-
-
-def solve(comm, x):
-    """Returns the sum of x over all ranks."""
-    total = float(x)
-    incoming = np.empty(1)
-    for step in range(1, comm.Get_size()):
-        right = (comm.Get_rank() + step) % comm.Get_size()
-        left = (comm.Get_rank() - step) % comm.Get_size()
-        comm.Sendrecv(np.array([float(x)]), dest=right, recvbuf=incoming, source=left)
-        total += incoming[0]
-    return total
-'''
-
-CHECK_TEMPLATE = '''"""Checks for problem {number}: {title}.
-
-Replace this story with the problem's: what runs, what is compared, which faults are injected.
-"""
-
-from __future__ import annotations
-
-from distlab.grading import CheckContext, Checklist, Task
-
-
-def run_solve(comm, solution, values):
-    """On every rank: the learner's answer for this rank's value."""
-    return solution.solve(comm, values[comm.Get_rank()])
-
-
-def main(comm, solution):
-    return f"rank 0 got {{run_solve(comm, solution, list(range(comm.Get_size())))}}"
-
-
-CHECKS = Checklist()
-
-
-@CHECKS.check("every rank holds the sum", points=1)
-def every_rank_holds_the_sum(t: CheckContext) -> None:
-    p = int(t.rng.choice([2, 3, 4]))
-    values = [float(v) for v in t.rng.integers(-100, 100, size=p)]
-    t.say(f"p = {{p}}, values {{values}}")
-    run = t.launch(run_solve, [Task(ranks=p, args=(values,), label=f"p = {{p}}")])
-    for rank, got in enumerate(run.tasks[0].values):
-        t.expect(got == sum(values), f"{{sum(values)}} on every rank", f"{{got!r}} on rank {{rank}}")
-'''
+# The files of a new problem: the small complete example of docs/writing-a-problem.md, with
+# ${number}, ${slug}, ${title} and ${tier} filled in.
+SCAFFOLD = Path(__file__).parent / "scaffold"
+SCAFFOLD_FILES = ("card.toml", "starter.py", "reference.py", "check.py", "programs.py", "cases.py")
 
 
 def new_problem(bank: Bank, slug: str, title: str | None, tier: str) -> Path:
@@ -245,9 +155,9 @@ def new_problem(bank: Bank, slug: str, title: str | None, tier: str) -> Path:
     folder = bank.root / f"{number}-{slug}"
     folder.mkdir()
     fields = {"number": number, "slug": slug, "title": title, "tier": tier}
-    for name, template in (("card.toml", CARD_TEMPLATE), ("starter.py", STARTER_TEMPLATE),
-                           ("reference.py", REFERENCE_TEMPLATE), ("check.py", CHECK_TEMPLATE)):
-        (folder / name).write_text(template.format(**fields))
+    for name in SCAFFOLD_FILES:
+        template = string.Template((SCAFFOLD / f"{name}.tmpl").read_text())
+        (folder / name).write_text(template.substitute(fields))
     with open(bank.root / "index.toml", "a") as index:
         index.write(f'\n[[problem]]\nnumber = "{number}"\nslug = "{slug}"\n'
                     f'title = "{title}"\ntier = "{tier}"\n')

@@ -1,0 +1,154 @@
+"""The check contract end to end, on a tiny problem of its own (tests/tiny_bank/01-tiny-max) that
+depends on none of the real problems: a problem folder loads as a package, a declared run is made
+once and shared by the checks that name it, cases come back with their results (by type, with
+their task), a failed run fails every check that reads it (the first with the whole story), and
+the fault-plan builders and the array judge say where a value is wrong."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import job_processes, run_cli
+from distlab.bank import Bank
+from distlab.errors import CardError
+from distlab.grading import faults, first_mismatch
+from distlab.grading.runner import Options, check_problem, load_checklist
+from distlab.runtime.faults.plans import FaultPlanError
+from distlab.runtime.jobspec import problem_package
+
+TINY = Path(__file__).resolve().parent / "tiny_bank"
+
+ALLREDUCE = '''import numpy as np
+
+from distlab import MAX
+
+
+def largest(comm, x):
+    out = np.empty(1)
+    comm.Allreduce(np.array([float(x)]), out, op=MAX)
+    return float(out[0])
+'''
+DEADLOCK = '''import numpy as np
+
+
+def largest(comm, x):
+    got = np.empty(1)
+    comm.Recv(got, source=(comm.Get_rank() + 1) % comm.Get_size())  # everyone waits: no sender
+    return x
+'''
+
+
+class Quiet:
+    """A reporter that keeps the narration for the asserts."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def begin(self, *args: Any) -> None: ...
+    def check_started(self, index: int, title: str) -> None: ...
+    def compile_failed(self, summary: str, detail: str) -> None: ...
+    def check_ended(self, result: Any) -> None: ...
+    def end(self, results: Any) -> None: ...
+
+    def say(self, text: str) -> None:
+        self.said.append(text)
+
+
+@pytest.fixture
+def bank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "bank"
+    shutil.copytree(TINY, root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("DISTLAB_PROBLEMS", str(root))
+    return root
+
+
+def check(bank: Path, solution: str | Path, seed: int = 5) -> Any:
+    entry = Bank(bank).problem("01")
+    path = entry.path / f"{solution}.py" if isinstance(solution, str) else solution
+    return check_problem(entry, path, Options(seed=seed, deadline_s=20), Quiet())
+
+
+def verdicts(results: Any) -> list[tuple[str, str]]:
+    return [(c.status, c.message) for c in results.checks]
+
+
+def test_the_reference_passes_and_one_launch_serves_three_checks(bank: Path) -> None:
+    results = check(bank, "reference", seed=11)
+    assert [c.status for c in results.checks] == ["passed"] * 4, verdicts(results)
+    made = sys.modules[problem_package(bank / "01-tiny-max") + ".check"].MADE
+    assert made == [11]  # the declared run was made once for the three checks that read it
+    assert results.launches == 2  # the shared batches, and the slow-rank run
+    assert results.checks[0].metrics["cases"] == 6
+    assert job_processes() == []
+
+
+def test_the_starter_and_a_built_in_collective_each_fail_their_own_check(bank: Path, tmp_path: Path) -> None:
+    starter = verdicts(check(bank, "starter"))
+    assert starter[0][0] == "failed" and "on every rank; saw" in starter[0][1]
+    assert starter[1][0] == "passed"
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text(ALLREDUCE)
+    seen = verdicts(check(bank, cheat))
+    assert seen[0][0] == "passed" and seen[1][0] == "failed" and "called Allreduce" in seen[1][1]
+
+
+def test_a_failed_run_fails_every_check_that_reads_it_and_tells_the_story_once(bank: Path, tmp_path: Path) -> None:
+    stuck = tmp_path / "stuck.py"
+    stuck.write_text(DEADLOCK)
+    seen = verdicts(check(bank, stuck))
+    assert seen[0][0] == "failed" and "deadlock" in seen[0][1].lower()
+    assert "while running the batch with p = 2" in seen[0][1]
+    for status, message in seen[1:3]:
+        assert status == "failed" and message.startswith("not graded: its run failed in an earlier check")
+    assert job_processes() == []
+
+
+def test_a_check_that_names_an_undeclared_run_is_refused_at_load(bank: Path) -> None:
+    path = bank / "01-tiny-max" / "check.py"
+    path.write_text(path.read_text().replace("def timed(t: CheckContext, batches: Run)",
+                                             "def timed(t: CheckContext, bathces: Run)"))
+    with pytest.raises(CardError, match=r"no @CHECKS.run declares what these ask for: timed: bathces"):
+        load_checklist(Bank(bank).problem("01"))
+    lint = run_cli("dev", "lint", "--no-run", env={"DISTLAB_PROBLEMS": str(bank)})
+    assert lint.returncode == 1 and "bathces" in lint.stdout
+
+
+def test_a_problem_folder_is_a_package_named_for_its_folder(tmp_path: Path) -> None:
+    for root in ("a", "b"):
+        folder = tmp_path / root / "90-twin"
+        folder.mkdir(parents=True)
+        (folder / "cases.py").write_text(f"WHERE = {root!r}\n")
+        (folder / "programs.py").write_text("from .cases import WHERE\n")
+        name = problem_package(folder)
+        assert name == "distlab_problem_90_twin"
+        # The same folder name under another root replaces the package and its modules.
+        assert importlib.import_module(name + ".programs").WHERE == root
+
+
+def test_fault_plan_builders_go_through_the_plan_parser() -> None:
+    plan = faults.plan(faults.delay(src=1, dst=[0, 2], latency_s=0.01, wall=True),
+                       faults.kill(rank=2, at_step=3), seed=4, where="a test plan")
+    assert [f.kind for f in plan.faults] == ["delay", "kill"] and plan.seed == 4
+    with pytest.raises(FaultPlanError, match=r"a test plan: fault\[0\].*latency_s"):
+        faults.plan(faults.delay(src=0, latency_s=-1.0), seed=1, where="a test plan")
+
+
+def test_first_mismatch_locates_the_first_wrong_element() -> None:
+    want = np.arange(8, dtype=np.float64)
+    assert first_mismatch(want + 1e-12, want, rtol=1e-9, atol=1e-9) is None
+    got = want.copy()
+    got[[3, 6]] = -1
+    found = first_mismatch(got, want, rtol=1e-9)
+    assert found is not None and found.describe() == "element 3: expected 3.0, saw -1.0 (2 of 8 elements wrong)"
+    assert found.describe(at=300).startswith("element 300:")
+    ints = np.arange(4)
+    assert first_mismatch(ints + 1, ints, rtol=0.5, atol=2) is not None  # integers compare exactly
+    shape = first_mismatch(np.zeros(3), np.zeros(4))
+    assert shape is not None and shape.describe() == "holds (3,) elements, expected (4,)"
