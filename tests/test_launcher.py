@@ -10,6 +10,7 @@ import pickle
 import time
 from pathlib import Path
 
+import pytest
 from conftest import job_processes
 
 from distlab.runtime.faults.plans import parse_fault_plan
@@ -130,6 +131,18 @@ def test_comm_abort_is_reported_as_the_solution_calling_abort(tmp_path: Path) ->
     assert "called comm.Abort(3)" in result.message
 
 
+def test_mpi_finalize_in_the_solution_is_named_at_once_not_at_the_deadline(tmp_path: Path) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text("from mpi4py import MPI\n\n\ndef work(comm):\n    comm.Barrier()\n"
+                        "    MPI.Finalize()\n    comm.Barrier()\n")
+    started = time.monotonic()
+    result = run(make_job("call_solution", [Task(ranks=2, args=("work",))], solution), deadline_s=60)
+    assert result.status == "error", result.message
+    assert "the solution called MPI.Finalize()" in result.message
+    assert "solution.py, line 6, in work" in result.message
+    assert time.monotonic() - started < 30  # named when it happens, long before the deadline
+
+
 def test_sys_exit_in_the_solution_is_reported(tmp_path: Path) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text("import sys\ndef work(comm):\n    sys.exit(4)\n")
@@ -200,3 +213,31 @@ def test_a_direct_mpiexec_run_is_started_again_after_the_known_startup_failure(
     fake.write_text(f"#!/bin/bash\necho x >> {tries}\necho 'rank 1 crashed' >&2\nexit 1\n")
     done = run_mpiexec([str(fake)], {}, timeout_s=10)
     assert done.returncode == 1 and tries.read_text().count("x") == 1
+
+
+def test_a_failed_job_leaves_no_files_and_a_dead_supervisor_s_folder_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    from distlab.runtime.supervisor import leftovers
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(leftovers, "_swept", False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    orphan = private / "distlab-job-orphan"
+    orphan.mkdir()
+    (orphan / leftovers.OWNER_FILE).write_text(dead.stdout.strip())  # a supervisor SIGKILLed
+    alive = private / "distlab-job-alive"
+    alive.mkdir()
+    (alive / leftovers.OWNER_FILE).write_text(str(__import__("os").getpid()))
+    # A job that deadlocks is ended by SIGKILL: Open MPI never removes its session folder then.
+    result = run(make_job("send_send_deadlock", [Task(ranks=2, args=(1 << 20,))]), deadline_s=20)
+    assert result.status == "deadlock", result.message
+    assert sorted(p.name for p in private.iterdir()) == ["distlab-job-alive"]

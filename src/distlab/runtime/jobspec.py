@@ -122,7 +122,7 @@ class TaskOutcome:
 class RankError:
     """The learner's code (or the program around it) failed on this rank."""
 
-    kind: str  # "exception", "import", "abort", "exit", "memory", "cpu", "file-size"
+    kind: str  # "exception", "import", "abort", "misuse", "exit", "memory", "cpu", "file-size"
     summary: str  # one line: "ValueError: ..." or "the solution called comm.Abort(3)"
     where: str  # "solution.py, line 12, in allreduce" or ""
     traceback: str

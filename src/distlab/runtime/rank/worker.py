@@ -53,6 +53,7 @@ from ..jobspec import (
 )
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
+from .guards import EngineMisuse, forbid_finalize
 from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
 
 
@@ -107,6 +108,8 @@ def _error_from(exc: BaseException, solution: Path | None, task_index: int, job:
         return RankError("import", exc.summary, exc.where, exc.detail, task_index)
     if isinstance(exc, LearnerAbort):
         kind, summary = "abort", str(exc)
+    elif isinstance(exc, EngineMisuse):
+        kind, summary = "misuse", str(exc)
     elif isinstance(exc, SystemExit):
         kind, summary = "exit", f"the solution called sys.exit({exc.code!r})"
     elif isinstance(exc, MemoryError):
@@ -150,6 +153,7 @@ def run_job(job_dir: Path) -> int:
     try:
         program = _load_program(Path(job.program_file), job.program_module, job.program)
         tasks = pickle.loads(job.tasks_blob)
+        forbid_finalize(backend)
         solution = load_module(solution_path, "solution") if solution_path else None
         rank_limits.apply(job.limits)
         for task_index, task in enumerate(tasks):

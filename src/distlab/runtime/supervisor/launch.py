@@ -37,6 +37,7 @@ from .judge import Observation, judge, should_restart
 from .process_faults import FaultState, apply_due_faults, process_faults
 from .processes import rank_pids
 from .start import Processes, failed_to_start, start_ranks
+from .leftovers import claim, new_job_dir
 from .verdicts import LaunchResult, conclude
 
 POLL_S = 0.05
@@ -93,8 +94,12 @@ def _run_attempt(
     faults: FaultState | None,
 ) -> LaunchResult:
     """One start of the job's ranks, polled to its end; every process of it is gone on return."""
-    job_dir = Path(tempfile.mkdtemp(prefix="distlab-job-")) if keep_dir is None else keep_dir
-    job_dir.mkdir(parents=True, exist_ok=True)
+    if keep_dir is None:
+        job_dir = new_job_dir()
+    else:
+        job_dir = keep_dir
+        job_dir.mkdir(parents=True, exist_ok=True)
+        claim(job_dir)
     write_pickle_atomically(job_dir / JOB_FILE, job)
     if faults is not None:
         faults.new_attempt()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ...errors import HarnessError
 from ..jobspec import Job
 from . import mpi_monitoring
+from .leftovers import TMP_FOLDER
 from .processes import kill_session
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ class Processes:
 
 def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     procs = Processes()
+    # What the processes write to TMPDIR (Open MPI's session folder, the learner's temporary
+    # files) stays in the job folder and is removed with it (leftovers.py).
+    scratch = {"TMPDIR": str(job_dir / TMP_FOLDER)}
     worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir)]
     out = open(job_dir / "launcher.log", "wb")
     if job.backend == "mpi":
@@ -125,6 +129,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
         # mpiexec hands its environment to the ranks it starts on this host.
         env = mpi_env()
         env[ATTEMPT_ENV] = str(attempt)
+        env.update(scratch)
         if job.mpi_monitoring:
             env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(
@@ -138,6 +143,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
         for rank in range(job.world_size):
             env = rank_env()
             env[ATTEMPT_ENV] = str(attempt)
+            env.update(scratch)
             env.update(
                 RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
                 LOCAL_WORLD_SIZE=str(job.world_size), GROUP_RANK="0",

@@ -1,0 +1,27 @@
+"""Calls of the engine's own API that learner code must not make, named at once.
+
+A learner who writes ``MPI.Finalize()`` at the end of a function (as a standalone MPI script
+would) finalizes MPI under the harness: every later call of any rank then fails or waits, and the
+job only ends at its deadline. The rank replaces the function with one that says what happened
+before the learner's module is loaded; the harness keeps the real one (mpi4py finalizes at exit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EngineMisuse(BaseException):
+    """Raised where learner code calls what the harness owns; the worker reports it."""
+
+
+def forbid_finalize(backend: str) -> None:
+    if backend != "mpi":
+        return
+    from mpi4py import MPI
+
+    def finalize(*args: Any, **kwargs: Any) -> None:
+        raise EngineMisuse("the solution called MPI.Finalize(): distlab starts and ends MPI "
+                           "itself, and no rank can communicate after it; remove the call")
+
+    MPI.Finalize = finalize
