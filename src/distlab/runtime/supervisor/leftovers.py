@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # no stubs shipped
 
 PREFIX = "distlab-job-"
 OWNER_FILE = "supervisor.pid"
