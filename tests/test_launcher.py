@@ -143,6 +143,24 @@ def test_mpi_finalize_in_the_solution_is_named_at_once_not_at_the_deadline(tmp_p
     assert time.monotonic() - started < 30  # named when it happens, long before the deadline
 
 
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_the_rank_that_died_first_is_named_with_how_and_where(tmp_path: Path, backend: str) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text("import ctypes\nimport os\n\n\ndef work(comm):\n    if comm.Get_rank() == 1:\n"
+                        "        os._exit(3)\n    comm.Barrier()\n\n\ndef crash(comm):\n"
+                        "    if comm.Get_rank() == 2:\n        ctypes.string_at(0)\n    comm.Barrier()\n")
+    exited = run(make_job("call_solution", [Task(ranks=4, args=("work",))], solution, backend=backend),
+                 deadline_s=30)
+    assert exited.status == "crashed" and exited.failing_rank == 1, exited.message
+    assert exited.message.startswith("rank 1 exited with status 3 before reporting"), exited.message
+    assert "Connection reset" not in exited.message
+    crashed = run(make_job("call_solution", [Task(ranks=4, args=("crash",))], solution, backend=backend),
+                  deadline_s=30)
+    assert crashed.failing_rank == 2, crashed.message
+    assert crashed.message.startswith("rank 2 died of a segmentation fault (signal 11)"), crashed.message
+    assert "rank 2 stack" in crashed.details and "solution.py\", line 13 in crash" in crashed.details
+
+
 def test_sys_exit_in_the_solution_is_reported(tmp_path: Path) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text("import sys\ndef work(comm):\n    sys.exit(4)\n")

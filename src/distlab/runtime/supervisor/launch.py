@@ -34,10 +34,10 @@ from ..comm import rankstate
 from ..jobspec import JOB_FILE, Job, RankOutcome, outcome_path, write_pickle_atomically
 from . import mpi_monitoring
 from .judge import Observation, judge, should_restart
+from .leftovers import claim, new_job_dir
 from .process_faults import FaultState, apply_due_faults, process_faults
 from .processes import rank_pids
 from .start import Processes, failed_to_start, start_ranks
-from .leftovers import claim, new_job_dir
 from .verdicts import LaunchResult, conclude
 
 POLL_S = 0.05

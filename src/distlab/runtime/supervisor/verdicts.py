@@ -5,14 +5,16 @@ fault did, how a crashed rank died, the ranks' stacks and logs).
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..comm import rankstate
-from ..jobspec import Job, RankOutcome, TaskOutcome, log_path, stack_path
+from ..jobspec import Job, RankOutcome, TaskOutcome, log_path
 from . import mpi_monitoring, waitfor
+from .crashes import crash_cause, first_death, launcher_tail, stacks
 from .process_faults import FaultState
 from .processes import rank_pids, signal_quietly
 from .start import Processes
@@ -75,7 +77,16 @@ def conclude(
     if action == "done":
         result.logs = _logs(job_dir, job.world_size)
         return result
-    if action == "error":
+    death = first_death(job, job_dir, procs, set(outcomes)) if action in ("error", "crashed") else None
+    if death is not None and (action == "crashed" or _peers_lost(outcomes)):
+        # The others failed because this rank was gone: it is the one to name.
+        others = [r for r in range(job.world_size) if r != death.rank and r not in outcomes]
+        result.status, result.failing_rank = "crashed", death.rank
+        result.message = death.describe() + (
+            f"; the others then ended too (rank(s) {', '.join(map(str, others))})" if others else "")
+        result.details = stacks(job_dir, job.world_size, only=[death.rank]) or launcher_tail(job_dir)
+        result.failing_task = _task_of(states, death.rank)
+    elif action == "error":
         rank, outcome = min(
             ((r, o) for r, o in outcomes.items() if o.error is not None), key=lambda ro: ro[0]
         )
@@ -114,7 +125,7 @@ def conclude(
                     f"; {a.describe()} and was not continued" for a in faults.stops.values()
                 )
                 result.message += "".join(f"; {k}" for k in faults.killed.values())
-        result.details = graph.describe() + "\n\n" + _stacks(job_dir, job)
+        result.details = graph.describe() + "\n\n" + stacks(job_dir, job.world_size)
         if faults is not None and faults.stops:
             # The slot of a frozen rank shows the call it was stopped in, not a wait of its own.
             frozen = "".join(
@@ -131,9 +142,9 @@ def conclude(
         missing = [r for r in range(job.world_size) if r not in outcomes]
         result.status = "crashed"
         result.failing_rank = missing[0] if missing else None
-        cause = _crash_cause(job_dir, missing, procs)
+        cause = crash_cause(job_dir, missing, procs)
         result.message = f"rank(s) {', '.join(map(str, missing))} ended without reporting: {cause}"
-        result.details = _stacks(job_dir, job, only=missing) or _launcher_tail(job_dir)
+        result.details = stacks(job_dir, job.world_size, only=missing) or launcher_tail(job_dir)
     if faults is not None and faults.events:
         applied = "\n".join(f"  {e}" for e in faults.events)
         result.details = f"{result.details}\n\nprocess faults applied (fault plan):\n{applied}".lstrip()
@@ -182,7 +193,7 @@ def _conclude_killed(
             f"then rank(s) {', '.join(map(str, others))} ended without reporting"
             if others else "then the job ended"
         )
-        result.details = _launcher_tail(job_dir)
+        result.details = launcher_tail(job_dir)
     else:
         graph = _collect_stacks(job_dir, job, _alive(states, faults))
         then = (
@@ -190,7 +201,7 @@ def _conclude_killed(
             f"(no progress for {stalled_for:.1f} s)"
         )
         result.details = (
-            _dead_lines(faults) + graph.describe() + "\n\n" + _stacks(job_dir, job, only=others)
+            _dead_lines(faults) + graph.describe() + "\n\n" + stacks(job_dir, job.world_size, only=others)
         )
     result.message = f"{head}; {then}"
 
@@ -203,65 +214,21 @@ def _alive(states: list[rankstate.RankState], faults: FaultState | None) -> list
     return [s for s in states if s.rank not in faults.killed]
 
 
+def _peers_lost(outcomes: dict[int, RankOutcome]) -> bool:
+    """Every rank that reported an error lost a peer's connection (gloo's words for it)."""
+    errors = [o.error for o in outcomes.values() if o.error is not None]
+    return bool(errors) and all(_LOST_PEER.search(e.summary) for e in errors)
+
+
+_LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe")
+
+
+def _task_of(states: list[rankstate.RankState], rank: int) -> int | None:
+    return next((s.task for s in states if s.rank == rank), None)
+
+
 def _dead_lines(faults: FaultState) -> str:
     return "".join(f"rank {r} is gone: {faults.killed[r]}\n" for r in sorted(faults.killed))
-
-
-def _crash_cause(job_dir: Path, missing: list[int], procs: Processes) -> str:
-    texts = []
-    for rank in missing:
-        try:
-            texts.append(stack_path(job_dir, rank).read_text())
-        except OSError:
-            pass
-    blob = "\n".join(texts)
-    for needle, cause in (
-        ("Aborted", "killed by SIGABRT (abort() was called)"),
-        ("Segmentation fault", "segmentation fault"),
-        ("Floating-point exception", "floating-point exception"),
-        ("Bus error", "bus error"),
-    ):
-        if needle in blob:
-            return cause
-    codes = [p.returncode for p in procs.popens if p.returncode is not None and p.returncode < 0]
-    if codes:
-        return f"killed by signal {signal.Signals(-codes[0]).name}"
-    log = (job_dir / "launcher.log").read_text(errors="replace") if (job_dir / "launcher.log").exists() else ""
-    if "signal 9" in log or "Killed" in log:
-        return "killed by SIGKILL (out of memory, or killed from outside)"
-    return "the process exited without writing its outcome (os._exit or a signal)"
-
-
-def _stacks(job_dir: Path, job: Job, only: list[int] | None = None) -> str:
-    parts = []
-    for rank in only if only is not None else range(job.world_size):
-        try:
-            text = stack_path(job_dir, rank).read_text()
-        except OSError:
-            continue
-        trimmed = _main_thread(text)
-        if trimmed:
-            parts.append(f"rank {rank} stack (most recent call first):\n{trimmed}")
-    return "\n".join(parts)
-
-
-def _main_thread(dump: str) -> str:
-    """The frames of the thread that took the signal, without harness-internal frames."""
-    blocks = dump.split("\n\n")
-    chosen = next((b for b in blocks if "Current thread" in b or "Fatal Python error" in b), "")
-    lines = [
-        line for line in chosen.splitlines()
-        if line.startswith("  File") and "/distlab/runtime/" not in line
-    ]
-    return "\n".join(lines[:12])
-
-
-def _launcher_tail(job_dir: Path) -> str:
-    try:
-        text = (job_dir / "launcher.log").read_text(errors="replace")
-    except OSError:
-        return ""
-    return "launcher output:\n" + "\n".join(text.strip().splitlines()[-15:])
 
 
 def _logs(job_dir: Path, world: int) -> dict[int, str]:
