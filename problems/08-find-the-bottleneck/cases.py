@@ -1,8 +1,5 @@
-"""The cases of problem 08: the hidden runs (Variant) and the hidden mesh they run on.
-
-Everything is drawn from the session seed: rank counts, steps, gradient size, compute, which rank
-is heavy, which straggles and by how much, which link is slow and by how much, the cable speeds.
-"""
+"""The cases of problem 08, all drawn from the seed: the hidden runs (Variant: rank count, steps,
+gradient, compute, which rank is heavy, which straggles, which link is slow) and the hidden mesh."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ class Variant:
         if self.straggler is not None:
             parts.append(f"rank {self.straggler} computes {self.factor:.2f}x longer")
         if self.slow_link is not None:
-            i, j = self.slow_link
-            parts.append(f"link {i}-{j} at {self.link_factor:.2f}x bandwidth")
+            parts.append(f"link {self.slow_link[0]}-{self.slow_link[1]} at {self.link_factor:.2f}x bandwidth")
         if self.straggler is None and self.slow_link is None:
             parts.append("no fault")
         return ", ".join(parts) + ")"
@@ -71,8 +67,7 @@ class Hidden:
 
 def compute_table(p: int, steps: int, base_s: float,
                   rng: np.random.Generator) -> tuple[tuple[tuple[float, ...], ...], list[int]]:
-    """Declared compute per rank and step (one heavy rank, one light one, the rest ordinary),
-    and the ordinary ranks."""
+    """Declared compute per rank and step (one heavy rank, one light, the rest ordinary); ordinary ranks."""
     work = rng.uniform(*NORMAL_WORK, size=p)
     heavy, light = (int(r) for r in rng.choice(p, size=2, replace=False))
     work[heavy] = rng.uniform(*HEAVY_WORK)

@@ -1,19 +1,18 @@
 """Checks for problem 08, find the bottleneck.
 
-The story: a training loop written here (declared compute, then a direct reduce-scatter and
-allgather of the gradient by point-to-point messages over every cable) runs on 6 to 8 ranks of a
-hidden cluster: a full mesh whose cables differ by up to 15%, with ranks whose work differs by up
-to ~20% (uneven data shards). Into some runs we slip a straggler (a `slow` fault: one rank computes
-1.5-3x longer), a slow link (a `bandwidth` fault: one cable keeps 15-30% of its bandwidth), both,
-or nothing. It all runs in one launch: each variant is a task with its own fault plan on the same
-hidden mesh, every number drawn from the seed (cases.py), so a diagnosis cannot be hard-coded.
+A training loop written here (declared compute, then a direct reduce-scatter and allgather of the
+gradient over every cable) runs on 6 to 8 ranks of a hidden mesh whose cables differ by up to 15%,
+with ranks whose work differs by up to ~20% (uneven data shards). Into each variant we slip a
+straggler (a `slow` fault: one rank computes 1.5-3x longer), a slow link (a `bandwidth` fault: one
+cable keeps 15-30% of its bandwidth), both, or nothing; the variants, drawn from the seed
+(cases.py), are the tasks of one launch. The truth is the replay of that run, never what the
+ranks say: compute from a rank's "step" mark to its "sync" mark, sync from there to its next
+"step" (or "trained") mark, exactly the phases the probes wrap.
 
-Ground truth is the replay of the same run, never what the ranks say: compute runs from a rank's
-"step" mark to its "sync" mark, sync from there to the next "step" (or "trained") mark, exactly
-the phases the probes wrap. Against it, in order: the probes' durations (within 2%), the job's
-sync/compute ratio over every rank and step (within 10%), the stragglers and the slow links
-(named exactly), a Chrome trace with one track per rank, and what the probes cost: the training's
-makespan with probes over the same variant's without them (at most 3% more).
+Against it, in order: the probes' durations (within 2%), the job's sync/compute ratio over every
+rank and step (within 10%), the stragglers and the slow links (named exactly), a Chrome trace with
+one track per rank, and what the probes cost: the training's makespan with probes over the same
+variant's without them (at most 3% more).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""How problem 08 judges a hidden run: its truth from the replay's marks (never what the ranks
-say), and readers of rank 0's answer that fail the check, naming the variant, when an entry is
-missing or of the wrong shape.
-"""
+"""How problem 08 judges a hidden run: its truth from the replay's marks, never what the ranks say;
+readers of rank 0's answer that fail the check, naming the variant, on a missing or malformed entry."""
 
 from __future__ import annotations
 

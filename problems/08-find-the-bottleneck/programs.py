@@ -1,8 +1,6 @@
 """What runs on every rank of problem 08: the training job with the learner's probes, then their
-diagnose(). The job declares its compute and exchanges the gradient directly over every cable (the
-checks) or around a ring (the free run, main), marking "step", "sync" and "trained" so that the
-replay brackets exactly the phases the probes wrap. Only plain data (RankResult) comes back.
-"""
+diagnose(). Its marks "step", "sync" and "trained" bracket exactly the phases the probes wrap, so
+the replay can tell the truth; only plain data (RankResult) comes back to the supervisor."""
 
 from __future__ import annotations
 
