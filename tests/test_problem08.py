@@ -12,6 +12,7 @@ that must fail, the symptom its message must name, and for processes left behind
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import sys
@@ -26,8 +27,7 @@ import pytest
 from conftest import PROBLEMS
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
-from distlab.grading import check_part
-from distlab.runtime.jobspec import program_module_name
+from distlab.runtime.jobspec import problem_package
 from distlab.runtime.trace.chrome import validate_chrome_trace
 
 SEED = 4242
@@ -43,27 +43,28 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
-check = _load(FOLDER / "check.py", program_module_name(FOLDER / "check.py"))
 reference = _load(FOLDER / "reference.py", "problem08_reference")
-# check.py's parts, as the checker loads them: the hidden variants and mesh, the rank programs, the
-# truth from the replay and the readers of the learner's answer.
-scenario = check_part(FOLDER / "check.py", "scenario")
-programs = check_part(FOLDER / "check.py", "programs")
-judging = check_part(FOLDER / "check.py", "judging")
+# The problem's package, as the checker loads it: the hidden variants and mesh, the rank programs,
+# the truth from the replay and the readers of the learner's answer, and the checks.
+PACKAGE = problem_package(FOLDER)
+cases = importlib.import_module(PACKAGE + ".cases")
+programs = importlib.import_module(PACKAGE + ".programs")
+judging = importlib.import_module(PACKAGE + ".judging")
+check = importlib.import_module(PACKAGE + ".check")
 
 
 # -- the hidden variants ----------------------------------------------------------------------------
 
 
 def all_variants(seed: int) -> list[Any]:
-    return list(scenario.hidden(seed).variants)
+    return list(cases.hidden(seed).variants)
 
 
 def test_variants_replay_per_seed_and_cover_every_case() -> None:
-    assert scenario.hidden(7) == scenario.hidden(7)
-    assert scenario.hidden(7) != scenario.hidden(8)
+    assert cases.hidden(7) == cases.hidden(7)
+    assert cases.hidden(7) != cases.hidden(8)
     for seed in range(50):
-        h = scenario.hidden(seed)
+        h = cases.hidden(seed)
         kinds = {(v.straggler is not None, v.slow_link is not None) for v in all_variants(seed)}
         assert kinds == {(False, False), (True, False), (False, True), (True, True)}
         assert sorted(v.p for v in all_variants(seed)) == [6, 7, 8, 8, 8]
@@ -116,22 +117,22 @@ def round_trips(platform: Any, p: int, nbytes: int, slow: tuple[int, int] | None
 
 
 def test_mesh_has_its_own_cable_per_pair_with_spread_speeds() -> None:
-    mesh = scenario.mesh(123)
+    mesh = cases.mesh(123)
     assert mesh.route(2, 5).links == ("acc2>acc5",)  # direct: no two pairs share a cable
     pairs = [(i, j) for i in range(8) for j in range(8) if i != j]
     gbps = [8 / mesh.route(i, j).beta_s_per_byte / 1e9 for i, j in pairs]
-    assert 0.85 * scenario.LINK_GBPS <= min(gbps) and max(gbps) <= 1.15 * scenario.LINK_GBPS
+    assert 0.85 * cases.LINK_GBPS <= min(gbps) and max(gbps) <= 1.15 * cases.LINK_GBPS
     assert max(gbps) / min(gbps) > 1.15  # the spread is real: healthy cables differ
     latency_us = [mesh.route(i, j).alpha_s * 1e6 for i, j in pairs]
-    assert 0.9 * scenario.LINK_LATENCY_US <= min(latency_us)
-    assert max(latency_us) <= 1.1 * scenario.LINK_LATENCY_US
-    assert scenario.mesh_toml(5) == scenario.mesh_toml(5) != scenario.mesh_toml(6)
+    assert 0.9 * cases.LINK_LATENCY_US <= min(latency_us)
+    assert max(latency_us) <= 1.1 * cases.LINK_LATENCY_US
+    assert cases.mesh_toml(5) == cases.mesh_toml(5) != cases.mesh_toml(6)
 
 
 def test_a_big_ping_shows_the_slow_link_and_a_tiny_one_does_not() -> None:
     for seed in range(30):
-        h = scenario.hidden(seed)
-        platform = scenario.mesh(h.mesh_seed)
+        h = cases.hidden(seed)
+        platform = cases.mesh(h.mesh_seed)
         for v in [v for v in all_variants(seed) if v.slow_link]:
             for nbytes in (reference.PING_BYTES, 8):
                 rtt = round_trips(platform, v.p, nbytes, v.slow_link, v.link_factor)

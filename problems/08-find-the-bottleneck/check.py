@@ -1,97 +1,60 @@
 """Checks for problem 08, find the bottleneck.
 
-The story: a training loop written here (declared compute, then an allreduce of the gradient by
-point-to-point messages, a direct reduce-scatter and allgather that uses every cable) runs on 6 to
-8 ranks of a hidden cluster: a full mesh of cables whose speeds differ by up to 15%, with ranks
-whose work differs by up to ~20% (uneven data shards).
-Into some runs we slip a straggler (a `slow` fault: one rank computes 1.5-3x longer), a slow
-link (a `bandwidth` fault between two ranks: their cable keeps 15-30% of its bandwidth), both,
-or nothing. The learner's probes time each step; their `diagnose()` must name exactly what we hid.
+A training loop written here (declared compute, then a direct reduce-scatter and allgather of the
+gradient over every cable) runs on 6 to 8 ranks of a hidden mesh whose cables differ by up to 15%,
+with ranks whose work differs by up to ~20% (uneven data shards). Into each variant we slip a
+straggler (a `slow` fault: one rank computes 1.5-3x longer), a slow link (a `bandwidth` fault: one
+cable keeps 15-30% of its bandwidth), both, or nothing; the variants, drawn from the seed
+(cases.py), are the tasks of one launch. The truth is the replay of that run, never what the
+ranks say: compute from a rank's "step" mark to its "sync" mark, sync from there to its next
+"step" (or "trained") mark, exactly the phases the probes wrap.
 
-Ground truth is the replay of the same run (the virtual clock, computed here from the events the
-ranks recorded), never what the ranks say:
-- per step and rank, compute = from the "step" mark to the "sync" mark, sync = from the "sync"
-  mark to the next "step" (or "trained") mark: the harness's marks bracket exactly the phases the
-  probes wrap;
-- sync/compute ratio = the sum of sync over every rank and step / the sum of compute over every
-  rank and step (the training phase of TaskRun.replay()'s comm_s / compute_s);
-- probe overhead = training makespan (the last "trained" mark) with probes / without probes - 1,
-  the two runs being the same variant, both run by this file's program.
-
-Hidden variants: every number above comes from the seed (rank counts 6-8, steps, gradient size,
-compute, which rank is heavy, which rank straggles and by how much, which link is slow and by how
-much, and the cable speeds of the mesh), so a diagnosis cannot be hard-coded. All of it runs in
-one launch: the variants are tasks with their own fault plans on the same hidden mesh.
+Against it, in order: the probes' durations (within 2%), the job's sync/compute ratio over every
+rank and step (within 10%), the stragglers and the slow links (named exactly), a Chrome trace with
+one track per rank, and what the probes cost: the training's makespan with probes over the same
+variant's without them (at most 3% more).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Task, check_part, validate_chrome_trace
+from distlab.grading import CheckContext, Checklist, Run, Task, validate_chrome_trace
 
-# The parts, beside this file: the scenario's numbers, hidden variants and mesh; the programs that
-# run on the ranks; the truth from the replay and the readers of the learner's answer.
-scenario = check_part(__file__, "scenario")
-programs = check_part(__file__, "programs")
-judging = check_part(__file__, "judging")
+from . import cases, judging, programs
+from .judging import HiddenRun
 
 SPAN_TOLERANCE = 0.02  # probes: each duration within 2% (+ 0.1 us) of the replay's
 RATIO_TOLERANCE = 0.10  # the sync/compute ratio within 10% of the replay's
 MAX_OVERHEAD = 0.03  # probes may add at most 3% to the training's virtual time
 
-
-# -- the one launch -------------------------------------------------------------------------------
-
-
-def launch_all(t: CheckContext) -> tuple[list[judging.Case], Any]:
-    """The one launch of the session (cached after the first check): every variant, then the
-    twin; returns the cases and the twin's task run."""
-    h = scenario.hidden(t.seed)
-    tasks = [Task(ranks=v.p, args=(v,), faults=v.fault_plan(t.seed), label=f"the {v.label()}")
-             for v in h.variants + (h.twin,)]
-    tasks[-1] = replace(tasks[-1], label=f"the {h.twin.label()} without probes")
-    run = t.launch(programs.run_variant, tasks, online_clock=True,
-                   platform=scenario.mesh(h.mesh_seed))
-    cases = []
-    for v, task_run in zip(h.variants, run.tasks):
-        rank0: programs.RankResult = task_run.values[0]
-        report, problem = rank0.report, ""
-        if not isinstance(report, dict):
-            problem = f"diagnose() returned {type(report).__name__} on rank 0, not a dict"
-            report = None
-        truth = judging.truth_of(task_run, v)
-        cases.append(judging.Case(v, task_run, truth, report, problem, rank0))
-    return cases, run.tasks[-1]
-
-
-# -- ranks and links, as the messages write them --------------------------------------------------
-
-
-def fmt_ranks(ranks: list[int]) -> str:
-    return "[" + ", ".join(map(str, ranks)) + "]"
-
-
-def fmt_pairs(pairs: list[tuple[int, int]]) -> str:
-    return "[" + ", ".join(f"({i}, {j})" for i, j in pairs) + "]"
-
-
-# -- the checks -----------------------------------------------------------------------------------
-
 CHECKS = Checklist()
 
 
+@CHECKS.run
+def every_variant(t: CheckContext) -> Run:
+    """The one launch of the session: every hidden variant on the hidden mesh, then the twin."""
+    h = cases.hidden(t.seed)
+    tasks = [Task(ranks=v.p, case=v, faults=v.fault_plan(t.seed),
+                  label=f"the {v.label()}" + ("" if v.probed else " without probes"))
+             for v in h.variants + (h.twin,)]
+    return t.launch(programs.run_variant, tasks, online_clock=True, platform=cases.mesh(h.mesh_seed))
+
+
+@CHECKS.run
+def hidden_runs(t: CheckContext, every_variant: Run) -> list[HiddenRun]:
+    """The probed variants, each with its truth from the replay and rank 0's answer."""
+    return [judging.hidden_run(result) for result in every_variant.cases() if result.case.probed]
+
+
 @CHECKS.check("probes time compute and sync of every step, gathered on rank 0", points=2)
-def probes_match_replay(t: CheckContext) -> None:
-    cases, _ = launch_all(t)
-    t.say(f"{len(cases)} hidden runs of {', '.join(str(c.variant.p) for c in cases)} ranks on an "
-          "8-accelerator mesh; each duration is compared with the replay's")
+def probes_match_replay(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
+    t.say(f"{len(hidden_runs)} hidden runs of {', '.join(str(c.variant.p) for c in hidden_runs)} "
+          "ranks on an 8-accelerator mesh; each duration is compared with the replay's")
     worst = 0.0
-    for case in cases:
+    for case in hidden_runs:
         v, truth = case.variant, case.truth
         spans = judging.spans_of(t, case)
         for phase, got, want in (("compute", spans[..., 1] - spans[..., 0], truth.compute),
@@ -114,10 +77,9 @@ def probes_match_replay(t: CheckContext) -> None:
 
 
 @CHECKS.check("sync/compute ratio within 10% of the replay's, over all ranks and steps", points=2)
-def ratio_matches_replay(t: CheckContext) -> None:
-    cases, _ = launch_all(t)
+def ratio_matches_replay(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
     worst = 0.0
-    for case in cases:
+    for case in hidden_runs:
         v, want = case.variant, case.truth.ratio
         got = judging.answer(t, case, "sync_compute_ratio")
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not np.isfinite(got):
@@ -139,43 +101,38 @@ def ratio_matches_replay(t: CheckContext) -> None:
 
 
 @CHECKS.check("diagnose() names exactly the stragglers in every hidden run", points=3)
-def stragglers_exact(t: CheckContext) -> None:
-    cases, _ = launch_all(t)
-    for case in cases:
+def stragglers_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
+    for case in hidden_runs:
         v = case.variant
         got = judging.ranks_of(t, case, judging.answer(t, case, "stragglers"))
         want = [v.straggler] if v.straggler is not None else []
         ratio = case.truth.compute_over_median()
         missed = [r for r in want if r not in got]
         extra = [r for r in got if r not in want]
+        seen = f"{v.label()}: expected stragglers {want}; saw {got}: "
         if missed:
-            r = missed[0]
-            t.fail(f"{v.label()}: expected stragglers {fmt_ranks(want)}; saw {fmt_ranks(got)}: "
-                   f"rank {r} computes {ratio[r]:.2f}x the median rank and was not named")
+            t.fail(f"{seen}rank {missed[0]} computes {ratio[missed[0]]:.2f}x the median rank and "
+                   "was not named")
         if extra:
             outside = [r for r in extra if r >= v.p]
             if outside:
-                t.fail(f"{v.label()}: expected stragglers {fmt_ranks(want)}; saw {fmt_ranks(got)}: "
-                       f"rank {outside[0]} is not in this run of {v.p} ranks")
+                t.fail(f"{seen}rank {outside[0]} is not in this run of {v.p} ranks")
             ends = set(v.slow_link or ())
             if ends and set(extra) <= ends:
-                t.fail(f"{v.label()}: expected stragglers {fmt_ranks(want)}; saw {fmt_ranks(got)}: "
-                       f"{' and '.join(f'rank {r}' for r in extra)} "
+                t.fail(f"{seen}{' and '.join(f'rank {r}' for r in extra)} "
                        f"{'are the ends' if len(extra) > 1 else 'is an end'} of the slow link "
                        f"{v.slow_link}, computing only "
                        f"{', '.join(f'{ratio[r]:.2f}x' for r in extra)} the median: a slow link makes "
                        "ranks wait, it does not make them compute slower")
-            r = extra[0]
-            t.fail(f"{v.label()}: expected stragglers {fmt_ranks(want)}; saw {fmt_ranks(got)}: "
-                   f"a false positive: rank {r} computes {ratio[r]:.2f}x the median rank, natural "
-                   "imbalance (uneven shards, up to ~1.2x), not a straggler (1.5-3x)")
-        t.say(f"{v.name}: stragglers {fmt_ranks(got)}")
+            t.fail(f"{seen}a false positive: rank {extra[0]} computes {ratio[extra[0]]:.2f}x the "
+                   "median rank, natural imbalance (uneven shards, up to ~1.2x), not a straggler "
+                   "(1.5-3x)")
+        t.say(f"{v.name}: stragglers {got}")
 
 
 @CHECKS.check("diagnose() names exactly the slow links in every hidden run", points=3)
-def slow_links_exact(t: CheckContext) -> None:
-    cases, _ = launch_all(t)
-    for case in cases:
+def slow_links_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
+    for case in hidden_runs:
         v = case.variant
         got = judging.pairs_of(t, case, judging.answer(t, case, "slow_links"))
         want = [v.slow_link] if v.slow_link is not None else []
@@ -183,36 +140,32 @@ def slow_links_exact(t: CheckContext) -> None:
         rtt = np.asarray(pings, dtype=np.float64) if pings is not None else np.zeros(0)
         missed = [pair for pair in want if pair not in got]
         extra = [pair for pair in got if pair not in want]
+        seen = f"{v.label()}: expected slow links {want}; saw {got}: "
         if missed:
             i, j = missed[0]
-            seen = ""
+            pinged = ""
             if rtt.shape == (v.p, v.p) and v.p > 2:
                 others = [rtt[a, b] for a in range(v.p) for b in range(a + 1, v.p) if (a, b) != (i, j)]
                 typical = float(np.median(others))
                 if not rtt.any():
-                    seen = "; your pings are all zero"
+                    pinged = "; your pings are all zero"
                 elif typical > 0:
-                    seen = (f"; your pings show {i}-{j} at {rtt[i, j] / typical:.2f}x the median pair: "
-                            "a bandwidth fault leaves latency alone, so only pings of many bytes see it")
-            t.fail(f"{v.label()}: expected slow links {fmt_pairs(want)}; saw {fmt_pairs(got)}: "
-                   f"link {i}-{j} keeps {v.link_factor:.2f}x of its bandwidth and was not named{seen}")
+                    pinged = (f"; your pings show {i}-{j} at {rtt[i, j] / typical:.2f}x the median pair: "
+                              "a bandwidth fault leaves latency alone, so only pings of many bytes see it")
+            t.fail(f"{seen}link {i}-{j} keeps {v.link_factor:.2f}x of its bandwidth and was not "
+                   f"named{pinged}")
         if extra:
             i, j = extra[0]
             if not (0 <= i < j < v.p):
-                t.fail(f"{v.label()}: expected slow links {fmt_pairs(want)}; saw {fmt_pairs(got)}: "
-                       f"({i}, {j}) is not a pair of distinct ranks of this run of {v.p}")
-            t.fail(f"{v.label()}: expected slow links {fmt_pairs(want)}; saw {fmt_pairs(got)}: "
-                   f"a false positive: cable {i}-{j} is healthy (cables differ by up to 15%); "
+                t.fail(f"{seen}({i}, {j}) is not a pair of distinct ranks of this run of {v.p}")
+            t.fail(f"{seen}a false positive: cable {i}-{j} is healthy (cables differ by up to 15%); "
                    "were both ends of each ping ready when it was timed?")
-        t.say(f"{v.name}: slow links {fmt_pairs(got)}")
-
-
+        t.say(f"{v.name}: slow links {got}")
 
 
 @CHECKS.check("the Chrome trace loads and has one track per rank", points=2)
-def trace_has_a_track_per_rank(t: CheckContext) -> None:
-    cases, _ = launch_all(t)
-    for case in cases:
+def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
+    for case in hidden_runs:
         v = case.variant
         if case.report is None:
             t.fail(f"{v.label()}: {case.problem}")
@@ -249,18 +202,17 @@ def trace_has_a_track_per_rank(t: CheckContext) -> None:
                        f"compute ({', '.join(f'{w / 1e3:.3f}' for w in want_totals)} ms); saw "
                        f"{', '.join(f'{g / 1e3:.3f}' for g in got_totals)} ms: ts and dur are in "
                        "microseconds")
-    t.say(f"{len(cases)} traces, each with one track per rank and a compute and sync span per step")
+    t.say(f"{len(hidden_runs)} traces, each with one track per rank and a compute and sync span per step")
 
 
 @CHECKS.check("probes add at most 3% to the training's virtual time", points=2)
-def probes_are_cheap(t: CheckContext) -> None:
-    cases, twin_run = launch_all(t)
-    probed = cases[0]  # the twin is this variant, run without probes
+def probes_are_cheap(t: CheckContext, hidden_runs: list[HiddenRun], every_variant: Run) -> None:
+    probed, twin = hidden_runs[0], every_variant.cases()[-1]  # the twin: variants[0] without probes
     judging.spans_of(t, probed)  # a probe that measures nothing costs nothing, and is of no use
-    bare = judging.truth_of(twin_run, probed.variant)
+    bare = judging.truth_of(twin.task, twin.case)
     overhead = probed.truth.trained_s / bare.trained_s - 1
     extra_calls = (sum(sum(r.trained.calls.values()) for r in probed.task_run.values)
-                   - sum(sum(r.trained.calls.values()) for r in twin_run.values))
+                   - sum(sum(r.trained.calls.values()) for r in twin.values))
     t.say(f"{probed.variant.label()}: training took {probed.truth.trained_s * 1e3:.3f} ms with "
           f"probes, {bare.trained_s * 1e3:.3f} ms without ({overhead:+.2%}); "
           f"{extra_calls} extra communication calls during training")
@@ -273,32 +225,3 @@ def probes_are_cheap(t: CheckContext) -> None:
              f"{probed.truth.trained_s * 1e3:.3f} ms ({overhead:+.1%}) in the {probed.variant.label()}, "
              f"with {extra_calls} extra communication calls during training: keep the numbers on the rank "
              "and send them once, after the last step")
-
-
-# -- the free run ---------------------------------------------------------------------------------
-
-
-def main(comm: Any, solution: Any, steps: str = "12", straggler: str = "-1", factor: str = "2.0",
-         grad_kib: str = "1024", compute_ms: str = "1.0") -> Any:
-    """A free run (distlab run 08): one job with probes, then diagnose(); rank 0 sums it up.
-    The gradients go around a ring here (the checks use a direct exchange on their mesh).
-
-    straggler=R factor=F make rank R declare F times more compute (a straggler); a slow link comes
-    from a fault plan (--faults), e.g. a `bandwidth` fault with groups = [[2], [3]]."""
-    p, rank = comm.Get_size(), comm.Get_rank()
-    base, _ = scenario.compute_table(p, int(steps), float(compute_ms) * 1e-3,
-                                     np.random.default_rng(8))
-    table = [list(row) for row in base]
-    if 0 <= int(straggler) < p:
-        table[int(straggler)] = [float(factor) * x for x in table[int(straggler)]]
-    v = scenario.Variant("free run", p, int(steps), int(grad_kib) * 256,
-                         tuple(tuple(row) for row in table), exchange="ring")
-    result = programs.run_variant(comm, solution, v)
-    if rank != 0:
-        return None
-    report = result.report if isinstance(result.report, dict) else {}
-    ratio = report.get("sync_compute_ratio")
-    ratio_text = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else repr(ratio)
-    return (f"stragglers {report.get('stragglers')} · slow links {report.get('slow_links')} · "
-            f"sync/compute {ratio_text} over the {steps} training steps (p = {p}; the run's figures "
-            "below also count diagnose()'s gather and pings)")

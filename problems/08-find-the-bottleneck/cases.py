@@ -1,20 +1,13 @@
-"""Problem 08's scenario: the hidden cluster and the hidden runs, all drawn from the session seed.
-
-The numbers of the story (a mesh of 8 accelerators whose cables differ by up to 15%, ranks whose
-work differs by up to ~20%, stragglers 1.5-3x slower, slow links at 15-30% of their bandwidth),
-the Variant of one hidden run with its fault plan, the variants of a session (hidden) and the
-mesh they run on (mesh_toml, mesh). Everything here is pure and replays per seed: check.py and the
-tests read it, and the rank programs (check_programs.py) receive Variants as their task args.
-"""
+"""The cases of problem 08, all drawn from the seed: the hidden runs (Variant: rank count, steps,
+gradient, compute, which rank is heavy, which straggles, which link is slow) and the hidden mesh."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from distlab.grading import Platform, parse_fault_plan, parse_platform
+from distlab.grading import Platform, faults, parse_platform
 
 WORLD = 8  # devices in the hidden mesh; variants run on the first p of them
 LINK_GBPS, LINK_LATENCY_US = 2.0, 25.0  # a healthy cable (an Ethernet-like fabric), before its spread
@@ -25,9 +18,6 @@ NORMAL_WORK = (0.96, 1.04)  # per-rank work of ordinary ranks, times the base co
 HEAVY_WORK = (1.12, 1.18)  # the rank with the biggest shard: natural imbalance, not a fault
 LIGHT_WORK = (0.85, 0.90)  # the rank with the smallest shard
 STEP_NOISE = 0.04  # each step's compute varies by +-4%
-
-
-# -- the variants ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -51,25 +41,19 @@ class Variant:
         if self.straggler is not None:
             parts.append(f"rank {self.straggler} computes {self.factor:.2f}x longer")
         if self.slow_link is not None:
-            i, j = self.slow_link
-            parts.append(f"link {i}-{j} at {self.link_factor:.2f}x bandwidth")
+            parts.append(f"link {self.slow_link[0]}-{self.slow_link[1]} at {self.link_factor:.2f}x bandwidth")
         if self.straggler is None and self.slow_link is None:
             parts.append("no fault")
         return ", ".join(parts) + ")"
 
-    def fault_plan(self, seed: int) -> Any:
-        faults: list[dict[str, Any]] = []
+    def fault_plan(self, seed: int) -> faults.FaultPlan | None:
+        entries = []
         if self.straggler is not None:
-            faults.append({"kind": "slow", "rank": self.straggler, "factor": self.factor,
-                           "note": "a straggler"})
+            entries.append(faults.slow(rank=self.straggler, factor=self.factor, note="a straggler"))
         if self.slow_link is not None:
-            i, j = self.slow_link
-            faults.append({"kind": "bandwidth", "groups": [[i], [j]], "factor": self.link_factor,
-                           "note": "a slow link"})
-        if not faults:
-            return None
-        return parse_fault_plan({"format_version": 1, "seed": seed, "fault": faults},
-                                where=f"08 {self.name}")
+            entries.append(faults.bandwidth(factor=self.link_factor, note="a slow link",
+                                            groups=[[end] for end in self.slow_link]))
+        return faults.plan(*entries, seed=seed, where=f"08 {self.name}") if entries else None
 
 
 @dataclass(frozen=True)
@@ -83,8 +67,7 @@ class Hidden:
 
 def compute_table(p: int, steps: int, base_s: float,
                   rng: np.random.Generator) -> tuple[tuple[tuple[float, ...], ...], list[int]]:
-    """Declared compute per rank and step (one heavy rank, one light one, the rest ordinary),
-    and the ordinary ranks."""
+    """Declared compute per rank and step (one heavy rank, one light, the rest ordinary); ordinary ranks."""
     work = rng.uniform(*NORMAL_WORK, size=p)
     heavy, light = (int(r) for r in rng.choice(p, size=2, replace=False))
     work[heavy] = rng.uniform(*HEAVY_WORK)
@@ -127,18 +110,11 @@ def hidden(seed: int) -> Hidden:
 def mesh_toml(seed: int) -> str:
     """The hidden cluster: WORLD devices, a cable between every two, speeds spread by +-15%."""
     rng = np.random.default_rng([seed, 88])
-    lines = [
-        "format_version = 1",
-        'name = "mesh-8"',
-        'description = "8 accelerators, a direct cable between every two; cable speeds differ"',
-        "ranks = [" + ", ".join(f'"acc{r}"' for r in range(WORLD)) + "]",
-        "[profile.acc]",
-        "flops = 50e12",
-        "memory_gib = 40",
-        "[[node]]",
-        'name = "box"',
-        'kind = "host"',
-    ]
+    lines = ["format_version = 1", 'name = "mesh-8"',
+             'description = "8 accelerators, a direct cable between every two; cable speeds differ"',
+             "ranks = [" + ", ".join(f'"acc{r}"' for r in range(WORLD)) + "]",
+             "[profile.acc]", "flops = 50e12", "memory_gib = 40",
+             "[[node]]", 'name = "box"', 'kind = "host"']
     for r in range(WORLD):
         lines += ["[[node]]", f'name = "acc{r}"', 'kind = "device"', 'in = "box"', 'profile = "acc"']
     for i in range(WORLD):

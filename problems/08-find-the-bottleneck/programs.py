@@ -1,12 +1,6 @@
-"""Problem 08's rank programs: the training job with the learner's probes, then their diagnose().
-
-run_variant is the program of the checks' launch (one task per hidden variant, and the twin
-without probes); check.py's main, the free run, calls it too. The job declares its compute and
-exchanges the gradient with a direct reduce-scatter and allgather over every cable (the checks)
-or around a ring (the free run), marking "step", "sync" and "trained" so the supervisor's replay
-brackets exactly the phases the probes wrap. What comes back is plain data (RankResult), never the
-learner's objects; nothing is judged here (see check_judging.py).
-"""
+"""What runs on every rank of problem 08: the training job with the learner's probes, then their
+diagnose(). Its marks "step", "sync" and "trained" bracket exactly the phases the probes wrap, so
+the replay can tell the truth; only plain data (RankResult) comes back to the supervisor."""
 
 from __future__ import annotations
 
@@ -17,12 +11,9 @@ from typing import Any
 import numpy as np
 
 from distlab import Request
-from distlab.grading import CommStats, check_part
+from distlab.grading import CommStats
 
-scenario = check_part(__file__, "scenario")  # Variant, the task args
-
-
-# -- what runs on every rank ----------------------------------------------------------------------
+from .cases import Variant, compute_table
 
 
 @dataclass
@@ -99,8 +90,9 @@ def plain(value: Any, depth: int = 0) -> Any:
         return repr(value)
 
 
-def run_training(comm: Any, solution: Any, v: scenario.Variant) -> Any:
-    """The job: steps of compute and gradient exchange, the learner's probes around each phase."""
+def run_variant(comm: Any, solution: Any, v: Variant) -> RankResult:
+    """One variant: steps of compute and gradient exchange with the learner's probes around each
+    phase, then their diagnose() (collective)."""
     rank = comm.Get_rank()
     grad = np.zeros(v.grad_elems, dtype=np.float32)
     probes = solution.Probes(comm) if v.probed else None
@@ -119,16 +111,11 @@ def run_training(comm: Any, solution: Any, v: scenario.Variant) -> Any:
         if probes is not None:
             probes.stop("sync")
     comm.mark("trained")
-    return probes, comm.stats.snapshot()
-
-
-def run_variant(comm: Any, solution: Any, v: scenario.Variant) -> RankResult:
-    """One variant: train with probes, then the learner's diagnose() (collective)."""
-    probes, trained = run_training(comm, solution, v)
+    trained = comm.stats.snapshot()
     if probes is None:
         return RankResult(None, None, "", trained)
     report = plain(solution.diagnose(comm, probes))
-    if comm.Get_rank() != 0:
+    if rank != 0:
         return RankResult(None, None, "", trained)
     trace_json, trace_error = None, ""
     if isinstance(report, dict) and "trace" in report:
@@ -137,3 +124,26 @@ def run_variant(comm: Any, solution: Any, v: scenario.Variant) -> RankResult:
         except (TypeError, ValueError) as exc:
             trace_error = f"{type(exc).__name__}: {exc}"
     return RankResult(report, trace_json, trace_error, trained)
+
+
+def main(comm: Any, solution: Any, steps: str = "12", straggler: str = "-1", factor: str = "2.0",
+         grad_kib: str = "1024", compute_ms: str = "1.0") -> Any:
+    """A free run (distlab run 08): one job with probes, then diagnose(); rank 0 sums it up.
+    The gradients go around a ring here (the checks use a direct exchange on their mesh).
+
+    straggler=R factor=F make rank R declare F times more compute (a straggler); a slow link comes
+    from a fault plan (--faults), e.g. a `bandwidth` fault with groups = [[2], [3]]."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    base, _ = compute_table(p, int(steps), float(compute_ms) * 1e-3, np.random.default_rng(8))
+    table = tuple(tuple(float(factor) * x for x in row) if r == int(straggler) else row
+                  for r, row in enumerate(base))
+    result = run_variant(comm, solution, Variant("free run", p, int(steps), int(grad_kib) * 256,
+                                                 table, exchange="ring"))
+    if rank != 0:
+        return None
+    report = result.report if isinstance(result.report, dict) else {}
+    ratio = report.get("sync_compute_ratio")
+    ratio_text = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else repr(ratio)
+    return (f"stragglers {report.get('stragglers')} · slow links {report.get('slow_links')} · "
+            f"sync/compute {ratio_text} over the {steps} training steps (p = {p}; the run's figures "
+            "below also count diagnose()'s gather and pings)")

@@ -1,12 +1,5 @@
-"""Problem 08's judging helpers, in the supervisor: the truth from the replay, the learner's answer.
-
-Truth holds each rank's compute and sync per step and the training's makespan, read from the
-marks of the replayed run (phase_times, truth_of), never from what the ranks say. A Case is one
-hidden run: its variant, task run, truth and what diagnose() returned on rank 0. answer, ranks_of,
-pairs_of and spans_of read one entry of that answer and fail the check, naming the variant, when
-it is missing or of the wrong shape; trace_tracks groups a Chrome trace's complete events into the
-tracks a viewer draws. check.py's launch_all builds the Cases; its checks compare them.
-"""
+"""How problem 08 judges a hidden run: its truth from the replay's marks, never what the ranks say;
+readers of rank 0's answer that fail the check, naming the variant, on a missing or malformed entry."""
 
 from __future__ import annotations
 
@@ -15,13 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, check_part
+from distlab.grading import CaseRun, CheckContext, TaskRun
 
-scenario = check_part(__file__, "scenario")  # Variant
-programs = check_part(__file__, "programs")  # RankResult
-
-
-# -- the truth, from the replay -------------------------------------------------------------------
+from .cases import Variant
+from .programs import RankResult
 
 
 @dataclass
@@ -45,63 +35,60 @@ def phase_times(marks: list[tuple[str, float]], steps: int) -> tuple[list[float]
     syncs = [t for name, t in marks if name == "sync"]
     trained = next(t for name, t in marks if name == "trained")
     ends = starts[1:steps] + [trained]
-    compute = [syncs[k] - starts[k] for k in range(steps)]
-    sync = [ends[k] - syncs[k] for k in range(steps)]
-    return compute, sync, trained
+    return [syncs[k] - starts[k] for k in range(steps)], [ends[k] - syncs[k] for k in range(steps)], trained
 
 
-def truth_of(task_run: Any, v: scenario.Variant) -> Truth:
+def truth_of(task_run: TaskRun, v: Variant) -> Truth:
     played = task_run.replay()
-    compute, sync, trained = [], [], []
-    for rank in range(v.p):
-        c, s, end = phase_times(list(played.marks[rank]), v.steps)
-        compute.append(c)
-        sync.append(s)
-        trained.append(end)
+    compute, sync, trained = zip(*(phase_times(list(played.marks[rank]), v.steps) for rank in range(v.p)))
     return Truth(np.array(compute), np.array(sync), max(trained))
 
 
-# -- reading the learner's answer -----------------------------------------------------------------
-
-
 @dataclass
-class Case:
-    variant: scenario.Variant
-    task_run: Any
+class HiddenRun:
+    """One probed variant as the checks judge it: its truth and what diagnose() said on rank 0."""
+
+    variant: Variant
+    task_run: TaskRun
     truth: Truth
     report: dict[str, Any] | None
     problem: str  # why report is None, else ""
-    rank0: programs.RankResult
+    rank0: RankResult
 
 
+def hidden_run(result: CaseRun[Variant]) -> HiddenRun:
+    rank0: RankResult = result.values[0]
+    report, problem = rank0.report, ""
+    if not isinstance(report, dict):
+        problem = f"diagnose() returned {type(report).__name__} on rank 0, not a dict"
+        report = None
+    return HiddenRun(result.case, result.task, truth_of(result.task, result.case), report, problem, rank0)
 
-def answer(t: CheckContext, case: Case, key: str) -> Any:
+
+def answer(t: CheckContext, case: HiddenRun, key: str) -> Any:
     if case.report is None:
         t.fail(f"{case.variant.label()}: {case.problem}")
-    assert case.report is not None
     if key not in case.report:
         t.fail(f"{case.variant.label()}: diagnose() returned no {key!r} "
                f"(its keys: {', '.join(map(str, case.report)) or 'none'})")
     return case.report[key]
 
 
-def ranks_of(t: CheckContext, case: Case, value: Any) -> list[int]:
+def ranks_of(t: CheckContext, case: HiddenRun, value: Any) -> list[int]:
     try:
-        ranks = sorted({int(r) for r in value})
+        return sorted({int(r) for r in value})
     except (TypeError, ValueError):
         t.fail(f"{case.variant.label()}: 'stragglers' must be a list of ranks; saw {value!r}")
-    return ranks
 
 
-def pairs_of(t: CheckContext, case: Case, value: Any) -> list[tuple[int, int]]:
+def pairs_of(t: CheckContext, case: HiddenRun, value: Any) -> list[tuple[int, int]]:
     try:
-        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b))) for a, b in value})
+        return sorted({(min(int(a), int(b)), max(int(a), int(b))) for a, b in value})
     except (TypeError, ValueError):
         t.fail(f"{case.variant.label()}: 'slow_links' must be a list of pairs (i, j); saw {value!r}")
-    return pairs
 
 
-def spans_of(t: CheckContext, case: Case) -> np.ndarray:
+def spans_of(t: CheckContext, case: HiddenRun) -> np.ndarray:
     v = case.variant
     raw = answer(t, case, "spans")
     try:
@@ -130,3 +117,4 @@ def trace_tracks(events: list[Any]) -> dict[tuple[Any, Any], list[dict[str, Any]
         if isinstance(event, dict) and event.get("ph") == "X":
             tracks.setdefault((event.get("pid"), event.get("tid")), []).append(event)
     return tracks
+
