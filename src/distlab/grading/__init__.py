@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..platforms import Platform, parse_platform, resolve, uniform
 from ..runtime.clock import collectives_cost as cost
 from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT, CommStats
-from ..runtime.faults.plans import parse_fault_plan
+from ..runtime.faults.plans import FaultPlan, parse_fault_plan
 from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
@@ -20,7 +20,7 @@ from .tasks import CaseRun, Run, Task, TaskRun
 
 __all__ = [
     "COLLECTIVES", "POINT_TO_POINT", "CaseRun", "CheckContext", "CheckFailed", "Checklist",
-    "CommStats", "Mismatch", "Platform", "Run", "RunFailed", "Task", "TaskRun", "agreement",
+    "CommStats", "FaultPlan", "Mismatch", "Platform", "Run", "RunFailed", "Task", "TaskRun", "agreement",
     "check_part", "cost", "faults", "first_mismatch", "parse_fault_plan", "parse_platform",
     "resolve", "uniform", "validate_chrome_trace",
 ]

@@ -14,7 +14,12 @@ from typing import Any, Sequence
 
 from ..runtime.faults.plans import FORMAT_VERSION, FaultPlan, parse_fault_plan
 
+__all__ = [
+    "FaultPlan", "bandwidth", "delay", "drop", "kill", "partition", "plan", "slow", "spike", "stop",
+]
+
 Ranks = int | Sequence[int]
+Groups = Sequence[Sequence[int]]
 Entry = dict[str, Any]
 
 
@@ -31,15 +36,17 @@ def _entry(kind: str, keys: dict[str, Any]) -> Entry:
     for key, value in keys.items():
         if value is None or (key == "note" and not value):
             continue
+        if key == "groups":
+            value = [list(group) for group in value]
         entry[key] = list(value) if isinstance(value, (tuple, list)) else value
     return entry
 
 
 def delay(*, latency_s: float, src: Ranks | None = None, dst: Ranks | None = None,
-          wall: bool | None = None, probability: float | None = None, note: str = "",
-          **window: float) -> Entry:
+          groups: Groups | None = None, wall: bool | None = None, probability: float | None = None,
+          note: str = "", **window: float) -> Entry:
     """Every selected message waits ``latency_s`` more (``wall``: in real time too)."""
-    return _entry("delay", dict(latency_s=latency_s, src=src, dst=dst, wall=wall,
+    return _entry("delay", dict(latency_s=latency_s, src=src, dst=dst, groups=groups, wall=wall,
                                 probability=probability, note=note, **window))
 
 
@@ -52,9 +59,12 @@ def spike(*, latency_s: float, probability: float, src: Ranks | None = None,
 
 
 def bandwidth(*, factor: float | None = None, gbps: float | None = None, src: Ranks | None = None,
-              dst: Ranks | None = None, note: str = "", **window: float) -> Entry:
-    """The selected links run at ``factor`` of their bandwidth, or at ``gbps``."""
-    return _entry("bandwidth", dict(factor=factor, gbps=gbps, src=src, dst=dst, note=note, **window))
+              dst: Ranks | None = None, groups: Groups | None = None, note: str = "",
+              **window: float) -> Entry:
+    """The selected links run at ``factor`` of their bandwidth, or at ``gbps``; ``groups``
+    selects the messages between two groups of ranks (a slow link between two ranks)."""
+    return _entry("bandwidth", dict(factor=factor, gbps=gbps, src=src, dst=dst, groups=groups,
+                                    note=note, **window))
 
 
 def drop(*, probability: float, src: Ranks | None = None, dst: Ranks | None = None,
