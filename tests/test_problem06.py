@@ -1,8 +1,8 @@
 """Problem 06, DDP from scratch: the checker's pure helpers, then `distlab check 06` end to end.
 
-First the pieces of check.py's parts that need no process: the bucket rule, the caps that give a
-wanted number of buckets, the overlap arithmetic on replayed windows, and the model's declared
-work (backward work comes just before each layer's gradients). Then every solution in
+First the pieces of the problem's package that need no process: the bucket rule, the caps that
+give a wanted number of buckets, the overlap arithmetic on replayed windows, and the model's
+declared work (backward work comes just before each layer's gradients). Then every solution in
 tests/fixtures/06/, the reference and the starter are checked once each through the real CLI, on
 real MPI ranks with one fixed seed (a failure replays with `distlab check 06 --seed 4242`); each
 buggy one must fail with its symptom named, the correct alternative must pass, and no rank may
@@ -11,6 +11,7 @@ outlive the command.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ import pytest
 from conftest import PROBLEMS
 from e2e import Checked, fixture_solution, leftovers, run_check
 
-from distlab.grading import check_part
+from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 FOLDER = PROBLEMS / "06-ddp-from-scratch"
@@ -38,30 +39,34 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
-# check.py's parts, as the checker loads them: the model and its training loops, the bucket rule
-# and the overlap arithmetic, the hidden variants.
+# The problem's package, as the checker loads it: the model, its data, the bucket rule and the
+# hidden variants (cases); the training loops (programs); the overlap arithmetic (judging).
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"{problem_package(FOLDER)}.{name}")
 
 
 @pytest.fixture(scope="module")
-def training() -> ModuleType:
-    return check_part(FOLDER / "check.py", "training")
+def cases() -> ModuleType:
+    return _module("cases")
 
 
 @pytest.fixture(scope="module")
-def costs() -> ModuleType:
-    return check_part(FOLDER / "check.py", "costs")
+def programs() -> ModuleType:
+    return _module("programs")
 
 
 @pytest.fixture(scope="module")
-def variants() -> ModuleType:
-    return check_part(FOLDER / "check.py", "variants")
+def judging() -> ModuleType:
+    return _module("judging")
 
 
 # -- pure helpers ---------------------------------------------------------------------------------
 
 
-def test_plan_buckets_follows_the_card(costs: ModuleType) -> None:
-    plan = costs.plan_buckets
+def test_plan_buckets_follows_the_card(cases: ModuleType) -> None:
+    plan = cases.plan_buckets
     assert plan([], 10) == []
     assert plan([4, 4, 4], 100) == [[0, 1, 2]]  # everything fits: one bucket
     assert plan([4, 4, 4], 8) == [[0, 1], [2]]  # exactly at the cap still fits
@@ -75,35 +80,35 @@ def test_plan_buckets_follows_the_card(costs: ModuleType) -> None:
         assert ref.plan_buckets(sizes, cap) == plan(sizes, cap)  # the reference keeps the rule
 
 
-def test_caps_giving_a_count_really_give_it(costs: ModuleType) -> None:
+def test_caps_giving_a_count_really_give_it(cases: ModuleType) -> None:
     sizes = [64, 4096, 64, 4096, 64, 4096, 32, 512]
     rng = np.random.default_rng(1)
     for count in (1, 2, 3, 4):
-        ranges = costs.caps_giving(sizes, count)
+        ranges = cases.caps_giving(sizes, count)
         assert ranges, count
         for lo, hi in ranges:
-            assert len(costs.plan_buckets(sizes, lo)) == count
-            assert len(costs.plan_buckets(sizes, hi - 1)) == count
+            assert len(cases.plan_buckets(sizes, lo)) == count
+            assert len(cases.plan_buckets(sizes, hi - 1)) == count
         for _ in range(20):
-            cap = costs.pick_cap(sizes, count, rng)
-            assert len(costs.plan_buckets(sizes, cap)) == count
+            cap = cases.pick_cap(sizes, count, rng)
+            assert len(cases.plan_buckets(sizes, cap)) == count
             # Never exactly a run's size: "at most the cap" and "below the cap" agree on it.
             assert cap not in {sum(sizes[i:j]) for i in range(len(sizes)) for j in range(i + 1, len(sizes) + 1)}
     with pytest.raises(ValueError):
-        costs.pick_cap(sizes, 99, rng)
+        cases.pick_cap(sizes, 99, rng)
 
 
-def test_union_length_and_hidden_fraction(costs: ModuleType) -> None:
-    assert costs.union_length([]) == 0.0
-    assert costs.union_length([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
-    assert costs.union_length([(0, 10), (2, 3)]) == pytest.approx(10.0)
-    assert costs.hidden_fraction(0.0, 5.0) == 1.0
-    assert costs.hidden_fraction(5.0, 5.0) == 0.0
-    assert costs.hidden_fraction(1.0, 4.0) == pytest.approx(0.75)
-    assert costs.hidden_fraction(1.0, 0.0) == 0.0
+def test_union_length_and_hidden_fraction(judging: ModuleType) -> None:
+    assert judging.union_length([]) == 0.0
+    assert judging.union_length([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+    assert judging.union_length([(0, 10), (2, 3)]) == pytest.approx(10.0)
+    assert judging.hidden_fraction(0.0, 5.0) == 1.0
+    assert judging.hidden_fraction(5.0, 5.0) == 0.0
+    assert judging.hidden_fraction(1.0, 4.0) == pytest.approx(0.75)
+    assert judging.hidden_fraction(1.0, 0.0) == 0.0
 
 
-def test_windows_read_backward_compute_launches_and_waits(costs: ModuleType) -> None:
+def test_windows_read_backward_compute_launches_and_waits(judging: ModuleType) -> None:
     events = [
         ("mark", "step", 0, 0), ("compute", 1.0, "forward", 0, 0),
         ("mark", "backward", 0, 0),
@@ -118,15 +123,15 @@ def test_windows_read_backward_compute_launches_and_waits(costs: ModuleType) -> 
     ]
     spans = ((0, 0), (0, 1), (1, 1), (1, 3), (3, 3), (3, 5), (5, 5), (5, 5.5), (5.5, 6.5),
              (6.5, 7), (7, 7))
-    [w] = costs.windows(events, spans)
+    [w] = judging.windows(events, spans)
     assert (w.begin, w.end, w.compute_s, w.compute_end) == (1, 7, 5.0, 6.5)
     assert w.launches == (3, 5)
     assert w.blocked_in_backward == pytest.approx(0.5)
 
 
-def test_backward_work_is_declared_just_before_each_layers_gradients(training: ModuleType) -> None:
-    case = training.Case("t", 1, (8, 16, 16, 4), 3, 10**9, 1, 0.1, 1e-6, side_after=0, side_used=(True,))
-    model = training.build_model(case, 0)
+def test_backward_work_is_declared_just_before_each_layers_gradients(cases: ModuleType) -> None:
+    case = cases.Case("t", 1, (8, 16, 16, 4), 3, 10**9, 1, 0.1, 1e-6, side_after=0, side_used=(True,))
+    model = cases.build_model(case, 0)
     log: list[tuple[str, Any]] = []
 
     class Clock:
@@ -137,12 +142,12 @@ def test_backward_work_is_declared_just_before_each_layers_gradients(training: M
     names = {id(p): n for n, p in model.named_parameters()}
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: log.append(("grad", names[id(p)])))
-    x, y = training.global_batch(case, 0)
+    x, y = cases.global_batch(case, 0)
     out, side = model(x, use_side=True)
     log.clear()
-    training.loss_of(out, side, y).backward()
-    sizes = {name: n for name, n, _ in training.layout(case)}
-    backward_order = [name for name, _, _ in reversed(training.layout(case))]
+    cases.loss_of(out, side, y).backward()
+    sizes = {name: n for name, n, _ in cases.layout(case)}
+    backward_order = [name for name, _, _ in reversed(cases.layout(case))]
     grads = [entry[1] for entry in log if entry[0] == "grad"]
     assert grads == backward_order  # gradients arrive in reverse parameter order
     # Each layer's backward work (2x its forward: 2 us per parameter) just before its gradients.
@@ -150,39 +155,38 @@ def test_backward_work_is_declared_just_before_each_layers_gradients(training: M
     assert log[first - 1] == ("backward", 2.0 * (sizes["fc2.weight"] + sizes["fc2.bias"]))
 
 
-def test_cases_are_hidden_variants_of_the_seed(training: ModuleType, costs: ModuleType,
-                                               variants: ModuleType) -> None:
+def test_cases_are_hidden_variants_of_the_seed(cases: ModuleType) -> None:
     class Ctx:
         def __init__(self, seed: int) -> None:
             from distlab.platforms import resolve
 
             self.seed, self.platform = seed, resolve("laptop")
 
-    a, b, again = (variants.main_cases(Ctx(1)), variants.main_cases(Ctx(2)),
-                   variants.main_cases(Ctx(1)))
+    a, b, again = (cases.main_cases(Ctx(1)), cases.main_cases(Ctx(2)),
+                   cases.main_cases(Ctx(1)))
     assert a == again and a != b
-    for cases in (a, b):
-        counts = [len(costs.plan_buckets([n for _, _, n in reversed(training.layout(c))],
+    for launch in (a, b):
+        counts = [len(cases.plan_buckets([n for _, _, n in reversed(cases.layout(c))],
                                          c.cap_bytes))
-                  for c in cases]
+                  for c in launch]
         assert counts[0] == 1 and counts[1] == 2 and counts[2] >= 3 and 6 <= counts[3] <= 8
-        sizes = [n for _, _, n in training.layout(cases[2])]
-        assert cases[2].cap_bytes < max(sizes)
-    side = variants.side_case(Ctx(1))
+        sizes = [n for _, _, n in cases.layout(launch[2])]
+        assert launch[2].cap_bytes < max(sizes)
+    side = cases.side_case(Ctx(1))
     assert any(side.side_used) and not all(side.side_used)
 
 
-def test_single_process_training_learns(training: ModuleType) -> None:
-    case = training.Case("t", 2, (8, 32, 32, 4), 11, 10**9, 40, 0.1, 0.0)
-    model = training.build_model(case, 0)
-    x, y = training.global_batch(case, 0)
-    before = float(training.loss_of(*model(x), y).detach())
-    trained = training.single_process(case)
+def test_single_process_training_learns(cases: ModuleType, programs: ModuleType) -> None:
+    case = cases.Case("t", 2, (8, 32, 32, 4), 11, 10**9, 40, 0.1, 0.0)
+    model = cases.build_model(case, 0)
+    x, y = cases.global_batch(case, 0)
+    before = float(cases.loss_of(*model(x), y).detach())
+    trained = programs.single_process(case)
     offset = 0
     for p in model.parameters():
         p.data.copy_(__import__("torch").from_numpy(trained[offset:offset + p.numel()]).view_as(p))
         offset += p.numel()
-    assert float(training.loss_of(*model(x), y).detach()) < 0.8 * before
+    assert float(cases.loss_of(*model(x), y).detach()) < 0.8 * before
 
 
 # -- end to end: the CLI on every solution --------------------------------------------------------

@@ -1,0 +1,230 @@
+"""Problem 06's cases: the model and data a case describes, the bucket rule, the hidden variants.
+
+A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that
+in backward, in proportion to their parameters), trained on synthetic regression batches sharded by
+rank. Every number of the variants comes from the session seed in a fixed order of draws, so
+``--seed`` replays a failure; each case's work per parameter makes backward compute about equal to
+its buckets' allreduce time on the platform.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from distlab.grading import CheckContext, cost
+
+PER_RANK_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    p: int
+    widths: tuple[int, ...]  # input, hidden..., output
+    seed: int
+    cap_bytes: int
+    steps: int
+    lr: float
+    forward_s_per_param: float  # declared forward seconds per parameter; backward is twice that
+    side_after: int | None = None  # a side head hangs after this layer (None: no side head)
+    side_used: tuple[bool, ...] = ()  # per step: does the loss use the side head
+
+    def uses_side(self, step: int) -> bool:
+        return self.side_after is not None and self.side_used[step]
+
+    def backward_sizes(self) -> list[int]:
+        """The gradients' bytes in the order backward produces them: reverse parameter order."""
+        return [n for _, _, n in reversed(layout(self))]
+
+    def buckets(self) -> list[list[int]]:
+        return plan_buckets(self.backward_sizes(), self.cap_bytes)
+
+
+# -- the model: each layer declares its work on the virtual clock --------------------------------
+
+
+class Net(torch.nn.Module):
+    """Linear layers with ReLU between; optionally a one-output side head after one layer,
+    registered right after it (so its parameters sit in the middle of the parameter order)."""
+
+    def __init__(self, widths: tuple[int, ...], side_after: int | None = None) -> None:
+        super().__init__()
+        self.depth = len(widths) - 1
+        self.side_after = side_after
+        for i in range(self.depth):
+            setattr(self, f"fc{i}", torch.nn.Linear(widths[i], widths[i + 1]))
+            if i == side_after:
+                self.side = torch.nn.Linear(widths[i + 1], 1)
+        self.comm = None  # set on the ranks: layers then declare their work
+        self.forward_s_per_param = 0.0
+
+    def _timed(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        y, comm = layer(x), self.comm
+        if comm is not None:
+            seconds = self.forward_s_per_param * sum(p.numel() for p in layer.parameters())
+            comm.compute(seconds=seconds, label="forward")
+
+            def backward_work(grad: torch.Tensor) -> None:
+                """Runs as backward reaches the layer, just before its own gradients come."""
+                comm.compute(seconds=2 * seconds, label="backward")
+
+            y.register_hook(backward_work)
+        return y
+
+    def forward(self, x: torch.Tensor, use_side: bool = False):  # type: ignore[override]
+        side_out = None
+        for i in range(self.depth):
+            x = self._timed(getattr(self, f"fc{i}"), x)
+            if i < self.depth - 1:
+                x = torch.relu(x)
+            if i == self.side_after and use_side:
+                side_out = self._timed(self.side, x)
+        return x, side_out
+
+
+def build_model(case: Case, rank: int) -> Net:
+    """Every rank starts from its own random weights; rank 0's are the single-process model's."""
+    torch.manual_seed(case.seed + 7919 * rank)
+    return Net(case.widths, case.side_after)
+
+
+def layout(case: Case) -> list[tuple[str, int, int]]:
+    """(name, number of elements, bytes) of every parameter, in parameter order."""
+    return [(name, p.numel(), p.numel() * p.element_size())
+            for name, p in Net(case.widths, case.side_after).named_parameters()]
+
+
+def global_batch(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s batch over all ranks: rows [r*b, (r+1)*b) are rank r's shard."""
+    d_in, d_out = case.widths[0], case.widths[-1]
+    teacher = np.random.default_rng([case.seed, 5]).standard_normal((d_in, d_out)) / math.sqrt(d_in)
+    rng = np.random.default_rng([case.seed, 17, step])
+    x = rng.standard_normal((case.p * PER_RANK_BATCH, d_in))
+    y = np.tanh(x @ teacher) + 0.1 * rng.standard_normal((x.shape[0], d_out))
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
+
+
+def loss_of(out: torch.Tensor, side_out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    loss = torch.nn.functional.mse_loss(out, y)
+    if side_out is not None:
+        loss = loss + 0.5 * torch.nn.functional.mse_loss(side_out, y[:, :1])
+    return loss
+
+
+# -- the bucket rule of the card, and caps that give a wanted number of buckets -------------------
+
+
+def plan_buckets(nbytes: list[int], cap_bytes: int) -> list[list[int]]:
+    """Consecutive tensors (``nbytes`` in reverse parameter order), a new bucket when the next
+    one would pass the cap; a tensor over the cap gets its own."""
+    buckets: list[list[int]] = []
+    filled = 0
+    for i, n in enumerate(nbytes):
+        if not buckets or filled + n > cap_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(i)
+        filled += n
+    return buckets
+
+
+def caps_giving(nbytes: list[int], count: int) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) of caps for which ``plan_buckets`` makes exactly ``count`` buckets.
+
+    The count only changes where the cap crosses the size of a run of consecutive tensors."""
+    sums = sorted({sum(nbytes[i:j]) for i in range(len(nbytes)) for j in range(i + 1, len(nbytes) + 1)})
+    edges = sums + [2 * sums[-1] + 1]
+    return [(lo, hi) for lo, hi in itertools.pairwise(edges)
+            if len(plan_buckets(nbytes, lo)) == count]
+
+
+def pick_cap(nbytes: list[int], count: int, rng: np.random.Generator) -> int:
+    """A cap strictly inside a range giving ``count`` buckets (never equal to a bucket's size)."""
+    ranges = [(lo, hi) for lo, hi in caps_giving(nbytes, count) if hi - lo > 2]
+    if not ranges:
+        raise ValueError(f"no cap gives {count} buckets for sizes {nbytes}")
+    lo, hi = ranges[int(rng.integers(len(ranges)))]
+    return int(rng.integers(lo + 1, hi))
+
+
+# -- the hidden variants --------------------------------------------------------------------------
+
+
+def _widths(rng: np.random.Generator, depth: tuple[int, int] = (4, 7)) -> tuple[int, ...]:
+    """A narrow input, ``depth`` (low, high inclusive) hidden layers of like width, a narrow output."""
+    hidden = [int(rng.integers(8, 13)) * 16 for _ in range(int(rng.integers(depth[0], depth[1] + 1)))]
+    return (int(rng.integers(2, 5)) * 8, *hidden, int(rng.integers(1, 3)) * 8)
+
+
+def _shape(widths: tuple[int, ...], side_after: int | None = None) -> Case:
+    """A case that only says which parameters the model has (for its sizes)."""
+    return Case("", 1, widths, 0, 0, 1, 0.0, 0.0, side_after)
+
+
+def _timed(case: Case, t: CheckContext, ratio: float) -> Case:
+    """The case with forward work per parameter set so that backward work = ratio x the buckets'
+    allreduce time alone (rings on the platform's slowest neighbour link)."""
+    routes = [t.platform.route(r, (r + 1) % case.p) for r in range(case.p)]
+    alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
+    sizes = case.backward_sizes()
+    comm_s = sum(cost.ring_allreduce_time(case.p, sum(sizes[i] for i in b), alpha, beta)
+                 for b in case.buckets())
+    params = sum(n for _, n, _ in layout(case))
+    return replace(case, forward_s_per_param=ratio * comm_s / (2 * params))
+
+
+def main_cases(t: CheckContext) -> list[Case]:
+    """The cases of the main launch: one bucket, two, a cap below the largest tensor, overlap."""
+    rng = np.random.default_rng([t.seed, 6])
+    steps, lr = int(rng.integers(3, 6)), float(rng.choice([0.05, 0.08, 0.1]))
+
+    def case(label: str, p: int, buckets: int | str) -> Case:
+        widths = _widths(rng)
+        sizes = _shape(widths).backward_sizes()
+        if buckets == "below":  # a cap below the largest tensor: that tensor is a bucket alone
+            cap = int(rng.integers(max(sizes) // 3, max(sizes) * 2 // 3))
+        else:
+            cap = pick_cap(sizes, int(buckets), rng)
+        plain = Case(label, p, widths, int(rng.integers(1 << 30)), cap, steps, lr, 0.0)
+        return _timed(plain, t, float(rng.uniform(0.9, 1.1)))
+
+    # Many layers of similar size and 6-8 buckets: the last bucket, which nothing can hide, is a
+    # small part of the traffic. (Its seed is drawn before its cap: the order of the draws stays.)
+    widths = _widths(rng, depth=(7, 9))
+    count, seed = int(rng.integers(6, 9)), int(rng.integers(1 << 30))
+    plain = Case("the overlap case (p = 4)", 4, widths, seed,
+                 pick_cap(_shape(widths).backward_sizes(), count, rng), steps, lr, 0.0)
+    overlap = _timed(plain, t, float(rng.uniform(0.95, 1.05)))
+    one = case("one bucket (p = 2)", 2, 1)
+    p = int(rng.choice([2, 3]))
+    two = case(f"two buckets (p = {p})", p, 2)
+    p = int(rng.choice([3, 4]))
+    many = case(f"a cap below the largest tensor (p = {p})", p, "below")
+    return [one, two, many, overlap]
+
+
+def side_case(t: CheckContext) -> Case:
+    """A side head used in some steps only; its bucket holds other gradients too."""
+    rng = np.random.default_rng([t.seed, 66])
+    steps = int(rng.integers(3, 5))
+    used = [bool(b) for b in rng.integers(0, 2, size=steps)]
+    used[0], used[int(rng.integers(1, steps))] = True, False  # both kinds of step occur
+    widths = _widths(rng)
+    shape = _shape(widths, int(rng.integers(0, len(widths) - 2)))
+    sizes = shape.backward_sizes()
+    side = [i for i, (name, _, _) in enumerate(reversed(layout(shape))) if name.startswith("side.")]
+    for _ in range(100):
+        cap = pick_cap(sizes, int(rng.integers(2, 4)), rng)
+        if all(len(b) > len(side) for b in plan_buckets(sizes, cap) if set(side) & set(b)):
+            break
+    p = 2  # a launch of its own (a hang or an error ends it): kept small
+    skipped = [s for s in range(steps) if not used[s]]
+    plain = replace(shape, label=f"a side head skipped in steps {skipped} (p = {p})", p=p,
+                    seed=int(rng.integers(1 << 30)), cap_bytes=cap, steps=steps, lr=0.05,
+                    side_used=tuple(used))
+    return _timed(plain, t, 1.0)
