@@ -161,6 +161,22 @@ def test_the_rank_that_died_first_is_named_with_how_and_where(tmp_path: Path, ba
     assert "rank 2 stack" in crashed.details and "solution.py\", line 13 in crash" in crashed.details
 
 
+def test_requests_never_waited_are_named_when_the_solution_returns(tmp_path: Path) -> None:
+    solution = tmp_path / "solution.py"
+    solution.write_text(
+        "import numpy as np\n\n\ndef work(comm):\n    r, p = comm.Get_rank(), comm.Get_size()\n"
+        "    comm.Isend(np.ones(4), dest=(r + 1) % p)\n    comm.Isend(np.ones(4), dest=(r + 1) % p, tag=1)\n"
+        "    got = np.empty(4)\n    comm.Recv(got, source=(r - 1) % p)\n    comm.Recv(got, source=(r - 1) % p, tag=1)\n\n\n"
+        "def waited(comm):\n    r, p = comm.Get_rank(), comm.Get_size()\n    got = np.empty(4)\n"
+        "    req = comm.Irecv(got, source=(r - 1) % p)\n    comm.Isend(np.ones(4), dest=(r + 1) % p).Wait()\n"
+        "    while not req.Test():\n        pass\n")
+    result = run(make_job("call_solution", [Task(ranks=3, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error", result.message
+    assert result.message.startswith("rank 0: returned with 2 Isend requests never waited: MPI needs Wait")
+    clean = run(make_job("call_solution", [Task(ranks=3, args=("waited",))], solution), deadline_s=30)
+    assert clean.ok, clean.message  # Wait, and Test until true, both complete a request
+
+
 def test_sys_exit_in_the_solution_is_reported(tmp_path: Path) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text("import sys\ndef work(comm):\n    sys.exit(4)\n")

@@ -72,6 +72,9 @@ class Comm(Collectives):
         # Nonblocking collectives the online clock has not placed yet, in the order they were
         # posted, and when the last one placed ends (they queue on the group's links).
         self._unsettled: deque[Request] = deque()
+        # Every request not completed yet, by Wait/Test or their -all forms: one the learner's
+        # function returns without completing is a bug MPI punishes later (unwaited()).
+        self._outstanding: set[Request] = set()
         self._icoll_free_at = 0.0
         # Read on every call: kept as plain attributes rather than looked up through the engine.
         self._size = engine.size
@@ -86,6 +89,14 @@ class Comm(Collectives):
     @property
     def size(self) -> int:
         return self._engine.size
+
+    def unwaited(self) -> dict[str, int]:
+        """Outstanding requests by kind ("Isend", "Irecv", "Iallreduce", ...), never completed."""
+        counts: dict[str, int] = {}
+        for request in self._outstanding:
+            kind = request.kind()
+            counts[kind] = counts.get(kind, 0) + 1
+        return dict(sorted(counts.items()))
 
     def Get_rank(self) -> int:  # noqa: N802
         return self._engine.rank

@@ -116,6 +116,12 @@ class Request:
         self._posted_at = 0.0
         self._settled = False  # the online clock has placed it (see Comm._settle)
         self.arrival = 0.0  # virtual time at which it completes (set on completion for a receive)
+        comm._outstanding.add(self)
+
+    def kind(self) -> str:
+        if self._collective is not None:
+            return "I" + self._collective.lower()
+        return "Irecv" if self._is_recv else "Isend"
 
     def _peers(self) -> tuple[int, ...]:
         """What the slot shows a rank blocked on this request as waiting for."""
@@ -148,6 +154,7 @@ class Request:
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
+        self._comm._outstanding.discard(self)
         if self._collective is not None:
             if self._comm._clock is not None:
                 self._comm._settle(self)

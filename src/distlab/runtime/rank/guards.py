@@ -25,3 +25,15 @@ def forbid_finalize(backend: str) -> None:
                            "itself, and no rank can communicate after it; remove the call")
 
     MPI.Finalize = finalize
+
+
+def require_completed(unwaited: dict[str, int]) -> None:
+    """Raises when the learner's code returned with requests it never completed: MPI may still
+    read a send buffer or write a receive buffer that the code then reuses or frees, which shows
+    up much later as wrong values or a crash far from the cause."""
+    if not unwaited:
+        return
+    total = sum(unwaited.values())
+    kinds = " and ".join(f"{count} {kind}" for kind, count in unwaited.items())
+    raise EngineMisuse(f"returned with {kinds} request{'s' if total > 1 else ''} never waited: "
+                       "MPI needs Wait (or Test until it is true) before the buffer is reused or freed")

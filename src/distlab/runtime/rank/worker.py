@@ -53,7 +53,7 @@ from ..jobspec import (
 )
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
-from .guards import EngineMisuse, forbid_finalize
+from .guards import EngineMisuse, forbid_finalize, require_completed
 from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
 
 
@@ -231,6 +231,7 @@ def _run_task(
         )
         start = time.perf_counter()
         value = program(comm, solution, *task.args, **task.kwargs)
+        require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
         if group is not engine:
