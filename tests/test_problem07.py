@@ -1,4 +1,4 @@
-"""Problem 07, the gradient sync storm: check.py's pure helpers, then `distlab check 07` end to end.
+"""Problem 07, the gradient sync storm: the package's pure helpers, then `distlab check 07` end to end.
 
 The unit tests run the model, the budgets and the diagnoses in this process, with the reference
 Fusion over a fake comm (no ranks). The end-to-end tests check every solution in tests/fixtures/07/
@@ -11,6 +11,7 @@ Tune step's data) is run once too.
 from __future__ import annotations
 
 import csv
+import importlib
 import importlib.util
 import math
 import sys
@@ -24,7 +25,7 @@ import pytest
 from conftest import PROBLEMS, run_cli
 from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution, leftovers
 
-from distlab.grading import check_part
+from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 PROBLEM = PROBLEMS / "07-sync-storm"
@@ -39,14 +40,13 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
-check = _load(PROBLEM / "check.py", "problem07_check_under_test")
-# check.py's parts (check_model.py, ...), the very modules check.py loaded
-model, cases, programs, expected = (check_part(PROBLEM / "check.py", part)
-                                    for part in ("model", "cases", "programs", "expected"))
+# the problem's package modules, the very ones check.py imports (the model lives in cases.py)
+cases, programs, judging = (importlib.import_module(f"{problem_package(PROBLEM)}.{module}")
+                            for module in ("cases", "programs", "judging"))
 reference = _load(PROBLEM / "reference.py", "problem07_reference_under_test")
 
 
-# -- unit tests of check.py's helpers (in its parts) ----------------------------------------------
+# -- unit tests of the package's helpers -----------------------------------------------------------
 
 
 class FakeComm:
@@ -61,19 +61,21 @@ class FakeComm:
 
 def small_case(p: int = 1, seed: int = 3, big: bool = True) -> Any:
     rng = np.random.default_rng(seed)
-    return cases.make_case(p, rng, model.DTYPE_ORDER, big_table=big)
+    return cases.make_case(p, rng, cases.DTYPE_ORDER, big_table=big)
 
 
 def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
     case = small_case()
     spec = case.spec
-    grads = model.gradients(spec, model.init_params(spec), *model.make_batch(spec, 0, 0, 0))
-    names = model.tensor_names(spec)
-    assert len(grads) == len(names) >= 200  # hundreds of small tensors
-    assert [(str(g.dtype), g.nbytes) for g in grads] == model.step_shapes(spec)
-    assert {str(g.dtype) for g in grads} == set(model.DTYPE_ORDER)
+    grads = cases.gradients(spec, cases.init_params(spec), *cases.make_batch(spec, 0, 0, 0))
+    names = list(cases.step_shapes(spec))
+    assert list(grads) == names and len(names) >= 200  # hundreds of small tensors
+    assert [(str(g.dtype), g.nbytes) for g in grads.values()] == list(cases.step_shapes(spec).values())
+    assert {str(g.dtype) for g in grads.values()} == set(cases.DTYPE_ORDER)
+    other = cases.gradients(spec, cases.init_params(spec), *cases.make_batch(spec, 0, 1, 1))
+    assert [(str(g.dtype), g.nbytes) for g in other.values()] == list(cases.step_shapes(spec).values())
     # The fingerprints need more than float64's 53 bits, and their sums over 8 ranks fit int64.
-    fp = grads[names.index("fingerprints")]
+    fp = grads["fingerprints"]
     assert int(np.abs(fp).max()) > 2**53
     assert int(np.abs(fp).max()) * 8 < 2**63
 
@@ -82,50 +84,50 @@ def test_two_dtype_variants_carry_only_their_dtypes() -> None:
     rng = np.random.default_rng(5)
     for dtypes in (("float32", "int64"), ("float32", "float64")):
         case = cases.make_case(2, rng, dtypes, big_table=False)
-        grads = model.gradients(case.spec, model.init_params(case.spec),
-                                *model.make_batch(case.spec, 0, 0, 1))
-        assert {str(g.dtype) for g in grads} == set(dtypes)
-        assert len(grads) == len(model.tensor_names(case.spec))
+        grads = cases.gradients(case.spec, cases.init_params(case.spec),
+                                *cases.make_batch(case.spec, 0, 0, 1))
+        assert {str(g.dtype) for g in grads.values()} == set(dtypes)
+        assert len(grads) == case.tensors
 
 
 def test_budgets_and_threshold_choice() -> None:
     case = small_case()
-    by_dtype = cases.nbytes_by_dtype(case)
+    by_dtype = case.nbytes_by_dtype()
     total = sum(by_dtype.values())
-    assert cases.collective_budget(case) == math.ceil(total / case.threshold) + 3
+    assert case.collective_budget() == math.ceil(total / case.threshold) + 3
     # The big table is larger than the threshold; the ordinary float32 tensors fill 4-7 buffers.
-    assert cases.largest(case)[1] > case.threshold
-    assert by_dtype["float32"] - cases.largest(case, "float32")[1] > 4 * case.threshold
-    buffers = [min(b, case.threshold + cases.largest(case, d)[1]) for d, b in by_dtype.items()]
-    assert cases.memory_budget(case, 10) == (sum(buffers) + max(buffers) + cases.MEMORY_SLACK
-                                             + 10 * cases.SLACK_PER_CALL)
+    assert case.largest() > case.threshold
+    assert by_dtype["float32"] - case.largest("float32") > 4 * case.threshold
+    buffers = [min(b, case.threshold + case.largest(d)) for d, b in by_dtype.items()]
+    assert case.memory_budget(10) == (sum(buffers) + max(buffers) + cases.MEMORY_SLACK
+                                      + 10 * cases.SLACK_PER_CALL)
 
 
 def test_parse_bytes() -> None:
-    assert check.parse_bytes("0") == 0
-    assert check.parse_bytes("65536") == 65536
-    assert check.parse_bytes("64K") == check.parse_bytes("64KiB") == 65536
-    assert check.parse_bytes("1M") == 1 << 20
-    assert check.parse_bytes("1.5k") == 1536
+    assert programs.parse_bytes("0") == 0
+    assert programs.parse_bytes("65536") == 65536
+    assert programs.parse_bytes("64K") == programs.parse_bytes("64KiB") == 65536
+    assert programs.parse_bytes("1M") == 1 << 20
+    assert programs.parse_bytes("1.5k") == 1536
 
 
 def test_auc() -> None:
     labels = np.array([0, 0, 1, 1.0])
-    assert model.auc(np.array([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
-    assert model.auc(np.array([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
-    assert model.auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5  # ties count half
+    assert programs.auc(np.array([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
+    assert programs.auc(np.array([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
+    assert programs.auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5  # ties count half
     rng = np.random.default_rng(0)
     scores, labels = rng.integers(0, 5, 120).astype(float), (rng.random(120) < 0.4).astype(float)
     pos, neg = scores[labels > 0.5], scores[labels < 0.5]
     pairs = np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
-    assert model.auc(scores, labels) == pytest.approx(pairs)
+    assert programs.auc(scores, labels) == pytest.approx(pairs)
 
 
 def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
     """One rank: the sums are the tensors themselves; the calls show the packing."""
     case = small_case()
     spec = case.spec
-    grads = model.gradients(spec, model.init_params(spec), *model.make_batch(spec, 0, 0, 0))
+    grads = list(cases.gradients(spec, cases.init_params(spec), *cases.make_batch(spec, 0, 0, 0)).values())
     before = [g.copy() for g in grads]
     comm = FakeComm()
     fusion = reference.Fusion(comm, case.threshold)
@@ -135,13 +137,13 @@ def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
             fusion.add(g)
         fusion.flush()
         assert all(np.array_equal(a, b) for a, b in zip(grads, before))
-        assert len(comm.calls) <= cases.collective_budget(case)
+        assert len(comm.calls) <= case.collective_budget()
         for dtype, nbytes in comm.calls:
-            assert nbytes <= case.threshold + cases.largest(case, dtype)[1]
-        sent = {d: sum(n for dd, n in comm.calls if dd == d) for d in model.DTYPE_ORDER}
-        assert sent == cases.nbytes_by_dtype(case)  # every byte once, each in its own dtype
+            assert nbytes <= case.threshold + case.largest(dtype)
+        sent = {d: sum(n for dd, n in comm.calls if dd == d) for d in cases.DTYPE_ORDER}
+        assert sent == case.nbytes_by_dtype()  # every byte once, each in its own dtype
         # every buffer but the last of its dtype holds at least the threshold
-        for dtype in model.DTYPE_ORDER:
+        for dtype in cases.DTYPE_ORDER:
             sizes = [n for d, n in comm.calls if d == dtype]
             assert all(n >= case.threshold for n in sizes[:-1])
     assert fusion.pending == {}
@@ -154,13 +156,13 @@ def test_reference_fusion_keeps_the_budgets_on_a_fake_comm() -> None:
 
 def test_per_tensor_sums_and_single_process_training() -> None:
     case = small_case(p=3, big=False)
-    per_rank, want = expected.first_step(case)
+    per_rank, want = judging.first_step(case)
     assert len(per_rank) == 3
     for i in (0, 1, 2, len(want) - 1):
         assert want[i].dtype == per_rank[0][i].dtype
         assert np.array_equal(want[i], per_rank[0][i] + per_rank[1][i] + per_rank[2][i])
-    final = expected.single_process_training(case)
-    start = model.flat_params(model.init_params(case.spec))
+    final = judging.single_process_training(case)
+    start = cases.flat_params(cases.init_params(case.spec))
     assert len(final) == len(start)
     assert all(np.isfinite(a).all() for a in final)
     assert any(not np.array_equal(a, b) for a, b in zip(final, start))
@@ -168,55 +170,51 @@ def test_per_tensor_sums_and_single_process_training() -> None:
 
 def test_diagnoses_name_the_symptoms() -> None:
     case = small_case(p=2, big=False)
-    per_rank, want = expected.first_step(case)
+    per_rank, want = judging.first_step(case)
     own = per_rank[0]
     step = programs.StepRecord({"Allreduce": 9}, 0, [], 0)
-    assert expected.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
+    assert judging.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
 
     # float64 through a float32 buffer
     got = [w.copy() for w in want]
     i64 = next(i for i, w in enumerate(want) if w.dtype == np.float64 and w.size > 4)
     got[i64] = want[i64].astype(np.float32).astype(np.float64)
-    message = expected.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, step)
     assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
 
     # int64 through a float64 buffer
     got = [w.copy() for w in want]
-    fp = model.tensor_names(case.spec).index("fingerprints")
+    fp = list(cases.step_shapes(case.spec)).index("fingerprints")
     got[fp] = want[fp].astype(np.float64).astype(np.int64)
-    message = expected.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, step)
     assert message and "floating-point buffer" in message
 
     # the last tensors of each dtype never reduced
     got = [w.copy() for w in want]
     for i in (len(want) - 1, len(want) - 2, len(want) - 3):
         got[i] = own[i].copy()
-    message = expected.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, step)
     assert message and "the last partial buffer was never sent" in message
 
     # nothing reduced at all
     nothing = programs.StepRecord({}, 0, [], 0)
-    message = expected.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
+    message = judging.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
     assert message and "no collective at all" in message
 
     # averaged instead of summed
     got = [w / 2 if w.dtype.kind == "f" else w.copy() for w in want]
-    message = expected.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, step)
     assert message and "divided by p" in message
 
 
 def test_plan_is_a_pure_function_of_the_seed() -> None:
-    class Ctx:
-        def __init__(self, seed: int) -> None:
-            self.seed = seed
-
     plan = cases.plan_for
-    a, b, c = plan(Ctx(1)), plan(Ctx(1)), plan(Ctx(2))  # type: ignore[arg-type]
+    a, b, c = plan(1), plan(1), plan(2)
     assert a == b and a != c
     assert [case.p for case in a.cases][:3] == [1, 2, 4] and a.cases[3].p in (3, 5)
     assert a.world <= 8
     for case in a.cases:
-        assert 200 <= len(model.tensor_names(case.spec)) or len(case.spec.dtypes) == 2
+        assert 200 <= case.tensors or len(case.spec.dtypes) == 2
 
 
 # -- end to end, through the CLI ------------------------------------------------------------------
