@@ -46,6 +46,8 @@ def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(t
     os.utime(work, (later, later))
     graded = run_cli("exam", "--out", str(folder), "--submit")
     assert graded.returncode == 0
+    said = graded.stdout.find("was changed after the deadline")
+    assert 0 <= said < graded.stdout.find("score "), graded.stdout  # late is said before any score
     problem = json.loads((folder / "results.json").read_text())["problems"][0]
     assert problem["late"] is True and problem["bypass"] == ["mpi4py"] and problem["score"] == 0
     page = (folder / "report.html").read_text()

@@ -133,6 +133,8 @@ def test_a_stop_never_continued_ends_at_the_deadline_naming_the_fault() -> None:
     assert result.status == "timeout"
     assert "rank 1 was stopped (SIGSTOP) at step 2 by fault[0] and was not continued" in result.message
     assert "still computing" not in result.message  # a frozen rank computes nothing
+    assert "rank 1 is stopped (SIGSTOP) by fault[0]" in result.details
+    assert "rank 1 is running" not in result.details
     assert "process faults applied" in result.details
     assert time.monotonic() - started < 10
 

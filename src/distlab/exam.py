@@ -135,6 +135,10 @@ def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
         shutil.copyfile(work, kept)
         digest = hashlib.sha256(kept.read_bytes()).hexdigest()
         late = work.stat().st_mtime > exam.deadline
+        if late:  # said first, so the score printed below is not taken for the grade
+            console.print(f"{number}: {work.name} was changed after the deadline "
+                          f"({_iso(work.stat().st_mtime)}, deadline {_iso(exam.deadline)}): "
+                          "it is checked, and scored 0", markup=False, highlight=False)
         options = Options(seed=exam.seeds[number], mpi_monitoring=True)
         results = check_problem(entry, kept, options, ConsoleReporter(console))
         doc = results.to_json()

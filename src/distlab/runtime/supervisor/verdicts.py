@@ -125,15 +125,10 @@ def conclude(
                     f"; {a.describe()} and was not continued" for a in faults.stops.values()
                 )
                 result.message += "".join(f"; {k}" for k in faults.killed.values())
-        result.details = graph.describe() + "\n\n" + stacks(job_dir, job.world_size)
-        if faults is not None and faults.stops:
-            # The slot of a frozen rank shows the call it was stopped in, not a wait of its own.
-            frozen = "".join(
-                f"rank {a.rank} is frozen by fault[{i}] (SIGSTOP): its line below is where it "
-                "stopped, and it has no stack to show\n"
-                for i, a in faults.stops.items()
-            )
-            result.details = frozen + result.details
+        # The slot of a frozen rank shows the call it was stopped in, not a wait of its own.
+        frozen = {a.rank: f"rank {a.rank} is stopped (SIGSTOP) by fault[{i}]: it computes nothing "
+                          "and has no stack to show" for i, a in (faults.stops.items() if faults else ())}
+        result.details = graph.describe(frozen) + "\n\n" + stacks(job_dir, job.world_size)
         if faults is not None and faults.killed:
             result.details = _dead_lines(faults) + result.details
         blocked = [s.task for s in states if s.state == "blocked"]

@@ -16,8 +16,11 @@ class WaitForGraph:
     edges: dict[int, tuple[int, ...]]
     cycle: tuple[int, ...] | None
 
-    def describe(self) -> str:
-        lines = [s.describe() for s in sorted(self.states.values(), key=lambda s: s.rank)]
+    def describe(self, instead: dict[int, str] | None = None) -> str:
+        """One line per rank (``instead`` replaces a rank's line: a rank the fault plan froze
+        keeps the slot of the call it was stopped in), then the cycle if there is one."""
+        instead = instead or {}
+        lines = [instead.get(s.rank) or s.describe() for s in sorted(self.states.values(), key=lambda s: s.rank)]
         if self.cycle:
             lines.append(cycle_sentence(self.cycle) + ": a cycle, so none of them can go on")
         return "\n".join(lines)
