@@ -103,3 +103,10 @@ def token_steps(comm, solution, steps, pause_s):
             comm.Recv(token, source=rank - 1)
             comm.Send(token, dest=(rank + 1) % size)
     return int(os.environ.get("DISTLAB_ATTEMPT", "-1"))
+
+
+def address_space_limit(comm, solution):
+    """The soft address-space limit the rank runs under, in MiB."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0] >> 20

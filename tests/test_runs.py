@@ -99,3 +99,17 @@ def test_only_the_front_door_starts_jobs() -> None:
         and any(name.endswith(tuple(starters)) for name in _imports(path))
     )
     assert callers == ["runs.py"]
+
+
+def test_the_memory_limit_is_a_share_of_the_machine_not_4_gib_per_rank() -> None:
+    from distlab.runtime.jobspec import Limits
+    from distlab.runtime.supervisor.memory import FLOOR_MB, budget
+
+    gib = 1 << 30
+    assert budget(Limits(), 2, 24 * gib).address_space_mb == 4096  # room for 4 GiB each
+    assert budget(Limits(), 8, 24 * gib).address_space_mb == int(24 * gib * 0.9 / 8) >> 20  # 2764
+    assert budget(Limits(), 64, 24 * gib).address_space_mb == FLOOR_MB
+    assert budget(Limits(address_space_mb=900), 2, 24 * gib).address_space_mb == 900  # a lower one stays
+    done = run(Program(PROGRAMS, "address_space_limit"), [Task(ranks=2)], run_options())
+    assert done.ok, done.result.message
+    assert done.tasks[0].values == [budget(Limits(), 2).address_space_mb] * 2

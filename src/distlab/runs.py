@@ -26,6 +26,7 @@ from .runtime.comm.stats import CommStats
 from .runtime.faults.plans import FaultPlan, load_fault_plan
 from .runtime.jobspec import Limits, Task, TaskOutcome, make_job, problem_programs
 from .runtime.supervisor import LaunchResult, launch
+from .runtime.supervisor.memory import budget as memory_budget
 from .runtime.trace.events import COLL, Event
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ def run(
             task.platform.check_world(task.ranks)
     job = make_job(
         program.file, program.name, tasks, options.backend, program.solution,
-        program_module=program.module, limits=options.limits, platform=platform,
+        program_module=program.module, platform=platform,
+        limits=memory_budget(options.limits, max(task.ranks for task in tasks)),
         faults=options.faults, online_clock=online_clock, mpi_monitoring=options.mpi_monitoring,
     )
     result = launch(job, deadline_s=deadline_s or options.deadline_s, stall_s=stall_s)
