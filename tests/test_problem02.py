@@ -1,8 +1,8 @@
 """Problem 02, the alpha-beta model: the checks' pure helpers, then `distlab check 02` end to end.
 
-The unit tests run the pure helpers of check.py's parts (check_models.py's formulas,
-check_scenario.py's hidden cluster and cases, check_judging.py's diagnoses) in this process (no
-ranks), and prove what the ring check relies on: the replay charges a ring Allreduce on the hidden
+The unit tests run the pure helpers of the problem's package (cases.py's formulas, hidden cluster
+and cases, judging.py's diagnoses, programs.py's plain values) in this process (no ranks), and
+prove what the ring check relies on: the replay charges a ring Allreduce on the hidden
 cluster exactly 2(p-1) max over links of (alpha + n/p beta), and at the two sizes the check
 times, a prediction from the slowest alpha and the slowest beta is within 10% of that.
 The end-to-end tests check every solution in tests/fixtures/02/ once, through the real CLI on real
@@ -13,6 +13,7 @@ mpiexec or prterun may outlive a command. All runs use one seed, so a failure he
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import math
 import sys
@@ -26,6 +27,7 @@ from conftest import PROBLEMS
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
 from distlab.runtime.clock.replay import replay
+from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 PROBLEM = PROBLEMS / "02-alpha-beta"
@@ -40,9 +42,9 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
-check = _load(PROBLEM / "check.py", "problem02_check_under_test")
-# its parts, loaded by check.py: the pure helpers are called where they live
-models, scenario, programs, judging = check.models, check.scenario, check.programs, check.judging
+# the problem's package: the pure helpers are called where they live
+cases, programs, judging = (importlib.import_module(f"{problem_package(PROBLEM)}.{name}")
+                            for name in ("cases", "programs", "judging"))
 reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
 
 
@@ -51,27 +53,27 @@ reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
 
 def test_formulas_by_hand() -> None:
     a, b, n = 2e-6, 1e-9, 1000.0  # n beta = 1 us
-    assert models.formula("ring", 4, n, a, b) == pytest.approx(6 * a + 1.5 * n * b)
-    assert models.formula("recursive_doubling", 8, n, a, b) == pytest.approx(3 * (a + n * b))
-    assert models.formula("binomial_tree", 8, n, a, b) == pytest.approx(6 * (a + n * b))
-    assert models.formula("rabenseifner", 8, n, a, b) == pytest.approx(6 * a + 1.75 * n * b)
+    assert cases.formula("ring", 4, n, a, b) == pytest.approx(6 * a + 1.5 * n * b)
+    assert cases.formula("recursive_doubling", 8, n, a, b) == pytest.approx(3 * (a + n * b))
+    assert cases.formula("binomial_tree", 8, n, a, b) == pytest.approx(6 * (a + n * b))
+    assert cases.formula("rabenseifner", 8, n, a, b) == pytest.approx(6 * a + 1.75 * n * b)
     # ceil(lg p) for trees over p ranks that are not a power of two
-    assert models.formula("binomial_tree", 6, n, a, b) == pytest.approx(6 * (a + n * b))
-    for algorithm in models.ALGORITHMS:
-        assert models.formula(algorithm, 1, n, a, b) == 0.0
-    assert [models.lg(p) for p in (1, 2, 3, 4, 5, 8, 9, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10]
+    assert cases.formula("binomial_tree", 6, n, a, b) == pytest.approx(6 * (a + n * b))
+    for algorithm in cases.ALGORITHMS:
+        assert cases.formula(algorithm, 1, n, a, b) == 0.0
+    assert [cases.lg(p) for p in (1, 2, 3, 4, 5, 8, 9, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10]
     with pytest.raises(ValueError):
-        models.formula("tree", 4, n, a, b)
+        cases.formula("tree", 4, n, a, b)
 
 
 def test_reference_predict_and_choose_agree_with_the_checker() -> None:
     rng = np.random.default_rng(0)
-    for case in scenario.draw_predict_cases(rng):
-        want = models.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
+    for case in cases.draw_predict_cases(rng):
+        want = cases.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
         assert reference.predict(case.algorithm, case.p, case.n, case.alpha, case.beta) == \
             pytest.approx(want, rel=1e-12, abs=1e-300)
-    cases = scenario.draw_choose_cases(rng)
-    assert judging.judge_choices(cases, [reference.choose(c.p, c.n, c.alpha, c.beta) for c in cases]) is None
+    grid = cases.draw_choose_cases(rng)
+    assert judging.judge_choices(grid, [reference.choose(c.p, c.n, c.alpha, c.beta) for c in grid]) is None
 
 
 def test_reference_fit_recovers_a_line() -> None:
@@ -83,39 +85,39 @@ def test_reference_fit_recovers_a_line() -> None:
 def test_crossover_is_where_the_choice_flips() -> None:
     for p in (4, 16, 1024, 5, 6, 100):
         a, b = 3e-6, 1e-10
-        cross = models.crossover(p, a, b)
+        cross = cases.crossover(p, a, b)
         assert cross is not None and cross > 0
-        small, large = models.fastest(p, cross / 1.01, a, b), models.fastest(p, cross * 1.01, a, b)
-        assert small & set(models.LATENCY_OPTIMAL) and not large & set(models.LATENCY_OPTIMAL), p
+        small, large = cases.fastest(p, cross / 1.01, a, b), cases.fastest(p, cross * 1.01, a, b)
+        assert small & set(cases.LATENCY_OPTIMAL) and not large & set(cases.LATENCY_OPTIMAL), p
     # p = 2: recursive doubling wins everywhere; p = 3: the ring wins everywhere.
-    assert models.crossover(2, 3e-6, 1e-10) is None and models.fastest(2, 1e12, 3e-6, 1e-10) == {"recursive_doubling"}
-    assert models.crossover(3, 3e-6, 1e-10) is None and models.fastest(3, 1, 3e-6, 1e-10) == {"ring"}
+    assert cases.crossover(2, 3e-6, 1e-10) is None and cases.fastest(2, 1e12, 3e-6, 1e-10) == {"recursive_doubling"}
+    assert cases.crossover(3, 3e-6, 1e-10) is None and cases.fastest(3, 1, 3e-6, 1e-10) == {"ring"}
     # Non-powers of two never offer recursive doubling or Rabenseifner.
-    assert models.candidates(6) == ("ring", "binomial_tree")
+    assert cases.candidates(6) == ("ring", "binomial_tree")
 
 
 def test_the_choose_grid_brackets_crossovers_from_both_sides() -> None:
-    cases = scenario.draw_choose_cases(np.random.default_rng(5))
-    notes = [c.note for c in cases]
+    grid = cases.draw_choose_cases(np.random.default_rng(5))
+    notes = [c.note for c in grid]
     assert notes.count("just below the crossover") >= 4
     assert notes.count("just below the crossover") == notes.count("just above the crossover")
-    kinds = {frozenset(models.fastest(c.p, c.n, c.alpha, c.beta)) for c in cases}
-    assert {frozenset({a}) for a in models.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
+    kinds = {frozenset(cases.fastest(c.p, c.n, c.alpha, c.beta)) for c in grid}
+    assert {frozenset({a}) for a in cases.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
 
 
 # -- the hidden cluster and the ring ----------------------------------------------------------------
 
 
 def test_hidden_cluster_is_seeded_and_varied() -> None:
-    first, again, other = scenario.cluster_setup(11), scenario.cluster_setup(11), scenario.cluster_setup(12)
+    first, again, other = cases.hidden_cluster(11), cases.hidden_cluster(11), cases.hidden_cluster(12)
     assert first == again and first != other
-    platform = first.cluster.platform()
+    platform = first.platform()
     p = first.p
-    assert p in scenario.WORLD_SIZES and platform.max_ranks() == p
-    links = scenario.ring_links(platform, p)
+    assert p in cases.WORLD_SIZES and platform.max_ranks() == p
+    links = first.links
     assert len({a for a, _ in links}) > 1 and len({b for _, b in links}) > 1  # every link its own
     # link r -> r+1: both cables' latencies, the slower cable's bandwidth
-    c = first.cluster
+    c = first
     for r, (alpha, beta) in enumerate(links):
         s = (r + 1) % p
         assert alpha == pytest.approx((c.latency_us[r] + c.latency_us[s]) * 1e-6)
@@ -125,28 +127,27 @@ def test_hidden_cluster_is_seeded_and_varied() -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_ring_sizes_keep_the_slowest_link_prediction_within_10_percent(seed: int) -> None:
-    setup = scenario.cluster_setup(seed)
-    platform = setup.cluster.platform()
-    links = scenario.ring_links(platform, setup.p)
+    setup = cases.hidden_cluster(seed)
+    links = setup.links
     worst_a, worst_b = max(a for a, _ in links), max(b for _, b in links)
     small, large = setup.ring
     assert small % (8 * setup.p) == 0 and large % (8 * setup.p) == 0
     assert large <= 16 << 20  # a real Allreduce on 8 ranks of a 2-core machine
     for nbytes in setup.ring:
-        predicted = models.formula("ring", setup.p, nbytes, worst_a, worst_b)
-        actual = models.ring_replay_time(links, setup.p, nbytes)
+        predicted = cases.formula("ring", setup.p, nbytes, worst_a, worst_b)
+        actual = cases.ring_replay_time(links, setup.p, nbytes)
         assert actual * (1 - 1e-12) <= predicted <= 1.08 * actual
 
 
 @pytest.mark.parametrize("seed", [0, 3, 9])
 def test_replay_charges_the_built_in_ring_its_slowest_link(seed: int) -> None:
-    setup = scenario.cluster_setup(seed)
-    platform = setup.cluster.platform()
+    setup = cases.hidden_cluster(seed)
+    platform = setup.platform()
     p = setup.p
     for nbytes in (*setup.ring, 8 * p * 1000):
         traces = {r: [("coll", "Allreduce", tuple(range(p)), 0, nbytes, -1, 0.0, 0.0)] for r in range(p)}
         assert replay(traces, platform).makespan == pytest.approx(
-            models.ring_replay_time(scenario.ring_links(platform, p), p, nbytes), rel=1e-9)
+            cases.ring_replay_time(setup.links, p, nbytes), rel=1e-9)
 
 
 # -- the diagnoses --------------------------------------------------------------------------------
@@ -183,24 +184,24 @@ def test_unusable_measure_values_are_described() -> None:
 
 def test_prediction_verdicts_name_the_symptom() -> None:
     a, b = 2e-6, 1e-9
-    rab = scenario.Case("rabenseifner", 8, 10**6, a, b)
+    rab = cases.Case("rabenseifner", 8, 10**6, a, b)
     wrong = 2 * 3 * a + 2 * 7 * 3 / 8 * 10**6 * b
     assert "(p-1) lg p" in str(judging.judge_prediction(rab, wrong))
-    tree = scenario.Case("binomial_tree", 8, 10**6, a, b)
+    tree = cases.Case("binomial_tree", 8, 10**6, a, b)
     assert "one tree" in str(judging.judge_prediction(tree, 3 * (a + 10**6 * b)))
-    odd = scenario.Case("binomial_tree", 6, 10**6, a, b)
+    odd = cases.Case("binomial_tree", 6, 10**6, a, b)
     assert "ceil(lg p) = 3" in str(judging.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
     assert "ZeroDivisionError" in str(judging.judge_prediction(tree, programs.Raised("ZeroDivisionError: x")))
-    assert judging.judge_prediction(tree, models.formula("binomial_tree", 8, 10**6, a, b)) is None
+    assert judging.judge_prediction(tree, cases.formula("binomial_tree", 8, 10**6, a, b)) is None
 
 
 def test_choice_verdicts_name_the_symptom() -> None:
-    cases = scenario.draw_choose_cases(np.random.default_rng(1))
-    always = judging.judge_choices(cases, ["ring"] * len(cases))
+    grid = cases.draw_choose_cases(np.random.default_rng(1))
+    always = judging.judge_choices(grid, ["ring"] * len(grid))
     assert always is not None and "answered 'ring' for all" in always
-    small = scenario.Case("", 16, 8, 5e-6, 1e-10)
-    big = scenario.Case("", 16, 1 << 30, 5e-6, 1e-10)
-    odd = scenario.Case("", 6, 1 << 30, 5e-6, 1e-10)
+    small = cases.Case("", 16, 8, 5e-6, 1e-10)
+    big = cases.Case("", 16, 1 << 30, 5e-6, 1e-10)
+    odd = cases.Case("", 6, 1 << 30, 5e-6, 1e-10)
     assert "latency-bound" in str(judging.judge_choices([small, big], ["rabenseifner", "rabenseifner"]))
     assert "bandwidth-bound" in str(judging.judge_choices([small, big], ["recursive_doubling"] * 2))
     assert "not a power of two" in str(judging.judge_choices([odd, small], ["rabenseifner", "recursive_doubling"]))

@@ -1,0 +1,241 @@
+"""Problem 02's model and cases: the textbook costs (the expectations), then the hidden cluster and
+the formula cases, drawn from the seed (the order of the draws is part of what a seed means)."""
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from distlab.grading import Platform, cost, parse_platform
+
+ALGORITHMS = ("ring", "recursive_doubling", "binomial_tree", "rabenseifner")
+LATENCY_OPTIMAL = ("recursive_doubling", "binomial_tree")
+FORMULA_RTOL = 1e-9
+WORLD_SIZES = (3, 4, 5, 6, 8)
+SPIKE_PROBABILITY = 0.05  # of each message, on the shared cluster
+
+Link = tuple[float, float]  # (alpha in seconds, beta in seconds per byte)
+
+
+# -- the textbook costs ---------------------------------------------------------------------------
+
+
+lg = cost.rounds  # ceil(log2 p): the rounds of a binomial tree; log2 p exactly when p is a power of two
+
+
+def is_power_of_two(p: int) -> bool:
+    return p >= 1 and p & (p - 1) == 0
+
+
+def formula(algorithm: str, p: int, n: float, alpha: float, beta: float) -> float:
+    """Allreduce of n bytes over p ranks, every link alpha + n beta (the catalog's formulas)."""
+    if algorithm == "ring":
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+    if algorithm == "recursive_doubling":
+        return lg(p) * (alpha + n * beta)
+    if algorithm == "binomial_tree":  # a reduce to the root, then a broadcast from it
+        return 2 * lg(p) * (alpha + n * beta)
+    if algorithm == "rabenseifner":  # recursive-halving reduce-scatter + recursive-doubling allgather
+        return 2 * lg(p) * alpha + 2 * (p - 1) / p * n * beta
+    raise ValueError(f"no formula for {algorithm!r}")
+
+
+def candidates(p: int) -> tuple[str, ...]:
+    """Recursive doubling and Rabenseifner, as modelled, need p to be a power of two."""
+    return ALGORITHMS if is_power_of_two(p) else ("ring", "binomial_tree")
+
+
+def fastest(p: int, n: float, alpha: float, beta: float) -> set[str]:
+    """Every candidate whose time ties with the minimum (relative 1e-9)."""
+    times = {a: formula(a, p, n, alpha, beta) for a in candidates(p)}
+    best = min(times.values())
+    return {a for a, t in times.items() if t <= best * (1 + FORMULA_RTOL) + 1e-300}
+
+
+def crossover(p: int, alpha: float, beta: float) -> float | None:
+    """The size (bytes) where the fastest algorithm turns from latency- to bandwidth-optimal, or None
+    (for p = 1, 2 and 3, one algorithm is fastest at every size)."""
+    # per n beta, what the latency-optimal one pays more; per alpha, what it pays less
+    if is_power_of_two(p):
+        extra_beta, saved_alpha = lg(p) - 2 * (p - 1) / p, lg(p)
+    else:
+        extra_beta, saved_alpha = 2 * lg(p) - 2 * (p - 1) / p, 2 * (p - 1) - 2 * lg(p)
+    if extra_beta <= 0 or saved_alpha <= 0:
+        return None
+    return saved_alpha * alpha / (extra_beta * beta)
+
+
+def ring_replay_time(links: list[Link], p: int, nbytes: int) -> float:
+    """The replay's ring Allreduce: 2(p-1) steps, each as long as the slowest link's alpha + n/p beta."""
+    return 2 * (p - 1) * max(alpha + nbytes / p * beta for alpha, beta in links)
+
+
+def fmt_s(seconds: float) -> str:
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return repr(seconds)
+    scale, unit = (1e6, "us") if abs(seconds) < 1e-3 else (1e3, "ms") if abs(seconds) < 1 else (1, "s")
+    return f"{seconds * scale:.3g} {unit}"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:g} B"
+
+
+def fmt_beta(beta: float) -> str:
+    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        return f"{beta!r} s/B"
+    return f"{beta:.3g} s/B ({1 / beta / 1e9:.3g} GB/s)"
+
+
+# -- the hidden cluster ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """p devices, each on its own cable to one switch with its own latency and bandwidth; the sizes
+    measure is given there, and the spikes of the cluster when it is shared."""
+
+    latency_us: tuple[float, ...]
+    bandwidth_gbps: tuple[float, ...]
+    sizes: tuple[int, ...]  # six message sizes from a few bytes to about half a MiB, none round
+    spike_s: float
+    spike_seed: int
+
+    @property
+    def p(self) -> int:
+        return len(self.latency_us)
+
+    def platform(self) -> Platform:
+        """dev i in host i, and a cable from dev i to the switch."""
+        hosts = [f'  {{ name = "host{i}", kind = "host", in = "switch" }}, '
+                 f'{{ name = "dev{i}", kind = "device", in = "host{i}", profile = "gpu" }},'
+                 for i in range(self.p)]
+        cables = [f'  {{ a = "dev{i}", b = "switch", latency_us = {us!r}, bandwidth_gbps = {gbps!r} }},'
+                  for i, (us, gbps) in enumerate(zip(self.latency_us, self.bandwidth_gbps))]
+        devices = ", ".join(f'"dev{i}"' for i in range(self.p))
+        return parse_platform("\n".join([
+            "format_version = 1", 'name = "new-cluster"',
+            f'description = "the cluster that just arrived: {self.p} devices, one cable each to a switch"',
+            f"ranks = [{devices}]", "node = [", '  { name = "switch", kind = "switch" },', *hosts, "]",
+            "link = [", *cables, "]", "[profile.gpu]", "flops = 19.5e12", "memory_gib = 40",
+        ]) + "\n", where="problem 02's hidden cluster")
+
+    @cached_property
+    def links(self) -> list[Link]:
+        """(alpha, beta) of every link r -> r + 1 of the ring, as the virtual clock charges them."""
+        platform = self.platform()
+        return [(route.alpha_s, route.beta_s_per_byte)
+                for route in (platform.route(r, (r + 1) % self.p) for r in range(self.p))]
+
+    @property
+    def slowest(self) -> Link:
+        """The largest alpha and the largest beta of any link: the pace a ring moves at."""
+        return max(a for a, _ in self.links), max(b for _, b in self.links)
+
+    @cached_property
+    def ring(self) -> tuple[int, int]:
+        """Two Allreduce sizes (float64, divisible by p): one element per rank, and one where every alpha
+        is under a sixth of a chunk's wire time on the slowest link, so predicting from it is within 10%."""
+        worst_alpha, worst_beta = self.slowest
+        return 8 * self.p, 8 * math.ceil(6 * worst_alpha / worst_beta / 8) * self.p
+
+
+def hidden_cluster(seed: int) -> Cluster:
+    """A cluster class (base latency and bandwidth), every cable varied around it; then the sizes."""
+    rng = np.random.default_rng([seed, 2])
+    p = int(rng.choice(WORLD_SIZES))
+    base_us = float(np.exp(rng.uniform(np.log(0.5), np.log(5.0))))
+    base_gbps = float(np.exp(rng.uniform(np.log(10.0), np.log(100.0))))
+    latency = tuple(round(base_us * float(rng.uniform(0.7, 1.3)), 3) for _ in range(p))
+    bandwidth = tuple(round(base_gbps * float(rng.uniform(0.6, 1.2)), 2) for _ in range(p))
+    sizes = tuple(sorted({int(np.exp2(rng.uniform(lo, lo + 1.5))) for lo in (3, 7, 10.5, 13.5, 16, 18)}))
+    spike_s, spike_seed = round(float(rng.uniform(50e-6, 150e-6)), 7), int(rng.integers(1 << 31))
+    return Cluster(latency, bandwidth, sizes, spike_s, spike_seed)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """The learner's measure on every rank; rank 0 then predicts a ring of each size in ``ring``."""
+
+    sizes: tuple[int, ...]
+    ring: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    """The built-in Allreduce of nbytes (float64), whose replay the ring prediction must match."""
+
+    nbytes: int
+
+
+# -- the formula cases ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of predict or choose; n in bytes, alpha in seconds, beta in seconds per byte."""
+
+    algorithm: str  # "" for a choose case
+    p: int
+    n: int
+    alpha: float
+    beta: float
+    note: str = ""
+
+    def label(self) -> str:
+        head = f"{self.algorithm}, " if self.algorithm else ""
+        note = f" ({self.note})" if self.note else ""
+        return (f"{head}p = {self.p}, n = {fmt_bytes(self.n)}{note}, alpha = {fmt_s(self.alpha)}, "
+                f"beta = {self.beta:.3g} s/B")
+
+
+class Choice(Case):
+    """A case of choose (the other cases are of predict)."""
+
+
+def draw_predict_cases(rng: np.random.Generator) -> list[Case]:
+    """Per algorithm: p = 1, p = 2, two latency- and two bandwidth-bound cases at powers of two, an empty
+    message, and (ring and binomial tree) three p that are not powers of two."""
+
+    def draw(algorithm: str, p: int, note: str = "", bound: str = "", n: int | None = None) -> Case:
+        alpha = float(np.exp(rng.uniform(np.log(1e-7), np.log(1e-3))))
+        beta = float(np.exp(rng.uniform(np.log(1e-11), np.log(1e-8))))
+        if n is None:
+            # n beta against alpha: far below it (latency-bound), far above (bandwidth-bound)
+            lo, hi = {"latency": (-3, -1), "bandwidth": (1, 3)}.get(bound, (-3, 3))
+            n = int(min(max(10 ** rng.uniform(lo, hi) * alpha / beta, 1), 1 << 40))
+        return Case(algorithm, p, n, alpha, beta, note or (f"{bound}-bound" if bound else ""))
+
+    powers, others = [4, 8, 16, 32, 64, 128, 256, 1024], [3, 5, 6, 7, 12, 24, 100, 1000]
+    bounds = ("latency", "latency", "bandwidth", "bandwidth")
+    cases = []
+    for algorithm in ALGORITHMS:
+        cases += [draw(algorithm, 1, "one rank: nothing to do"), draw(algorithm, 2)]
+        drawn = rng.choice(powers, size=4, replace=False)
+        cases += [draw(algorithm, int(p), bound=bound) for p, bound in zip(drawn, bounds)]
+        cases.append(draw(algorithm, int(rng.choice(powers)), "empty message", n=0))
+        if algorithm in ("ring", "binomial_tree"):
+            drawn = rng.choice(others, size=3, replace=False)
+            cases += [draw(algorithm, int(p), "not a power of two") for p in drawn]
+    return [cases[i] for i in rng.permutation(len(cases))]
+
+
+def draw_choose_cases(rng: np.random.Generator) -> list[Choice]:
+    """Nine p, each with its alpha and beta: six sizes from 1 B to 1 GiB, one either side of the crossover."""
+    ps = [int(p) for p in rng.choice([2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], size=5, replace=False)]
+    ps += [int(p) for p in rng.choice([3, 5, 6, 7, 9, 12, 24, 48, 100, 1000], size=4, replace=False)]
+    cases = []
+    for p in ps:
+        alpha = float(np.exp(rng.uniform(np.log(5e-7), np.log(5e-5))))
+        beta = 8 / (float(np.exp(rng.uniform(np.log(1.0), np.log(400.0)))) * 1e9)
+        sizes = [int(np.exp2(rng.uniform(lo, lo + 5))) for lo in (0, 5, 10, 15, 20, 25)]
+        cases += [Choice("", p, n, alpha, beta) for n in sizes]
+        cross = crossover(p, alpha, beta)
+        if cross is not None and 4 <= cross <= 1 << 34:
+            cases += [Choice("", p, max(1, int(cross / 1.25)), alpha, beta, "just below the crossover"),
+                      Choice("", p, int(cross * 1.25) + 1, alpha, beta, "just above the crossover")]
+    return cases
