@@ -5,18 +5,15 @@ tests/fixtures/01/) in a child process, on real MPI ranks, with one fixed seed, 
 replays with `distlab check 01 --seed 4242 --solution ...`. Each test reads what a learner reads
 (the console) and what a tool reads (--json), and makes sure no rank outlived the command.
 
-Piece by piece: the pure helpers of check.py's parts (check_cases.py, check_programs.py,
-check_models.py, check_readings.py: the tiling of the key ranges, the balance, the out-of-step
-detector, the bound, the averaging mistakes, the byte verdict, the AUC) are called directly, with
-no process started.
+Piece by piece: the pure helpers of the problem's package (cases.py, programs.py, judging.py: the
+tiling of the key ranges, the balance, the out-of-step detector, the bound, the averaging mistakes,
+the byte verdict, the AUC) are called directly, with no process started.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,23 +21,13 @@ import pytest
 from conftest import PROBLEMS, run_cli
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
+from distlab.runtime.jobspec import problem_package
+
 SEED = 4242
-CHECK_PY = PROBLEMS / "01-sync-parameter-server" / "check.py"
-
-
-def _load_check() -> ModuleType:
-    name = "distlab_problem_01_check_under_test"
-    spec = importlib.util.spec_from_file_location(name, CHECK_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_check()
-# its parts, loaded by check.py: the pure helpers are called where they live
-cases, programs, models, readings = check.cases, check.programs, check.models, check.readings
+FOLDER = PROBLEMS / "01-sync-parameter-server"
+PACKAGE = problem_package(FOLDER)
+# the pure helpers are called where they live
+cases, programs, judging = (importlib.import_module(f"{PACKAGE}.{m}") for m in ("cases", "programs", "judging"))
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -161,32 +148,32 @@ def small_case(**changes: Any) -> Any:
 
 
 def test_tiling_names_gaps_overlaps_and_strays() -> None:
-    assert readings.tiling_problem(10, [(0, 4), (4, 10)]) is None
-    assert readings.tiling_problem(10, [(4, 10), (0, 4)]) is None  # any order of servers
-    assert readings.tiling_problem(10, [(0, 10), (10, 10)]) is None  # empty shards tile too
-    assert "keys 4..5 are held by no server" in readings.tiling_problem(10, [(0, 4), (6, 10)])
-    assert "keys 8..9 are held by no server" in readings.tiling_problem(10, [(0, 4), (4, 8)])
-    assert "another server holds too" in readings.tiling_problem(10, [(0, 6), (4, 10)])
-    assert "outside the model's 0..9" in readings.tiling_problem(10, [(0, 5), (5, 12)])
+    assert judging.tiling_problem(10, [(0, 4), (4, 10)]) is None
+    assert judging.tiling_problem(10, [(4, 10), (0, 4)]) is None  # any order of servers
+    assert judging.tiling_problem(10, [(0, 10), (10, 10)]) is None  # empty shards tile too
+    assert "keys 4..5 are held by no server" in judging.tiling_problem(10, [(0, 4), (6, 10)])
+    assert "keys 8..9 are held by no server" in judging.tiling_problem(10, [(0, 4), (4, 8)])
+    assert "another server holds too" in judging.tiling_problem(10, [(0, 6), (4, 10)])
+    assert "outside the model's 0..9" in judging.tiling_problem(10, [(0, 5), (5, 12)])
 
 
 def test_balance_ratio() -> None:
-    assert readings.balance([5, 5, 5]) == 1.0
-    assert readings.balance([4, 5]) == 1.25
-    assert readings.balance([10, 0]) == float("inf")
+    assert judging.balance([5, 5, 5]) == 1.0
+    assert judging.balance([4, 5]) == 1.25
+    assert judging.balance([10, 0]) == float("inf")
 
 
 def test_out_of_step_detector() -> None:
     workers = [2, 3]
     in_step = [("pull", 2), ("pull", 3), ("push", 3), ("push", 2),
                ("pull", 2), ("pull", 3), ("push", 2), ("push", 3)]
-    assert readings.first_out_of_step(in_step, workers) is None
+    assert judging.first_out_of_step(in_step, workers) is None
     stale = [("pull", 2), ("pull", 3), ("push", 2), ("pull", 2)]
-    message = readings.first_out_of_step(stale, workers)
+    message = judging.first_out_of_step(stale, workers)
     assert message is not None and "shard for step 1" in message and "worker rank 3" in message
     assert "stale pull" in message
     mixed = [("push", 2), ("push", 2)]
-    message = readings.first_out_of_step(mixed, workers)
+    message = judging.first_out_of_step(mixed, workers)
     assert message is not None and "push of step 1 from worker rank 2" in message
 
 
@@ -195,7 +182,7 @@ def test_step_bound_on_a_uniform_platform() -> None:
 
     case = small_case(servers=2, workers=3, keys=1001, batches=(50, 80, 20))
     platform = uniform(5, 1e-6, 1e-9, flops=1e10)
-    b = models.step_bound(case, platform)
+    b = judging.step_bound(case, platform)
     shard = 501 * 8  # ceil(1001 / 2) keys of 8 bytes
     wire = 1e-6 + max(3 * shard, 1001 * 8) * 1e-9
     assert b.wire == pytest.approx(wire)
@@ -208,20 +195,20 @@ def test_step_bound_on_a_uniform_platform() -> None:
 def test_averaging_mistakes_are_recognised() -> None:
     case = small_case()
     layout = [(0, 151), (151, 301)]
-    right = models.sgd(case)
-    assert models.close(right, models.trajectory(case, case.steps)[-1])
-    for what, weights in models.averaging_mistakes(case):
-        wrong = models.sgd(case, weights)
-        assert not models.close(wrong, right), what
-        message, named = models.diagnose_model(case, wrong, layout)
+    right = cases.sgd(case)
+    assert judging.close(right, cases.trajectory(case, case.steps)[-1])
+    for what, weights in judging.averaging_mistakes(case):
+        wrong = cases.sgd(case, weights)
+        assert not judging.close(wrong, right), what
+        message, named = judging.diagnose_model(case, wrong, layout)
         assert named and "is wrong" in message
-    message, named = models.diagnose_model(case, cases.initial_weights(case), layout)
+    message, named = judging.diagnose_model(case, cases.initial_weights(case), layout)
     assert named and "still the initial weights" in message
-    message, named = models.diagnose_model(case, models.trajectory(case, 3)[-1], layout)
+    message, named = judging.diagnose_model(case, cases.trajectory(case, 3)[-1], layout)
     assert named and "after 3 steps, not 4" in message
     broken = right.copy()
     broken[200] += 1.0
-    message, named = models.diagnose_model(case, broken, layout)
+    message, named = judging.diagnose_model(case, broken, layout)
     assert not named and "key 200" in message and "only server(s) 1" in message
 
 
@@ -248,20 +235,20 @@ def test_bytes_verdict_names_the_whole_gradient_push() -> None:
     for s in (0, 1):
         good.count_send(s, 2 * (500 * 8 + 8))
         good.count_recv(s, 2 * 500 * 8)
-    ratio, problem = readings.worker_bytes_problem(case, 0, good)
+    ratio, problem = judging.worker_bytes_problem(case, 0, good)
     assert problem is None and ratio == pytest.approx(1.001)  # the counts: 8 bytes per slice
     whole = CommStats()
     for s in (0, 1):
         whole.count_send(s, 2 * (1000 * 8 + 8))
         whole.count_recv(s, 2 * 500 * 8)
-    ratio, problem = readings.worker_bytes_problem(case, 0, whole)
+    ratio, problem = judging.worker_bytes_problem(case, 0, whole)
     assert problem is not None and "pushes the whole gradient to every server" in problem
-    ratio, problem = readings.worker_bytes_problem(case, 1, CommStats())
+    ratio, problem = judging.worker_bytes_problem(case, 1, CommStats())
     assert problem is not None and "worker rank 3" in problem and "neither pulled nor pushed" in problem
 
 
 def test_auc() -> None:
     y = np.array([0, 0, 1, 1.0])
-    assert models.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
-    assert models.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
-    assert models.auc(y, np.zeros(4)) == 0.5
+    assert programs.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
+    assert programs.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
+    assert programs.auc(y, np.zeros(4)) == 0.5

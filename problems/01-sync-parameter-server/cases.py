@@ -1,34 +1,17 @@
-"""The scenario of problem 01 in numbers: the cases, their data, and the hidden variants.
+"""The cases of problem 01 and the model each must end with: gradient descent on the global batch.
 
-A case is one run of the parameter server: S servers, W workers, D keys, each worker's batch, K
-steps, the learning rate and a seed. The seed alone makes the case's data (impressions with hashed
-features, and clicks) and its initial weights, so the supervisor and every rank build the same
-arrays without sending them. ``sweep_cases`` draws every case of a session from the session seed,
-in a fixed order: the same seed, the same variants, bit for bit.
-
-The thresholds the checks hold a solution to are here too, beside the numbers they judge.
+A case's seed alone makes its data (impressions with hashed features, and clicks) and its initial
+weights, so the supervisor and every rank build the same arrays without sending them.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import lru_cache
 
 import numpy as np
 
-from distlab.grading import CheckContext, parse_fault_plan
-
-ITEMSIZE = 8  # the model, gradients and pulls are float64
 FIELDS = 8  # categorical fields per impression: user segment, ad category, hour, device, ...
 CARDINALITY = 100  # values per field before hashing
 RTOL, ATOL = 1e-6, 1e-9  # float64 and the same arithmetic: only the summation order may differ
-BYTES_TOLERANCE = 0.05  # bytes per worker per step within 5% of one pull + one push of the model
-BALANCE_LIMIT = 1.1  # largest shard at most 1.1x the smallest
-LATE_S = 0.05  # the late worker's messages leave 50 ms late, in real time and on the virtual clock
-TIME_LIMIT = 1.10  # virtual time per step at most 10% above the bound
-
-
-# -- the data: impressions with hashed features, and clicks ----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -44,17 +27,16 @@ class Case:
     late: int | None = None  # the worker rank whose messages are held back (a fault plan)
 
     def label(self) -> str:
-        sizes = ", ".join(str(n) for n in self.batches)
         return (f"S = {self.servers}, W = {self.workers} ({self.what}), {self.keys} keys, "
-                f"batches of {sizes}, {self.steps} steps")
-
-    @property
-    def server_ranks(self) -> list[int]:
-        return list(range(self.servers))
+                f"batches of {', '.join(map(str, self.batches))}, {self.steps} steps")
 
     @property
     def worker_ranks(self) -> list[int]:
         return list(range(self.servers, self.servers + self.workers))
+
+
+class Timed(Case):
+    """The case whose virtual time is graded: every worker holds as many examples."""
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -95,28 +77,23 @@ def worker_data(case: Case, index: int) -> tuple[np.ndarray, np.ndarray]:
     return impressions(case.seed, 10 + index, case.batches[index], case.keys)
 
 
-# -- building the cases ---------------------------------------------------------------------------
-
-
-def make_case(rng: np.random.Generator, S: int, W: int, what: str, steps: int | None = None,
-              equal: bool = False) -> Case:
+def make_case(rng: np.random.Generator, S: int, W: int, what: str, steps: int = 0, equal: bool = False):
     keys = int(rng.integers(1200, 3600))
     while S > 1 and keys % S == 0:
         keys += 1  # never a multiple of S: the shards cannot all be the same size
     batches = [int(rng.integers(24, 129)) for _ in range(W)]
     if equal:
         batches = [batches[0]] * W  # the timed case: every worker computes for the same time
-    while not equal and W > 1 and len(set(batches)) == 1:
+    elif W > 1 and len(set(batches)) == 1:
         batches[-1] += 7  # never all equal: averaging over workers must differ from over examples
-    k = steps if steps is not None else int(rng.integers(5, 10))
-    lr = float(rng.uniform(0.5, 1.5))
-    return Case(S, W, keys, tuple(batches), k, round(lr, 4), int(rng.integers(1 << 31)), what)
+    k = steps or int(rng.integers(5, 10))
+    lr = round(float(rng.uniform(0.5, 1.5)), 4)
+    return (Timed if equal else Case)(S, W, keys, tuple(batches), k, lr, int(rng.integers(1 << 31)), what)
 
 
-def sweep_cases(t: CheckContext) -> list[Case]:
-    """Every case of the session, run by one launch: the main case, the edges and a hidden pair,
-    the timed case, and last the late-worker case (the only one with a fault plan)."""
-    rng = np.random.default_rng([t.seed, 1])  # the same cases for every check that reads them
+def sweep(seed: int) -> list[Case]:
+    """Every case of a session, in the order the checks read them; the late worker's is last."""
+    rng = np.random.default_rng([seed, 1])
     S, W = int(rng.integers(2, 4)), int(rng.integers(2, 5))
     big_s = int(rng.integers(2, 5))
     cases = [
@@ -128,14 +105,27 @@ def sweep_cases(t: CheckContext) -> list[Case]:
         make_case(rng, int(rng.integers(1, 3)), 4, "the timed case", equal=True),
         make_case(rng, 2, 3, "one worker late", steps=4),
     ]
-    late = cases[-1]
-    cases[-1] = replace(late, late=late.servers + int(rng.integers(late.workers)))
-    return cases
+    late = cases.pop()
+    return cases + [replace(late, late=late.servers + int(rng.integers(late.workers)))]
 
 
-def late_plan(case: Case, seed: int) -> Any:
-    return parse_fault_plan({"format_version": 1, "seed": seed, "fault": [
-        {"kind": "delay", "src": case.late, "latency_s": LATE_S, "wall": True,
-         "note": "a worker on a congested host: its pushes reach the servers after the others' next ones"},
-    ]}, where="the 01 late-worker case")
+@lru_cache(maxsize=16)
+def global_batch(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Every worker's examples, concatenated in worker order (as one process would hold them)."""
+    X, y = zip(*(worker_data(case, w) for w in range(case.workers)))
+    return np.concatenate(X), np.concatenate(y)
 
+
+def trajectory(case: Case, steps: int, weights: np.ndarray | None = None) -> list[np.ndarray]:
+    """The models after 0 .. steps steps of gradient descent on the global batch, each worker's summed
+    gradient weighted by ``weights`` (by default 1/B: the mean over all B examples)."""
+    X, y = global_batch(case)
+    per_example = np.repeat(np.full(case.workers, 1.0 / len(y)) if weights is None else weights, case.batches)
+    models = [initial_weights(case)]
+    for _ in range(steps):
+        models.append(models[-1] - case.lr * (X.T @ (per_example * (sigmoid(X @ models[-1]) - y))))
+    return models
+
+
+def sgd(case: Case, weights: np.ndarray | None = None) -> np.ndarray:
+    return trajectory(case, case.steps, weights)[-1]  # what the servers must hold at the end

@@ -1,0 +1,234 @@
+"""How problem 01 reads a run: the model the shards make, the mistake behind a wrong one, a server's
+order of pulls and pushes, a worker's bytes, the latencies, and the time of one step at best."""
+
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import CaseRun, CheckContext, CommStats, TaskRun, first_mismatch
+
+from . import cases
+from .cases import Case
+from .programs import RankResult
+
+ITEMSIZE = 8  # the model, gradients and pulls are float64
+BYTES_TOLERANCE = 0.05  # bytes per worker per step within 5% of one pull + one push of the model
+TIME_LIMIT = 1.10  # virtual time per step at most 10% above the bound
+IN_STEP = ("answer the pull of step k only after applying step k - 1, and count a push only in the step it "
+           "is tagged with")
+
+
+def close(got: np.ndarray, want: np.ndarray) -> bool:
+    return first_mismatch(got, want, rtol=cases.RTOL, atol=cases.ATOL) is None
+
+
+def fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def tiling_problem(keys: int, layout: list[tuple[int, int]]) -> str | None:
+    """None if the ranges cover 0 .. keys-1 exactly once, else what is wrong."""
+    covered = 0
+    for s in sorted(range(len(layout)), key=lambda s: layout[s]):
+        lo, hi = layout[s]
+        if lo < 0 or hi > keys:
+            return f"server {s} holds keys {lo}..{hi - 1}, outside the model's 0..{keys - 1}"
+        if lo > covered:
+            return f"keys {covered}..{lo - 1} are held by no server"
+        if lo < covered and hi > lo:
+            return f"server {s} holds keys {lo}..{hi - 1}, some of which another server holds too"
+        covered = max(covered, hi)
+    return f"keys {covered}..{keys - 1} are held by no server" if covered < keys else None
+
+
+def shard_layout(case: Case, results: list[RankResult]) -> tuple[list[tuple[int, int]], str | None]:
+    """Each server's key range [lo, hi), and what is wrong with them (None when they tile the keys)."""
+    layout = []
+    for s, result in enumerate(results[: case.servers]):
+        if result.lo is None or result.shard is None:
+            return [], (f"{case.label()}: server {s} returned {result.returned}; expected (lo, weights): "
+                        "its first key and the final values of its keys")
+        layout.append((result.lo, result.lo + len(result.shard)))
+    problem = tiling_problem(case.keys, layout)
+    return layout, None if problem is None else f"{case.label()}: {problem}"
+
+
+def balance(sizes: list[int]) -> float:
+    """Largest shard over smallest (inf when a server holds no key)."""
+    return max(sizes) / min(sizes) if min(sizes) > 0 else float("inf")
+
+
+def averaging_mistakes(case: Case) -> list[tuple[str, np.ndarray]]:
+    """(what went wrong, the weight of each worker's summed gradient), most likely first."""
+    n = np.array(case.batches, dtype=np.float64)
+    B, W, S = int(n.sum()), case.workers, case.servers
+    by = [(f"workers W = {W}", W), (f"servers S = {S}", S)]  # the two counts a mistake divides by
+    return [
+        (f"each worker's MEAN gradient was averaged over the W = {W} workers, so each worker counts the same "
+         f"although they hold {', '.join(map(str, case.batches))} examples: sum the gradients and divide by "
+         f"the total number of examples, {B}", 1.0 / (W * n)),
+        (f"the workers' mean gradients were added up but not averaged (divide the summed gradient by the {B} "
+         "examples of the global batch)", 1.0 / n),
+        *[(f"the summed gradient was divided by the number of {who}, not by the number of examples B = {B}",
+           np.full(W, 1.0 / k)) for who, k in by],
+        (f"the summed gradient was applied without dividing by the number of examples B = {B}", np.ones(W)),
+        *[(f"the update was divided by the number of {who} on top of the example count",
+           np.full(W, 1.0 / (B * k))) for who, k in by],
+        (f"each worker's mean gradient was divided by the number of servers S = {S}", 1.0 / (S * n)),
+    ]
+
+
+def diagnose_model(case: Case, got: np.ndarray, layout: list[tuple[int, int]]) -> tuple[str, bool]:
+    """What went wrong with a wrong final model, and whether that is a named mistake or only described."""
+    head = f"{case.label()}: the model after {case.steps} steps"
+    models = cases.trajectory(case, case.steps + 2)
+    named = [("is still the initial weights on every key: no update was applied (each step: pull the shards, "
+              "compute the gradient, push one slice to each server, which applies lr * summed gradient / "
+              "examples)", models[0])]
+    named += [(f"equals gradient descent after {k} steps, not {case.steps}", model)
+              for k, model in enumerate(models) if k != case.steps]
+    named += [(f"is wrong: {what}", cases.sgd(case, weights)) for what, weights in averaging_mistakes(case)]
+    for what, model in named:
+        if close(got, model):
+            return f"{head} {what}", True
+    want = models[case.steps]
+    wrong = [s for s, (lo, hi) in enumerate(layout) if not close(got[lo:hi], want[lo:hi])]
+    where = ""
+    if 0 < len(wrong) < case.servers:
+        where = (f"; only server(s) {', '.join(map(str, wrong))} hold wrong keys "
+                 f"({', '.join(f'{layout[s][0]}..{layout[s][1] - 1}' for s in wrong)})")
+    bad = first_mismatch(got, want, rtol=cases.RTOL, atol=cases.ATOL)
+    return (f"{head} differs from gradient descent on the global batch in {bad.wrong} of {case.keys} keys; "
+            f"key {bad.index}: expected {bad.expected:.9g}, saw {bad.seen:.9g}{where}"), False
+
+
+def model_problem(run: CaseRun) -> str | None:
+    """None if the servers' shards make up the expected model, else what is wrong."""
+    case = run.case
+    layout, problem = shard_layout(case, run.values)
+    if problem is not None:
+        return problem
+    got = np.empty(case.keys)
+    for (lo, hi), result in zip(layout, run.values):
+        got[lo:hi] = result.shard
+    if close(got, cases.sgd(case)):
+        return None
+    message, named = diagnose_model(case, got, layout)
+    if named:
+        return message
+    for s in range(case.servers):  # no known mistake: did a server mix two steps?
+        found = first_out_of_step(server_timeline(run.task, case, s), case.worker_ranks)
+        if found is not None:
+            return f"{message}; server {s} {found}: it mixed two steps; {IN_STEP}"
+    return message
+
+
+def server_timeline(task_run: TaskRun, case: Case, server: int) -> list[tuple[str, int]]:
+    """What ``server`` did with the workers, in its program order, from the traces: ("pull", w) when
+    it sent worker rank w its shard, ("push", w) when it took a push from w."""
+    # Events: ("send", req, ctx, dst, tag, k, nbytes, ...), ("wait", reqs, {req: (ctx, src, tag, k)}, ...).
+    # A push is sized by the worker's matching send: a receive buffer may be larger than its message.
+    traces, workers = task_run.traces, set(case.worker_ranks)
+    sizes = {(e[2], w, e[4], e[5]): int(e[6]) for w in workers for e in traces.get(w, [])
+             if e[0] == "send" and e[3] == server}
+    events = []
+    for e in traces.get(server, []):
+        if e[0] == "send" and e[3] in workers:
+            events.append(("pull", e[3], int(e[6])))
+        elif e[0] == "wait":
+            events += [("push", src, sizes.get((ctx, src, tag, k), 0))
+                       for ctx, src, tag, k in e[2].values() if src in workers]
+    # Only the largest messages of each kind count: not the small control messages (pull requests).
+    largest = {kind: max((n for what, _, n in events if what == kind), default=0)
+               for kind in ("pull", "push")}
+    return [(kind, w) for kind, w, n in events if n > 0 and n >= largest[kind] / 2]
+
+
+def first_out_of_step(timeline: list[tuple[str, int]], workers: list[int]) -> str | None:
+    """The first thing a server did out of step, in words; None if it kept in step."""
+    # In synchronous training a server may send the shard of step j, and take a push of step j, only
+    # once it holds the push of step j-1 from every worker.
+    done = {"pull": dict.fromkeys(workers, 0), "push": dict.fromkeys(workers, 0)}
+    for kind, w in timeline:
+        step = done[kind][w]
+        missing = [other for other in workers if done["push"][other] < step]
+        if missing and kind == "pull":
+            return (f"sent worker rank {w} its shard for step {step} before the push of step {step - 1} "
+                    f"from worker rank {missing[0]} had arrived (a stale pull)")
+        if missing:
+            return (f"took the push of step {step} from worker rank {w} while the push of step {step - 1} "
+                    f"from worker rank {missing[0]} had not arrived")
+        done[kind][w] += 1
+    return None
+
+
+def worker_bytes_problem(case: Case, worker: int, stats: CommStats) -> tuple[float, str | None]:
+    """A worker's bytes per step over one pull + one push of the model, and what is wrong if off by 5%."""
+    model = case.keys * ITEMSIZE
+    moved = (stats.bytes_sent + stats.bytes_received) / case.steps
+    ratio = moved / (2 * model)
+    if abs(ratio - 1.0) <= BYTES_TOLERANCE:
+        return ratio, None
+    head = (f"{case.label()}: worker rank {case.servers + worker} moved {moved:,.0f} bytes per step, "
+            f"{ratio:.2f}x one pull + one push of the model ({2 * model:,} bytes)")
+    pushed = [stats.sent_bytes.get(s, 0) / case.steps for s in range(case.servers)]
+    pulled = [stats.recv_bytes.get(s, 0) / case.steps for s in range(case.servers)]
+    if moved == 0:
+        return ratio, f"{head}: it neither pulled nor pushed"
+    if case.servers > 1 and min(pushed) >= 0.95 * model:
+        return ratio, (f"{head}: it pushes the whole gradient to every server ({min(pushed):,.0f} bytes or "
+                       "more to each); each server needs only the slice of its own keys")
+    if case.servers > 1 and min(pulled) >= 0.95 * model:
+        return ratio, (f"{head}: it pulls the whole model from every server; each server should send only "
+                       "its own shard")
+    return ratio, (f"{head}: {sum(pushed):,.0f} bytes pushed and {sum(pulled):,.0f} pulled per step, where "
+                   f"one pull and one push are {model:,} bytes each (one of each per step, no extra pull after "
+                   "the last step)")
+
+
+def latencies(t: CheckContext, run: CaseRun) -> str:
+    """Records the workers' pull and push latencies and sync/compute ratio; returns them in words."""
+    # On the virtual clock: a pull from the worker's last push delivered to its next compute, a push
+    # from the end of its compute to its last slice delivered; sync is the time blocked in messages.
+    replay, pulls, pushes, compute, comm = run.task.replay(), [], [], 0.0, 0.0
+    for w in run.case.worker_ranks:
+        spans = [replay.spans[w][i] for i, e in enumerate(run.task.traces[w]) if e[0] == "compute"]
+        out = [f for f in replay.flows if f.src == w and f.dst < run.case.servers]
+        ready = 0.0  # when the worker's previous push was delivered
+        for (begin, end), until in zip(spans, [b for b, _ in spans[1:]] + [float("inf")]):
+            pulls.append(begin - ready)
+            delivered = [f.end for f in out if end <= f.posted <= until]
+            ready = max(delivered, default=end)
+            if delivered:
+                pushes.append(ready - end)
+        compute += replay.compute_s.get(w, 0.0)
+        comm += replay.comm_s.get(w, 0.0)
+    sync = comm / compute if compute > 0 else float("inf")
+    t.metric("pull_p50_s", float(np.percentile(pulls, 50)) if pulls else None)
+    t.metric("push_p50_s", float(np.percentile(pushes, 50)) if pushes else None)
+    t.metric("sync_compute_ratio", round(sync, 4) if np.isfinite(sync) else None)
+    if not pulls:
+        return "no declared compute (call batch.gradient): latencies unavailable"
+    return (f"pull P50 {fmt(np.percentile(pulls, 50))}, max {fmt(max(pulls))}; "
+            f"push P50 {fmt(np.percentile(pushes, 50)) if pushes else 'n/a'}; sync/compute {sync:.2f}")
+
+
+# wire: one pull (or push); compute: the busiest worker's gradient; compute_sum: all workers' in turn
+StepBound = namedtuple("StepBound", "wire compute compute_sum bound limit")
+
+
+def step_bound(case: Case, platform: Any) -> StepBound:
+    """One step at best: pull + compute + push, and what the check allows (10% more, plus one latency
+    per rank: messages posted one at a time are fine)."""
+    # A pull (or push) is alpha + max(W * m, M) * beta: each server's port sends W shards of m bytes,
+    # and each worker's port takes in the model, M bytes.
+    pairs = [(s, w) for s in range(case.servers) for w in case.worker_ranks]
+    routes = [platform.route(s, w) for s, w in pairs] + [platform.route(w, s) for s, w in pairs]
+    alpha, beta = min(r.alpha_s for r in routes), min(r.beta_s_per_byte for r in routes)
+    wire = alpha + max(case.workers * -(-case.keys // case.servers), case.keys) * ITEMSIZE * beta
+    work = [4.0 * n * case.keys / platform.device_of(w).flops  # batch.gradient declares 4 n D flops
+            for n, w in zip(case.batches, case.worker_ranks)]
+    bound = 2 * wire + max(work)
+    return StepBound(wire, max(work), sum(work), bound,
+                     TIME_LIMIT * bound + (case.servers + case.workers) * alpha)
