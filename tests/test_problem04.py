@@ -11,13 +11,12 @@ console) and what a tool reads (--json), and makes sure no rank outlived the com
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 import os
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -26,42 +25,34 @@ from conftest import PROBLEMS, job_processes, run_cli
 from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 from distlab.runtime.comm.stats import CommStats
+from distlab.runtime.jobspec import problem_package
 from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
 SEED = 4242
 PROBLEM = PROBLEMS / "04-gradient-compression"
 
 
-def _load_check() -> ModuleType:
-    name = "problem04_check_under_test"
-    spec = importlib.util.spec_from_file_location(name, PROBLEM / "check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_check()
-models = check.models  # check_models.py: the simulations, the click model, the byte counts
-cases = check.cases  # check_cases.py: the scenario's numbers and the hidden variants
+PACKAGE = problem_package(PROBLEM)
+cases = importlib.import_module(PACKAGE + ".cases")  # the numbers, the variants, the simulations
+judging = importlib.import_module(PACKAGE + ".judging")  # the bounds, 1-bit Adam's simulation
+programs = importlib.import_module(PACKAGE + ".programs")  # the click model, the byte counts
 
 
 # -- the pure helpers ------------------------------------------------------------------------------
 
 
 def test_volume_formula_and_its_inverse() -> None:
-    assert models.volume_ratio(0.2) == pytest.approx(0.2 + 0.8 / 32)
-    assert 1 / models.volume_ratio(0.2) == pytest.approx(4.444, abs=1e-3)  # the catalog's speed-up
-    assert models.volume_ratio(0.0) == pytest.approx(1 / 32)
-    assert models.volume_ratio(1.0) == pytest.approx(1.0)
+    assert cases.volume_ratio(0.2) == pytest.approx(0.2 + 0.8 / 32)
+    assert 1 / cases.volume_ratio(0.2) == pytest.approx(4.444, abs=1e-3)  # the catalog's speed-up
+    assert cases.volume_ratio(0.0) == pytest.approx(1 / 32)
+    assert cases.volume_ratio(1.0) == pytest.approx(1.0)
 
 
 def test_byte_bounds() -> None:
-    assert models.fp32_ring_bytes(1000, 4) == pytest.approx(6000)  # 2(p-1)/p * 4n
-    assert models.fp32_ring_bytes(1000, 1) == 0
+    assert judging.fp32_ring_bytes(1000, 4) == pytest.approx(6000)  # 2(p-1)/p * 4n
+    assert judging.fp32_ring_bytes(1000, 1) == 0
     # 1/30 of float32 plus 8 bytes of scale for each of the 2(p-1) messages.
-    assert models.onebit_bytes_bound(30_000, 4) == pytest.approx(180_000 / 30 + 6 * 8)
+    assert judging.onebit_bytes_bound(30_000, 4) == pytest.approx(180_000 / 30 + 6 * 8)
 
 
 def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> None:
@@ -69,27 +60,27 @@ def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> Non
     stats.count_call("Sendrecv", 100)
     stats.count_send(1, 100)
     stats.count_call("Allreduce", 4000)
-    assert models.wire_bytes(stats, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
+    assert programs.wire_bytes(stats, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
     stats.count_call("Allgather", 10)
-    assert models.wire_bytes(stats, 4) == pytest.approx(100 + 6000 + 30)
-    assert models.wire_bytes(CommStats(), 4) == 0
+    assert programs.wire_bytes(stats, 4) == pytest.approx(100 + 6000 + 30)
+    assert programs.wire_bytes(CommStats(), 4) == 0
 
 
 def test_auc() -> None:
     labels = np.array([0, 0, 1, 1], dtype=np.float32)
-    assert models.auc(np.array([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
-    assert models.auc(np.array([0.4, 0.3, 0.2, 0.1]), labels) == 0.0
-    assert models.auc(np.zeros(4), labels) == 0.5  # ties count half
-    assert models.auc(np.array([0.1, 0.3, 0.2, 0.4]), labels) == 0.75
+    assert programs.auc(np.array([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
+    assert programs.auc(np.array([0.4, 0.3, 0.2, 0.1]), labels) == 0.0
+    assert programs.auc(np.zeros(4), labels) == 0.5  # ties count half
+    assert programs.auc(np.array([0.1, 0.3, 0.2, 0.4]), labels) == 0.75
 
 
 def test_compress_packs_8_per_byte_with_a_mean_abs_scale_per_chunk() -> None:
     x = np.array([1, -2, 3, -4, 5, -6, 7, -8, 9, 0.5, -0.5, 10, -10], dtype=np.float32)
-    signs, scales = models.sim_compress(x, 2)  # chunks of 7 and 6 elements: one byte each
+    signs, scales = cases.sim_compress(x, 2)  # chunks of 7 and 6 elements: one byte each
     assert signs.dtype == np.uint8 and signs.size == 2
     assert np.array_equal(np.unpackbits(signs[:1], count=7), x[:7] >= 0)
     assert scales == pytest.approx([np.abs(x[:7]).mean(), np.abs(x[7:]).mean()])
-    out = models.sim_decompress(signs, scales, x.size)
+    out = cases.sim_decompress(signs, scales, x.size)
     assert np.array_equal(np.sign(out), np.where(x >= 0, 1, -1))
     assert np.abs(out[7:]) == pytest.approx(np.full(6, scales[1]))
 
@@ -99,7 +90,7 @@ def test_error_feedback_carries_the_residual() -> None:
     x = rng.standard_normal(50).astype(np.float32)
     error0 = rng.standard_normal(50).astype(np.float32)
     error = error0.copy()
-    sent = sum(models.sim_feedback(x, error, 3) for _ in range(20))
+    sent = sum(cases.sim_feedback(x, error, 3) for _ in range(20))
     # Nothing is lost: what was sent plus what is still owed is everything that came in.
     assert sent + error == pytest.approx(20 * x + error0, abs=1e-4)
     assert np.abs(error).max() < 20 * np.abs(x).max()  # it does not grow with the calls
@@ -109,43 +100,43 @@ def test_onebit_allreduce_is_unbiased_over_time_with_error_feedback() -> None:
     rng = np.random.default_rng(2)
     p, n = 4, 103
     xs = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
-    bounds = models.chunk_bounds(n, p)
+    bounds = cases.chunk_bounds(n, p)
     werr = [np.zeros(n, np.float32) for _ in range(p)]
     serr = [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)]
     rounds = 400
-    total = sum(models.sim_onebit_allreduce(xs, werr, serr) for _ in range(rounds))
+    total = sum(cases.sim_onebit_allreduce(xs, werr, serr) for _ in range(rounds))
     mean = np.sum(xs, axis=0) / p
     assert total / rounds == pytest.approx(mean, abs=0.05)
-    without = models.sim_onebit_allreduce(xs, None, None)
+    without = cases.sim_onebit_allreduce(xs, None, None)
     assert not np.allclose(without, mean, atol=0.05)  # one compression alone is far off
 
 
 def test_topk_keeps_the_largest_and_the_rest_in_the_error() -> None:
     grads = [np.array([5, -1, 0.5, 3], np.float32), np.array([0, 4, -2, 1], np.float32)]
     errors = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
-    out = models.sim_topk(grads, errors, 0.5)  # k = 2
+    out = cases.sim_topk(grads, errors, 0.5)  # k = 2
     assert out == pytest.approx(np.array([5, 4 - 0, -2, 3], np.float32) / 2)
     assert errors[0] == pytest.approx([0, -1, 0.5, 0])
     assert errors[1] == pytest.approx([0, 0, 0, 1])
-    assert models.sim_topk(grads, None, 1.0) == pytest.approx((grads[0] + grads[1]) / 2)
-    assert models.topk_count(1000, 0.001) == 1 and models.topk_count(10, 0.0) == 1
+    assert cases.sim_topk(grads, None, 1.0) == pytest.approx((grads[0] + grads[1]) / 2)
+    assert cases.topk_count(1000, 0.001) == 1 and cases.topk_count(10, 0.0) == 1
 
 
 def test_onebit_adam_simulation_is_adam_during_warmup_and_variants_differ() -> None:
     case = cases.AdamCase(p=3, n=40, seed=5, steps=6, warmup=2)
     grads = cases.adam_gradients(case)
     params0 = np.ones(case.n, np.float32)
-    everything_warm = models.sim_onebit_adam(params0, grads, case.lr, warmup=case.steps)
+    everything_warm = judging.sim_onebit_adam(params0, grads, case.lr, warmup=case.steps)
     theta = params0.copy()
-    adam = models.Adam(theta, case.lr)
+    adam = programs.Adam(theta, case.lr)
     for step_grads in grads:
         adam.step((np.sum(step_grads, axis=0) / case.p).astype(np.float32))
     assert everything_warm[-1][0] == pytest.approx(theta, rel=1e-5)
-    correct = models.sim_onebit_adam(params0, grads, case.lr, case.warmup)
+    correct = judging.sim_onebit_adam(params0, grads, case.lr, case.warmup)
     assert all(np.array_equal(correct[-1][0], correct[-1][r]) for r in range(case.p))
     # Every named mistake gives other parameters, so the check can tell them apart.
-    finals = {v: models.sim_onebit_adam(params0, grads, case.lr, case.warmup, v)[-1][0]
-              for v in models.ADAM_VARIANTS}
+    finals = {v: judging.sim_onebit_adam(params0, grads, case.lr, case.warmup, v)[-1][0]
+              for v in judging.ADAM_VARIANTS}
     for variant, final in finals.items():
         if variant != "correct":
             assert not np.allclose(final, finals["correct"], rtol=1e-4, atol=1e-6), variant
@@ -309,23 +300,25 @@ def test_the_reference_runs_on_plain_mpi4py(tmp_path: Path) -> None:
             spec.loader.exec_module(module)
             return module
         ref = load("ref", "{PROBLEM}/reference.py")
-        chk = load("chk", "{PROBLEM}/check.py")
+        from pathlib import Path
+        from distlab.runtime.jobspec import problem_package
+        chk = importlib.import_module(problem_package(Path("{PROBLEM}")) + ".cases")
         comm = MPI.COMM_WORLD
         p, rank, n = comm.size, comm.rank, 1001
         xs = [np.random.default_rng([3, r]).standard_normal(n).astype(np.float32) for r in range(p)]
         grad = xs[rank].copy()
         ref.fp16_allreduce(comm, grad)
         assert np.allclose(grad, np.mean(xs, axis=0), atol=1e-2)
-        bounds = chk.models.chunk_bounds(n, p)
+        bounds = chk.chunk_bounds(n, p)
         x, werr = xs[rank].copy(), np.zeros(n, np.float32)
         serr = np.zeros(bounds[rank + 1] - bounds[rank], np.float32)
         ref.onebit_allreduce(comm, x, werr, serr)
-        want = chk.models.sim_onebit_allreduce([v.copy() for v in xs], [np.zeros(n, np.float32) for _ in xs],
+        want = chk.sim_onebit_allreduce([v.copy() for v in xs], [np.zeros(n, np.float32) for _ in xs],
                                                [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)])
         assert np.allclose(x, want, atol=1e-6)
         g = xs[rank].copy()
         ref.topk_allreduce(comm, g, 0.1, np.zeros(n, np.float32))
-        assert np.allclose(g, chk.models.sim_topk(xs, [np.zeros(n, np.float32) for _ in range(p)], 0.1))
+        assert np.allclose(g, chk.sim_topk(xs, [np.zeros(n, np.float32) for _ in range(p)], 0.1))
         opt = ref.OneBitAdam(np.zeros(n, np.float32), lr=0.01, warmup_steps=2)
         for _ in range(4):
             opt.step(comm, xs[rank].copy())

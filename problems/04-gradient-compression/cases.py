@@ -1,0 +1,287 @@
+"""The cases of problem 04: the scenario's numbers, the inputs, what comes back and what should.
+
+Both sides regenerate a case's inputs from its seed; the codec and the reducers simulated here, in one
+process and in float32 as the ranks compute, are the expected values. Hidden variants (plan_for): the data,
+the weights, the inputs, the extra rank count, the lengths, the warmup fraction and the slow worker. The
+order of the random draws in plan_for and codec_case is what makes --seed replay a session: keep it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import CommStats, uniform
+
+STEPS = 300  # training steps of each run
+WARMUP_FRACTIONS = (0.15, 0.2, 0.25)
+AUC_FP16, AUC_ONEBIT = 0.005, 0.01  # catalog: FP16 within 0.005 of FP32's AUC, 1-bit Adam within 0.01
+SLOW_ALPHA_S, SLOW_BETA = 50e-6, 8e-9  # the workers' link: 50 us, 1 Gb/s
+TIMED_N = 1 << 20  # elements of the timed allreduces (4 MiB of float32)
+TIME_SLACK = 1.25  # the 1-bit allreduce within 25% of its bound
+FP16_TOLERANCE = 0.02  # FP16 bytes within 2% of half of FP32's
+VOLUME_TOLERANCE = 0.05  # 1-bit Adam's total volume within 5% of w + (1-w)/32 of FP32's
+TOPK_KEEPS = (0.1, 0.01)  # keep fractions of the top-k check (90% and 99% compression)
+SWEEP_KEEPS = (0.5, 0.2, 0.1, 0.01, 0.001)  # the Tune sweep: 50 / 80 / 90 / 99 / 99.9 %
+SLOW_WORKER_DELAY_S = 0.005
+SCALE_BYTES = 8  # allowed per message besides the signs: a float32 scale and byte padding
+
+# The click model: 32 dense features, one tanh layer of 32 units, trained with Adam.
+FEATURES, HIDDEN = 32, 32
+N_PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN + 1  # 1089
+BATCH = 32  # examples per rank and step
+LR, BETAS, EPS = 0.003, (0.9, 0.999), 1e-8  # Adam's
+TEST_SIZE, TEST_PART = 8000, 10_000  # held-out clicks, and the "rank" they are drawn for
+
+
+@dataclass(frozen=True)
+class CodecCase:
+    """Compressor unit cases, run on one rank. The supervisor makes every input."""
+
+    vectors: tuple[tuple[np.ndarray, int, str], ...]  # (x, chunks, what it probes)
+    given: tuple[np.ndarray, np.ndarray, int]  # (signs, scales, n) for decompress alone
+    feedback: tuple[np.ndarray, np.ndarray, int]  # (x, initial error, chunks), compressed 3 times
+
+
+@dataclass(frozen=True)
+class WireCase:
+    """Each reducer on p ranks, on inputs that both sides regenerate from the seed."""
+
+    p: int
+    n: int
+    seed: int
+    keeps: tuple[float, ...] = TOPK_KEEPS
+
+
+@dataclass(frozen=True)
+class AdamCase:
+    p: int
+    n: int
+    seed: int
+    steps: int
+    warmup: int
+    lr: float = 0.01
+
+    def start(self) -> np.ndarray:  # the initial parameters, the same in the ranks and in the checker
+        return np.random.default_rng([self.seed, 8]).standard_normal(self.n).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class TrainCase:
+    p: int
+    seed: int
+    steps: int
+    warmup: int
+
+    def label(self) -> str:
+        return (f"p = {self.p}, {self.steps} steps of {BATCH} clicks per rank, warmup "
+                f"{self.warmup} steps (w = {self.warmup / self.steps:.2f}), seed {self.seed}")
+
+
+@dataclass(frozen=True)
+class TimedCase:
+    p: int
+    n: int
+    method: str  # "fp16" or "onebit" (the free run also times "fp32")
+    seed: int
+
+
+# -- what the ranks send back ----------------------------------------------------------------------
+@dataclass
+class CodecResult:
+    compressed: list[Any] = field(default_factory=list)  # (signs, scales) or a description
+    roundtrip: list[Any] = field(default_factory=list)  # decompress(compress(x))
+    decompressed: Any = None  # decompress(given)
+    feedback: list[Any] = field(default_factory=list)  # (decompressed, error) after each call
+
+
+@dataclass
+class OpResult:  # one reducer call's
+    value: Any  # what the reducer left in the buffer (or a description)
+    state: tuple[Any, ...] = ()  # the arguments after the buffer, after the call
+    stats: CommStats | None = None
+
+
+@dataclass
+class TrainResult:
+    fp16_params: Any
+    onebit_params: Any
+    fp16_bytes: list[float]  # wire bytes of each step
+    onebit_bytes: list[float]
+
+
+# -- the hidden variants ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """Everything one session launches, derived from the seed."""
+
+    codec: CodecCase
+    wires: tuple[WireCase, ...]  # the reducers on 4 and a hidden 2 or 3 ranks
+    adam: AdamCase
+    slow_worker: int
+    train: TrainCase
+    timed: tuple[TimedCase, ...]
+
+
+def plan_for(seed: int) -> Plan:
+    rng = np.random.default_rng([seed, 4])
+    wires = tuple(WireCase(p, int(rng.integers(20_000, 40_000)), int(rng.integers(1 << 31)))
+                  for p in (4, int(rng.choice([2, 3]))))
+    adam = AdamCase(p=4, n=int(rng.integers(600, 900)), seed=int(rng.integers(1 << 31)), steps=8,
+                    warmup=int(rng.integers(2, 4)))
+    warmup = round(float(rng.choice(WARMUP_FRACTIONS)) * STEPS)
+    train = TrainCase(4, int(rng.integers(1 << 31)), STEPS, warmup)
+    timed_n = TIMED_N + int(rng.integers(0, 4096))
+    timed = tuple(TimedCase(4, timed_n, method, int(rng.integers(1 << 31)))
+                  for method in ("fp16", "onebit"))
+    return Plan(codec_case(rng), wires, adam, int(rng.integers(4)), train, timed)
+
+
+def codec_case(rng: np.random.Generator) -> CodecCase:
+    def vector(n: int, magnitudes: list[float]) -> np.ndarray:
+        x = rng.standard_normal(n)
+        for part, m in zip(chunks_of(x, len(magnitudes)), magnitudes):
+            part *= m
+        return x.astype(np.float32)
+
+    n1 = 8 * int(rng.integers(40, 80)) + int(rng.integers(1, 8))  # not a multiple of 8
+    n2 = int(rng.integers(13, 40))
+    vectors = ((vector(n1, [1e-3, 10.0, 0.1, 1.0]), 4, f"n = {n1}, 4 chunks of very different sizes"),
+               (vector(n2, [1.0, 50.0, 1.0]), 3, f"n = {n2}, 3 chunks, not multiples of 8"),
+               (vector(64, [1.0]), 1, "n = 64, one chunk"))
+    signs, scales = sim_compress(vector(n1, [0.5, 2.0, 8.0, 1e-2]), 4)
+    scales = (scales * rng.uniform(0.5, 2.0, 4)).astype(np.float32)
+    fb_n = int(rng.integers(100, 300))
+    feedback = (vector(fb_n, [1.0, 0.01]), (rng.standard_normal(fb_n) * 0.3).astype(np.float32), 2)
+    return CodecCase(vectors, (signs, scales, n1), feedback)
+
+
+def slow_link(p: int) -> Any:
+    """The scenario's network: every worker on one switch, 50 us and 1 Gb/s per route."""
+    return uniform(p, SLOW_ALPHA_S, SLOW_BETA)
+
+
+def volume_ratio(warmup_fraction: float) -> float:
+    """Bytes of 1-bit Adam over bytes of float32 Adam: w + (1-w)/32. Its inverse is the speed-up
+    of a bandwidth-bound gradient sync (4.4x at w = 0.2)."""
+    return warmup_fraction + (1 - warmup_fraction) / 32
+
+
+# -- the inputs, regenerated on both sides ---------------------------------------------------------
+def wire_input(seed: int, rank: int, n: int, what: str) -> np.ndarray:
+    """A rank's input vector for one reducer call (float32)."""
+    rng = np.random.default_rng([seed, rank, sum(map(ord, what))])
+    x = rng.standard_normal(n) * np.exp(rng.uniform(-3, 1, n))  # magnitudes over 2 decades
+    if what == "fp16 large":
+        # Same-signed values near 30000 in the first 16 elements: their float16 sum over p ranks
+        # passes 65504 unless each rank divides by p first.
+        x[:16] = 30000 + rng.uniform(0, 1000, 16)
+    return x.astype(np.float32)
+
+
+def adam_gradients(case: AdamCase) -> list[list[np.ndarray]]:
+    """grads[t][r]: a drift shared by the ranks plus rank noise, with per-element scales."""
+    rng = np.random.default_rng([case.seed, 7])
+    scale = np.exp(rng.uniform(-4, 0, case.n)).astype(np.float32)
+    drift = rng.standard_normal(case.n).astype(np.float32)
+    return [[((drift + rng.standard_normal(case.n)) * scale).astype(np.float32)
+             for _ in range(case.p)] for _ in range(case.steps)]
+
+
+def examples(seed: int, part: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` clicks (features, labels) of shard ``part`` (a rank's, or TEST_PART's), from a
+    hidden tanh network; the features' scales range from 0.1 to 5, as raw CTR features do."""
+    rng = np.random.default_rng([seed, 0])
+    w_hidden = rng.standard_normal((FEATURES, 16)) / np.sqrt(FEATURES) * 2.0
+    w_out = rng.standard_normal(16)
+    scales = np.exp(rng.uniform(np.log(0.1), np.log(5.0), FEATURES))
+    rng = np.random.default_rng([seed, 1, part])
+    z = rng.standard_normal((count, FEATURES))
+    logit = np.tanh(z @ w_hidden) @ w_out - 1.0
+    clicks = (rng.random(count) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return (z * scales).astype(np.float32), clicks
+
+
+def init_params(seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, 2])
+    theta = np.zeros(N_PARAMS, dtype=np.float32)
+    w1 = FEATURES * HIDDEN
+    theta[:w1] = rng.standard_normal(w1) / np.sqrt(FEATURES)
+    theta[w1 + HIDDEN : w1 + 2 * HIDDEN] = rng.standard_normal(HIDDEN) / np.sqrt(HIDDEN)
+    return theta
+
+
+# -- the codec and the reducers, simulated (helpers duplicated: never trust the ranks' copy) -------
+def chunk_bounds(n: int, p: int) -> list[int]:
+    """The reference's chunk_bounds: p chunks of n // p elements, the first n % p one longer."""
+    base, extra = divmod(n, p)
+    return [0] + [(i + 1) * base + min(i + 1, extra) for i in range(p)]
+
+
+def chunks_of(x: np.ndarray, k: int) -> list[np.ndarray]:
+    """The k chunks of chunk_bounds(x.size, k), as views of x."""
+    bounds = chunk_bounds(x.size, k)
+    return [x[bounds[c] : bounds[c + 1]] for c in range(k)]
+
+
+def server_errors(n: int, p: int) -> list[np.ndarray]:
+    """Fresh server errors of p ranks: rank j's covers chunk j of chunk_bounds(n, p)."""
+    bounds = chunk_bounds(n, p)
+    return [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)]
+
+
+def topk_count(n: int, keep_fraction: float) -> int:
+    return min(n, max(1, round(keep_fraction * n))) if n else 0
+
+
+def sim_compress(x: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    parts = chunks_of(x, chunks)
+    signs = np.concatenate([np.packbits(part >= 0) for part in parts]).astype(np.uint8)
+    scales = [np.abs(part).mean() if part.size else 0.0 for part in parts]
+    return signs, np.array(scales, dtype=np.float32)
+
+
+def sim_decompress(signs: np.ndarray, scales: np.ndarray, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.float32)
+    offset = 0
+    for part, scale in zip(chunks_of(out, scales.size), scales):
+        packed = (part.size + 7) // 8  # each chunk's signs start on a new byte
+        part[:] = np.where(np.unpackbits(signs[offset : offset + packed], count=part.size) == 1,
+                           scale, -scale)
+        offset += packed
+    return out
+
+
+def sim_feedback(x: np.ndarray, error: np.ndarray | None, chunks: int) -> np.ndarray:
+    """Compress-decompress of x + error; error (in place) keeps what was lost. None: no feedback."""
+    corrected = (x + error).astype(np.float32) if error is not None else x.astype(np.float32)
+    out = sim_decompress(*sim_compress(corrected, chunks), corrected.size)
+    if error is not None:
+        error[:] = corrected - out
+    return out
+
+
+def sim_onebit_allreduce(xs: list[np.ndarray], worker_errors: list[np.ndarray] | None,
+                         server_errors: list[np.ndarray] | None) -> np.ndarray:
+    """DeepSpeed's compressed allreduce of the p ranks' xs; the errors are updated in place
+    (None: that side has no error feedback). Returns the result every rank gets."""
+    p = len(xs)
+    sent = [chunks_of(sim_feedback(x, worker_errors[i] if worker_errors else None, p), p)
+            for i, x in enumerate(xs)]
+    averages = [(np.sum([s[j] for s in sent], axis=0) / p).astype(np.float32) for j in range(p)]
+    return np.concatenate([sim_feedback(average, server_errors[j] if server_errors else None, 1)
+                           for j, average in enumerate(averages)])
+
+
+def sim_topk(grads: list[np.ndarray], errors: list[np.ndarray] | None, keep: float) -> np.ndarray:
+    p, n = len(grads), grads[0].size
+    k = topk_count(n, keep)
+    total = np.zeros(n, dtype=np.float64)
+    for i in range(p):
+        corrected = grads[i] + errors[i] if errors is not None else grads[i].copy()
+        index = np.argpartition(np.abs(corrected), n - k)[n - k :]
+        total[index] += corrected[index]
+        if errors is not None:
+            errors[i][:] = corrected
+            errors[i][index] = 0
+    return (total / p).astype(np.float32)

@@ -1,0 +1,295 @@
+"""How problem 04 judges what the ranks returned: a verdict names the case, what was expected and what
+was seen, and the mistake it recognises (1-bit Adam's are variants of one simulation)."""
+
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import CheckContext, first_mismatch
+
+from . import cases
+from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk
+from .programs import Adam, Raised, gradient, wire_bytes
+
+
+def as_array(value: Any) -> np.ndarray | None:
+    return value if isinstance(value, np.ndarray) and value.dtype != object else None
+
+
+def close(got: Any, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-7, share: float = 1.0) -> bool:
+    """got matches want element-wise, on at least ``share`` of the elements (a sign decided by a value
+    within rounding of zero may flip between two correct programs)."""
+    got = as_array(got)
+    if got is None or got.shape != want.shape or not np.isfinite(got).all():
+        return False
+    ok = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+    return bool(ok.mean() >= share)
+
+
+def describe(value: Any, want: np.ndarray) -> str:
+    """What a learner's array holds, against what was expected, in one phrase."""
+    if isinstance(value, Raised):
+        return str(value)
+    got = as_array(value)
+    if got is None:
+        return f"{value}" if isinstance(value, str) else f"a {type(value).__name__}"
+    if got.shape != want.shape:
+        return f"an array of shape {got.shape} (expected {want.shape})"
+    finite = np.isfinite(got)
+    if not finite.all():
+        first = int(np.argmin(finite))
+        return f"{int((~finite).sum())} non-finite values (inf or nan), the first at element {first}"
+    i = int(np.argmax(np.abs(got.astype(np.float64) - want)))
+    wrong = int((~np.isclose(got, want, rtol=1e-4, atol=1e-7)).sum())
+    return (f"element {i} = {got.flat[i]:.6g} where {want.flat[i]:.6g} was expected "
+            f"({wrong} of {want.size} elements differ)")
+
+
+def bytes_line(sent: float, want: float) -> str:
+    return f"{sent:.0f} bytes ({sent / want:.3f}x the expected {want:.0f})"
+
+
+def numbers(values: Any) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in np.asarray(values).ravel()) + "]"
+
+
+def ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
+def fp32_ring_bytes(n: int, p: int) -> float:
+    """What a float32 ring allreduce of n elements sends per rank: 2(p-1)/p * 4n."""
+    return 2 * (p - 1) / p * 4 * n
+
+
+def onebit_bytes_bound(n: int, p: int) -> float:
+    """The catalog's bound for the 1-bit stage: 1/30 of float32, plus a scale per message."""
+    return fp32_ring_bytes(n, p) / 30 + 2 * (p - 1) * cases.SCALE_BYTES
+
+
+def simulate_fp32_training(seed: int, p: int, steps: int) -> np.ndarray:
+    """The AUC baseline: float32 Adam on the mean gradient of the p shards, in one process."""
+    shards = [cases.examples(seed, r, steps * cases.BATCH) for r in range(p)]
+    theta = cases.init_params(seed)
+    adam = Adam(theta, cases.LR)
+    for t in range(steps):
+        batch = slice(t * cases.BATCH, (t + 1) * cases.BATCH)
+        adam.step(np.sum([gradient(theta, x[batch], y[batch]) for x, y in shards], axis=0) / p)
+    return theta
+
+
+# -- the compressor --------------------------------------------------------------------------------
+def judge_compress(t: CheckContext, x: np.ndarray, chunks: int, what: str, packed: Any,
+                   roundtrip: Any) -> None:
+    head = f"compress(x, {chunks}) with {what}"
+    want_signs, want_scales = cases.sim_compress(x, chunks)
+    if isinstance(packed, Raised):
+        t.fail(f"{head} {packed}")
+    if isinstance(packed, str):
+        t.fail(f"{head} returned {packed}; expected a pair (signs, scales)")
+    signs, scales = as_array(packed[0]), as_array(packed[1])
+    if signs is None or signs.size == 0:
+        t.fail(f"{head}: signs is {packed[0] if signs is None else 'empty'}; expected {want_signs.size} "
+               "bytes, each chunk's signs packed 8 per byte (np.packbits)")
+    if signs.size == x.size and want_signs.size != x.size:
+        t.fail(f"{head}: signs take {signs.size} bytes, one per element, 8x the {want_signs.size} bytes of "
+               "signs packed 8 per byte: use np.packbits")
+    if signs.dtype != np.uint8 or signs.shape != want_signs.shape:
+        t.fail(f"{head}: expected signs as {want_signs.size} uint8 bytes (each chunk packed on its own: "
+               f"ceil(len/8) bytes per chunk); saw {signs.size} of {signs.dtype}")
+    wrong = first_mismatch(signs, want_signs)
+    if wrong:
+        t.fail(f"{head}: sign byte {wrong.index} is {wrong.seen}, expected {wrong.expected} "
+               "(bit 1 where x >= 0, np.packbits of each chunk, chunk after chunk)")
+    got = None if scales is None else scales.astype(np.float64).ravel()
+    if got is None or got.size != chunks:
+        t.fail(f"{head}: expected {chunks} scales, one per chunk; saw {'none' if got is None else got.size}: "
+               "without a scale per chunk the magnitudes cannot be rebuilt")
+    if not np.allclose(got, want_scales, rtol=1e-4, atol=1e-12):
+        whole, want = float(np.abs(x).mean()), numbers(want_scales)
+        if chunks > 1 and np.allclose(got, whole, rtol=1e-4):
+            t.fail(f"{head}: every chunk got the scale {whole:.4g}, the mean |x| of the whole vector; "
+                   f"expected one scale per chunk, {want}: a global scale gives small chunks huge magnitudes "
+                   "and big ones tiny ones")
+        rms = [np.sqrt(np.mean(part.astype(np.float64) ** 2)) for part in cases.chunks_of(x, chunks)]
+        if np.allclose(got, rms, rtol=1e-4):
+            t.fail(f"{head}: the scales are each chunk's RMS (DeepSpeed's choice); this problem asks for the "
+                   "mean |x| of each chunk, the scale that makes scale * sign(x) closest to x")
+        if np.allclose(got, 1.0):
+            t.fail(f"{head}: every scale is 1: the magnitudes are lost; expected the mean |x| of each "
+                   f"chunk, {want}")
+        t.fail(f"{head}: scales {numbers(got)}, expected the mean |x| of each chunk, {want}")
+    rebuilt = cases.sim_decompress(want_signs, want_scales, x.size)
+    if not close(roundtrip, rebuilt, rtol=1e-5):
+        t.fail(f"decompress(compress(x, {chunks})) with {what}: {describe(roundtrip, rebuilt)}; expected "
+               "+scale where the bit is 1 and -scale where it is 0")
+
+
+# -- the reducers ----------------------------------------------------------------------------------
+def judge_onebit(t: CheckContext, case: cases.WireCase, results: list[dict[str, OpResult]]) -> None:
+    """Both calls of onebit_allreduce: what every rank holds, and both of its errors."""
+    p, n = case.p, case.n
+    werr, serr = [np.zeros(n, np.float32) for _ in range(p)], cases.server_errors(n, p)
+    for call in (1, 2):  # the simulation's errors move on with the calls, as the ranks' do
+        name, head = f"onebit {call}", f"onebit_allreduce, p = {p}, n = {n}, call {call} of 2"
+        xs = [cases.wire_input(case.seed, r, n, name) for r in range(p)]
+        want, values = sim_onebit_allreduce(xs, werr, serr), [r[name].value for r in results]
+        for rank, got in enumerate(values):
+            if as_array(got) is not None and np.array_equal(got, xs[rank]):
+                t.fail(f"{head}: rank {rank} still holds its own input: no reduction happened")
+            if not close(got, want, share=0.999):
+                right = [r for r in range(p) if r != rank and close(values[r], want, share=0.999)]
+                hint = (f" (ranks {right} are right: the allgather of the servers' chunks went wrong)"
+                        if right else onebit_symptom(xs, call, as_array(got)))
+                t.fail(f"{head}: rank {rank} holds {describe(got, want)}{hint}")
+        for rank, result in enumerate(results):
+            state = result[name].state
+            got_w, got_s = state if len(state) == 2 else (None, None)
+            for side, got_e in (("worker_error", got_w), ("server_error", got_s)):
+                array = as_array(got_e)
+                if array is not None and array.size and not array.any():
+                    t.fail(f"{head}: rank {rank}'s {side} is still all zeros: without error feedback what "
+                           "each compression loses is gone for good; keep it in the error (in place) and add "
+                           "it to the next vector")
+            for side, got_e, want_e, should in (
+                    ("worker_error", got_w, werr[rank], "(x + worker_error) - what the worker sent"),
+                    ("server_error", got_s, serr[rank], "(average + server_error) - what the server sent")):
+                if not close(got_e, want_e, rtol=1e-3, atol=1e-5, share=0.999):
+                    t.fail(f"{head}: rank {rank}'s {side} holds {describe(got_e, want_e)}; "
+                           f"expected {should}, in place")
+
+
+def onebit_symptom(xs: list[np.ndarray], call: int, got: np.ndarray | None) -> str:
+    """Names what a wrong result matches, if anything we know."""
+    p, mean = len(xs), np.sum(xs, axis=0) / len(xs)
+    if close(got, mean, rtol=1e-4):
+        return ": it is the exact mean, nothing was compressed"
+    if got is not None and got.shape == mean.shape and np.allclose(np.abs(got), 1):
+        return ": every value is +1 or -1: the scales are missing"
+    if call == 2:
+        if close(got, sim_onebit_allreduce(xs, None, None), share=0.999):
+            return (": it matches a compressed allreduce without error feedback (call 1 was right): add "
+                    "worker_error and server_error, and update both in place")
+        return ""
+    if close(got, np.sum([sim_feedback(x, None, p) for x in xs], axis=0) / p, share=0.999):
+        return (": it is the average of the workers' compressed vectors: the server side, compressing its "
+                "averaged chunk once more before the allgather, is missing")
+    one_scale = [cases.chunks_of(sim_feedback(x, None, 1), p) for x in xs]
+    served = [sim_feedback(np.sum([s[j] for s in one_scale], axis=0) / p, None, 1) for j in range(p)]
+    if close(got, np.concatenate(served), share=0.999):
+        return (": it matches workers that compress with one scale for the whole vector; use one scale per "
+                "server chunk (compress(x, p))")
+    return ""
+
+
+def onebit_bytes_symptom(ratio: float, p: int) -> str:
+    if 6 / 32 <= ratio <= 10 / 32:
+        return ": about 8x the packed size: are the signs sent one per byte?"
+    if abs(ratio - p / 64) <= 0.1 * p / 64:
+        return (": an allgather of every rank's whole compressed vector sends (p-1) n/8 bytes; let rank j "
+                "serve chunk j (scatter, then allgather) to send 2(p-1)/p n/8")
+    if ratio >= 0.9:
+        return ": as much as float32: is anything compressed on the wire?"
+    return ""
+
+
+def judge_topk(t: CheckContext, case: cases.WireCase, keep: float, values: list[dict[str, OpResult]]) -> None:
+    p, n, k = case.p, case.n, cases.topk_count(case.n, keep)
+    errors = [np.zeros(n, np.float32) for _ in range(p)]  # the simulation's, moved on per call
+    calls = [(f"topk {keep} ef 1", "with error feedback, call 1 of 2", errors, "1"),
+             (f"topk {keep} ef 2", "with error feedback, call 2 of 2", errors, "2"),
+             (f"topk {keep} plain", "without error feedback (error=None)", None, "1")]
+    for name, what, errs, call in calls:
+        grads = [cases.wire_input(case.seed, r, n, f"topk {keep} {call}") for r in range(p)]
+        before = [e.copy() for e in errs] if errs is not None else []
+        want = sim_topk(grads, errs, keep)
+        head = f"topk_allreduce, p = {p}, n = {n}, keep {keep:g} (k = {k}), {what}"
+        for rank, results in enumerate(values):
+            got = results[name].value
+            if as_array(got) is not None and np.array_equal(got, grads[rank]):
+                t.fail(f"{head}: rank {rank} still holds its own gradient: no reduction happened")
+            if not close(got, want, rtol=1e-4, atol=1e-6):
+                alone = call == "2" and close(got, sim_topk(grads, None, keep), rtol=1e-4, atol=1e-6)
+                t.fail(f"{head}: rank {rank} holds {describe(got, want)}" + (
+                    ": it matches top-k of the gradient alone: select from gradient + error, so "
+                    "the residual gets its turn" if alone else ""))
+            if errs is None:
+                continue
+            state = results[name].state
+            got_error = as_array(state[1]) if len(state) == 2 else None
+            if got_error is not None and np.array_equal(got_error, before[rank]):
+                t.fail(f"{head}: rank {rank}'s error is unchanged: error feedback must keep what was not "
+                       "sent, (gradient + error) off the top k")
+            if not close(got_error, errs[rank], rtol=1e-4, atol=1e-6):
+                t.fail(f"{head}: rank {rank}'s error holds {describe(got_error, errs[rank])}")
+    bound = (p - 1) * k * 8 + 16 * (p - 1)
+    for rank, results in enumerate(values):
+        nbytes = wire_bytes(results[f"topk {keep} ef 1"].stats, p)
+        if nbytes > bound:
+            why = ""
+            if nbytes >= 0.9 * fp32_ring_bytes(n, p):
+                why = ": as much as the dense float32 allreduce; send only the k pairs"
+            elif abs(nbytes / ((p - 1) * k * 12) - 1) < 0.05:
+                why = ": 12 bytes per kept value; send int32 indices, not int64"
+            t.fail(f"topk_allreduce, p = {p}, n = {n}, keep {keep:g}: rank {rank} sent {nbytes:.0f} bytes; "
+                   f"expected at most {bound:.0f}, (p-1) k (4 + 4) for k = {k} int32 indices and float32 "
+                   f"values from every rank{why}")
+
+
+# -- 1-bit Adam, and the mistakes people make with it, as variants of one simulation ---------------
+
+ADAM_VARIANTS = {  # variant of sim_onebit_adam -> what the check tells a solution that matches it
+    "correct": "",
+    "variance not frozen": "the variance keeps being updated after the warmup (with each rank's own "
+                           "gradient): freeze it at the end of the warmup",
+    "no error feedback": "1-bit Adam without error feedback on either side: add what each compression lost "
+                         "to the next vector",
+    "no worker error feedback": "the worker side has no error feedback (worker_error unused)",
+    "no server error feedback": "the server side has no error feedback (server_error unused)",
+    "gradient compressed": "the gradient is compressed and averaged instead of the momentum: update the "
+                           "momentum with the local gradient, then average the momentum",
+    "warmup one step short": "compression starts one step early: steps 1..warmup_steps are plain Adam",
+    "warmup one step long": "compression starts one step late: step warmup_steps + 1 is compressed",
+    "no bias correction": "the update lacks Adam's bias correction m / (1 - b1^t), v / (1 - b2^t)",
+    "never compresses": "the momentum is never compressed: after the warmup only the 1-bit allreduce of "
+                        "the momentum may travel",
+}
+
+
+def sim_onebit_adam(params0: np.ndarray, grads: list[list[np.ndarray]], lr: float, warmup: int,
+                    variant: str = "correct") -> list[np.ndarray]:
+    """1-bit Adam on p ranks; grads[t][r] is rank r's gradient at step t+1. Returns the
+    parameters of every rank after every step, out[t][r]: row r of each state is rank r's."""
+    b1, b2 = cases.BETAS
+    p, n = len(grads[0]), params0.size
+    params = np.tile(params0.astype(np.float32), (p, 1))
+    m, v, v_hat = (np.zeros((p, n), np.float32) for _ in range(3))
+    werr, serr = [np.zeros(n, np.float32) for _ in range(p)], cases.server_errors(n, p)
+    shift = {"warmup one step short": -1, "warmup one step long": 1}.get(variant, 0)
+    last_warm = len(grads) if variant == "never compresses" else warmup + shift
+    out = []
+    for t, step_grads in enumerate(grads, start=1):
+        local = np.array(step_grads)
+        if t <= last_warm:
+            g = (np.sum(step_grads, axis=0) / p).astype(np.float32)
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            v_hat = v / (1 - b2**t)
+        elif variant == "gradient compressed":
+            m = (b1 * m + (1 - b1) * sim_onebit_allreduce(step_grads, werr, serr)).astype(np.float32)
+        else:
+            if variant == "variance not frozen":  # each rank's own gradient
+                v = b2 * v + (1 - b2) * local * local
+                v_hat = v / (1 - b2**t)
+            worker = None if variant in ("no error feedback", "no worker error feedback") else werr
+            server = None if variant in ("no error feedback", "no server error feedback") else serr
+            momenta = (b1 * m + (1 - b1) * local).astype(np.float32)
+            m = np.tile(sim_onebit_allreduce(list(momenta), worker, server), (p, 1))
+        if variant == "no bias correction":
+            update = lr * m / (np.sqrt(v) + cases.EPS)
+        else:
+            update = lr * (m / (1 - b1**t)) / (np.sqrt(v_hat) + cases.EPS)
+        params = params - update.astype(np.float32)
+        out.append(params)
+    return out
