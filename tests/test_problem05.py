@@ -1,6 +1,6 @@
 """Problem 05, data parallel or model parallel: the checker's rule, its diagnoses, and end to end.
 
-Two halves. The first tests the parts of check.py without starting a process: the memory model
+Two halves. The first tests the problem's modules without starting a process: the memory model
 on a case worked by hand, the planning rule on the named table (pinned, so a change of the rule
 shows), the hidden-case generator, the reference's plan against the rule, and the messages that
 name each symptom. The second runs `distlab check 05` as a learner would, once per solution in
@@ -11,6 +11,7 @@ replays with `distlab check 05 --seed 4242 --solution ...`.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
@@ -25,7 +26,7 @@ import pytest
 from conftest import PROBLEMS, run_cli
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
-from distlab.grading import check_part
+from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 FOLDER = PROBLEMS / "05-dp-or-mp"
@@ -40,9 +41,14 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
+def _module(name: str) -> ModuleType:
+    """A module of the problem package, as the checker loads it."""
+    return importlib.import_module(problem_package(FOLDER) + "." + name)
+
+
 @pytest.fixture(scope="module")
 def check() -> ModuleType:
-    return _load(FOLDER / "check.py", "problem05_check")
+    return _module("check")
 
 
 @pytest.fixture(scope="module")
@@ -50,47 +56,42 @@ def reference() -> ModuleType:
     return _load(FOLDER / "reference.py", "problem05_reference")
 
 
-# check.py's parts, as the checker loads them: the memory model and the rule, the cases, the rank
-# programs, the expected values and the diagnoses.
+# The problem package's modules: the cases with the memory model and the rule, the rank programs
+# with the single-device module, and the diagnoses.
 
 
 @pytest.fixture(scope="module")
-def rule() -> ModuleType:
-    return check_part(FOLDER / "check.py", "rule")
-
-
-@pytest.fixture(scope="module")
-def scenario() -> ModuleType:
-    return check_part(FOLDER / "check.py", "scenario")
+def cases() -> ModuleType:
+    return _module("cases")
 
 
 @pytest.fixture(scope="module")
 def programs() -> ModuleType:
-    return check_part(FOLDER / "check.py", "programs")
+    return _module("programs")
 
 
 @pytest.fixture(scope="module")
-def diagnoses() -> ModuleType:
-    return check_part(FOLDER / "check.py", "diagnoses")
+def judging() -> ModuleType:
+    return _module("judging")
 
 
 # == the memory model and the rule =================================================================
 
 
-def test_memory_model_by_hand(rule: ModuleType, scenario: ModuleType) -> None:
+def test_memory_model_by_hand(cases: ModuleType) -> None:
     """GPT 1.3B on 8 x 24 GiB, batch 16, pure DP: 16 bytes per parameter, 2 sequences per device."""
-    model = scenario.gpt("GPT 1.3B", 24, 2048, 2048)
+    model = cases.gpt("GPT 1.3B", 24, 2048, 2048)
     assert model["params"] == 12 * 24 * 2048**2 + 13 * 24 * 2048 + 50304 * 2048
-    m = rule.memory_per_device(model, 16, 8, 1, 1)
+    m = cases.memory_per_device(model, 16, 8, 1, 1)
     assert m.state == 16 * model["params"]
     assert m.activations == 2 * 2048 * 24 * 2048 * 34
     assert m.total > 24 * 2**30  # does not fit, although 4 bytes per parameter would
-    assert rule.memory_per_device(model, 16, 8, 1, 1, bytes_per_param=4).total < 24 * 2**30
+    assert cases.memory_per_device(model, 16, 8, 1, 1, bytes_per_param=4).total < 24 * 2**30
     # TP splits 24 of the 34 activation bytes; PP splits the layers (and so all of them).
-    m = rule.memory_per_device(model, 16, 2, 4, 1)
+    m = cases.memory_per_device(model, 16, 2, 4, 1)
     assert m.state == Fraction(16 * model["params"], 4)
     assert m.activations == 8 * 2048 * 24 * 2048 * (10 + Fraction(24, 4))
-    m = rule.memory_per_device(model, 16, 2, 1, 4)
+    m = cases.memory_per_device(model, 16, 2, 1, 4)
     assert m.activations == 8 * 2048 * 6 * 2048 * 34
 
 
@@ -106,85 +107,82 @@ NAMED_ANSWERS = [
 ]
 
 
-def test_named_cases_have_the_pinned_answers(rule: ModuleType, scenario: ModuleType) -> None:
-    got = [rule.best_plan(c.model, c.devices, c.batch) for c in scenario.NAMED_CASES]
+def test_named_cases_have_the_pinned_answers(cases: ModuleType) -> None:
+    got = [cases.best_plan(c.model, c.devices, c.batch) for c in cases.NAMED_CASES]
     assert got == NAMED_ANSWERS
     # The named table catches the classic mistakes whatever the seed.
-    fours = [rule.best_plan(c.model, c.devices, c.batch, bytes_per_param=4) for c in scenario.NAMED_CASES]
+    fours = [cases.best_plan(c.model, c.devices, c.batch, bytes_per_param=4) for c in cases.NAMED_CASES]
     assert fours[1] == {"dp": 8, "tp": 1, "pp": 1} != NAMED_ANSWERS[1]
-    pp_first = [rule.best_plan(c.model, c.devices, c.batch, tp_first=False) for c in scenario.NAMED_CASES]
+    pp_first = [cases.best_plan(c.model, c.devices, c.batch, tp_first=False) for c in cases.NAMED_CASES]
     assert pp_first != NAMED_ANSWERS
-    no_acts = [rule.best_plan(c.model, c.devices, c.batch, activations=False) for c in scenario.NAMED_CASES]
+    no_acts = [cases.best_plan(c.model, c.devices, c.batch, activations=False) for c in cases.NAMED_CASES]
     assert no_acts[3] == {"dp": 8, "tp": 1, "pp": 1} != NAMED_ANSWERS[3]
 
 
-def test_layout_faults_name_each_rule(rule: ModuleType, scenario: ModuleType) -> None:
-    model = scenario.gpt("m", 24, 1024, 1024)
-    devices = scenario.cluster(16, 8, 80)
-    assert rule.layout_faults(model, devices, 16, {"dp": 2, "tp": 8, "pp": 1}) == []
-    faults = rule.layout_faults(model, devices, 6, {"dp": 4, "tp": 16, "pp": 5})
+def test_layout_faults_name_each_rule(cases: ModuleType) -> None:
+    model = cases.gpt("m", 24, 1024, 1024)
+    devices = cases.cluster(16, 8, 80)
+    assert cases.layout_faults(model, devices, 16, {"dp": 2, "tp": 8, "pp": 1}) == []
+    faults = cases.layout_faults(model, devices, 6, {"dp": 4, "tp": 16, "pp": 5})
     text = " | ".join(faults)
     assert "dp * tp * pp = 320" in text and "tp = 16 does not divide the 8 devices of a node" in text
     assert "pp = 5 does not divide the 24 layers" in text and "dp = 4 does not divide the batch of 6" in text
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4242])
-def test_hidden_cases_are_replayable_spread_and_off_the_boundary(rule: ModuleType, scenario: ModuleType,
-                                                                  seed: int) -> None:
-    cases = scenario.plan_cases(seed)
-    again = scenario.plan_cases(seed)
-    assert [(c.model, c.devices, c.batch) for c in cases] == [(c.model, c.devices, c.batch) for c in again]
-    hidden = cases[len(scenario.NAMED_CASES):]
-    assert len(hidden) == 24 and all(scenario.margin_ok(c) for c in hidden)
-    answers = [rule.best_plan(c.model, c.devices, c.batch) for c in hidden]
+def test_hidden_cases_are_replayable_spread_and_off_the_boundary(cases: ModuleType, seed: int) -> None:
+    table = cases.plan_cases(seed)
+    again = cases.plan_cases(seed)
+    assert [(c.model, c.devices, c.batch) for c in table] == [(c.model, c.devices, c.batch) for c in again]
+    hidden = table[len(cases.NAMED_CASES):]
+    assert len(hidden) == 24 and all(cases.margin_ok(c) for c in hidden)
+    answers = [cases.best_plan(c.model, c.devices, c.batch) for c in hidden]
     assert any(a == {"dp": c.devices["count"], "tp": 1, "pp": 1} for a, c in zip(answers, hidden))
     assert any(a and a["tp"] > 1 for a in answers) and any(a and a["pp"] > 1 for a in answers)
-    assert scenario.plan_cases(seed + 100) != cases
+    assert cases.plan_cases(seed + 100) != table
 
 
-def test_reference_plan_agrees_with_the_rule(rule: ModuleType, scenario: ModuleType,
-                                             reference: ModuleType) -> None:
+def test_reference_plan_agrees_with_the_rule(cases: ModuleType, reference: ModuleType) -> None:
     for seed in range(5):
-        for case in scenario.plan_cases(seed):
+        for case in cases.plan_cases(seed):
             assert reference.plan(case.model, case.devices, case.batch) == \
-                rule.best_plan(case.model, case.devices, case.batch), case.describe()
+                cases.best_plan(case.model, case.devices, case.batch), case.describe()
 
 
-def test_plan_diagnoses_name_the_mistake(rule: ModuleType, scenario: ModuleType, programs: ModuleType,
-                                         diagnoses: ModuleType) -> None:
+def test_plan_diagnoses_name_the_mistake(cases: ModuleType, programs: ModuleType, judging: ModuleType) -> None:
     A = programs.PlanAnswer
-    trap, acts, big, none = (scenario.NAMED_CASES[i] for i in (1, 3, 4, 5))
-    assert diagnoses.diagnose_plan(trap, A(layout={"dp": 4, "tp": 2, "pp": 1})) is None
-    msg = diagnoses.diagnose_plan(trap, A(layout={"dp": 8, "tp": 1, "pp": 1}))
+    trap, acts, big, none = (cases.NAMED_CASES[i] for i in (1, 3, 4, 5))
+    assert judging.diagnose_plan(trap, A(layout={"dp": 4, "tp": 2, "pp": 1})) is None
+    msg = judging.diagnose_plan(trap, A(layout={"dp": 8, "tp": 1, "pp": 1}))
     assert "expected dp=4 tp=2 pp=1; saw dp=8 tp=1 pp=1" in msg
     assert "the optimizer state is missing" in msg and "25.9 GiB per device" in msg
     # Here both misreadings give dp=8: the message names both, unless one was seen on every case.
-    msg = diagnoses.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}))
+    msg = judging.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}))
     assert "the optimizer state is missing" in msg and "; or the rule's answer without activations" in msg
-    msg = diagnoses.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}), "no activations")
+    msg = judging.diagnose_plan(acts, A(layout={"dp": 8, "tp": 1, "pp": 1}), "no activations")
     assert "the activations are missing" in msg and "optimizer" not in msg
-    pp_first = rule.best_plan(big.model, big.devices, big.batch, tp_first=False)
+    pp_first = cases.best_plan(big.model, big.devices, big.batch, tp_first=False)
     assert pp_first != NAMED_ANSWERS[4]
-    assert "with PP tried before TP" in diagnoses.diagnose_plan(big, A(layout=pp_first))
-    msg = diagnoses.diagnose_plan(scenario.NAMED_CASES[0], A(layout={"dp": 4, "tp": 2, "pp": 1}))
+    assert "with PP tried before TP" in judging.diagnose_plan(big, A(layout=pp_first))
+    msg = judging.diagnose_plan(cases.NAMED_CASES[0], A(layout={"dp": 4, "tp": 2, "pp": 1}))
     assert "less model parallelism" in msg
-    assert diagnoses.diagnose_plan(none, A(layout=None)) is None
-    assert "does not fit" in diagnoses.diagnose_plan(none, A(layout={"dp": 1, "tp": 8, "pp": 1}))
-    assert "but dp=4 tp=2 pp=1 fits" in diagnoses.diagnose_plan(trap, A(layout=None))
-    assert "not a legal layout" in diagnoses.diagnose_plan(trap, A(layout={"dp": 2, "tp": 2, "pp": 1}))
-    assert "plan raised ValueError: x" in diagnoses.diagnose_plan(trap, A(error="ValueError: x"))
-    assert "not a dict with keys dp, tp, pp" in diagnoses.diagnose_plan(trap, A(other="(4, 2, 1)"))
+    assert judging.diagnose_plan(none, A(layout=None)) is None
+    assert "does not fit" in judging.diagnose_plan(none, A(layout={"dp": 1, "tp": 8, "pp": 1}))
+    assert "but dp=4 tp=2 pp=1 fits" in judging.diagnose_plan(trap, A(layout=None))
+    assert "not a legal layout" in judging.diagnose_plan(trap, A(layout={"dp": 2, "tp": 2, "pp": 1}))
+    assert "plan raised ValueError: x" in judging.diagnose_plan(trap, A(error="ValueError: x"))
+    assert "not a dict with keys dp, tp, pp" in judging.diagnose_plan(trap, A(other="(4, 2, 1)"))
 
 
 @pytest.mark.parametrize("name", ["4 bytes", "no activations", "PP first"])
-def test_a_misreading_seen_on_every_case_is_named(rule: ModuleType, scenario: ModuleType, programs: ModuleType,
-                                                  diagnoses: ModuleType, name: str) -> None:
-    cases = scenario.plan_cases(SEED)
-    kwargs = diagnoses.MISREADINGS[name][0]
-    answers = [programs.PlanAnswer(layout=rule.best_plan(c.model, c.devices, c.batch, **kwargs)) for c in cases]
-    assert diagnoses.misreading_of(cases, answers) == name
-    right = [programs.PlanAnswer(layout=rule.best_plan(c.model, c.devices, c.batch)) for c in cases]
-    assert diagnoses.misreading_of(cases, right) is None
+def test_a_misreading_seen_on_every_case_is_named(cases: ModuleType, programs: ModuleType,
+                                                  judging: ModuleType, name: str) -> None:
+    table = cases.plan_cases(SEED)
+    kwargs = judging.MISREADINGS[name][0]
+    answers = [programs.PlanAnswer(layout=cases.best_plan(c.model, c.devices, c.batch, **kwargs)) for c in table]
+    assert judging.misreading_of(table, answers) == name
+    right = [programs.PlanAnswer(layout=cases.best_plan(c.model, c.devices, c.batch)) for c in table]
+    assert judging.misreading_of(table, right) is None
 
 
 def test_normalize_accepts_numpy_ints_and_refuses_the_rest(programs: ModuleType) -> None:
@@ -204,55 +202,54 @@ def _results(programs: ModuleType, case: Any, outs: list[np.ndarray], x_grads: l
     return [programs.MlpResult(o, g, [], [], CommStats(), CommStats()) for o, g in zip(outs, x_grads)]
 
 
-def test_mlp_diagnoses_name_the_symptom(scenario: ModuleType, programs: ModuleType,
-                                        diagnoses: ModuleType) -> None:
-    case = scenario.MlpCase(p=3, batch=2, seq=3, hidden=16, ffn=24, blocks=1, seed=7)
-    want = diagnoses.single_device(case)
+def test_mlp_diagnoses_name_the_symptom(cases: ModuleType, programs: ModuleType, judging: ModuleType) -> None:
+    case = cases.MlpCase(p=3, batch=2, seq=3, hidden=16, ffn=24, blocks=1, seed=7)
+    want = programs.single_device(case)
     b2 = want.weights[0][3]
     right = [want.out] * 3
     grads = [want.x_grad] * 3
-    assert diagnoses.diagnose_output(case, _results(programs, case, right, grads), want) is None
-    assert diagnoses.diagnose_input_grad(case, _results(programs, case, right, grads), want) is None
+    assert judging.diagnose_output(case, _results(programs, case, right, grads), want) is None
+    assert judging.diagnose_input_grad(case, _results(programs, case, right, grads), want) is None
 
     biased = [want.out + 2 * b2] * 3
-    msg = diagnoses.diagnose_output(case, _results(programs, case, biased, grads), want)
+    msg = judging.diagnose_output(case, _results(programs, case, biased, grads), want)
     assert "by exactly (p - 1) * b2" in msg
 
     # Without g, rank r holds its partial sum plus the whole bias.
-    x0, _, ((w1, b1, w2, _),) = scenario.mlp_inputs(case)
+    x0, _, ((w1, b1, w2, _),) = cases.mlp_inputs(case)
     import torch
     import torch.nn.functional as F
 
     hidden = F.gelu(torch.from_numpy(x0) @ torch.from_numpy(w1).T + torch.from_numpy(b1)).numpy()
     parts = [hidden[..., r * 8:(r + 1) * 8] @ w2[:, r * 8:(r + 1) * 8].T + b2 for r in range(3)]
-    msg = diagnoses.diagnose_output(case, _results(programs, case, parts, grads), want)
+    msg = judging.diagnose_output(case, _results(programs, case, parts, grads), want)
     assert "each rank holds only its own partial sum" in msg and "(g)" in msg
 
     split = [want.x_grad * w for w in (0.2, 0.3, 0.5)]
-    msg = diagnoses.diagnose_input_grad(case, _results(programs, case, right, split), want)
+    msg = judging.diagnose_input_grad(case, _results(programs, case, right, split), want)
     assert "add up to it" in msg and "must allreduce in backward" in msg
-    msg = diagnoses.diagnose_input_grad(case, _results(programs, case, right, [3 * want.x_grad] * 3), want)
+    msg = judging.diagnose_input_grad(case, _results(programs, case, right, [3 * want.x_grad] * 3), want)
     assert "p = 3 times too large" in msg
 
 
-def test_mlp_variants_replay_and_fit_the_tolerances(check: ModuleType, scenario: ModuleType) -> None:
-    tasks = scenario.mlp_cases(SEED)
-    assert tasks == scenario.mlp_cases(SEED) != scenario.mlp_cases(SEED + 1)
-    assert [cases[0].p for cases in tasks] == [2, 3, 4]
-    for cases in tasks:
-        assert cases[0].blocks == 1 and 2 <= cases[1].blocks <= 3
-        for case in cases:
+def test_mlp_variants_replay_and_fit_the_tolerances(check: ModuleType, cases: ModuleType) -> None:
+    tasks = cases.mlp_cases(SEED)
+    assert tasks == cases.mlp_cases(SEED) != cases.mlp_cases(SEED + 1)
+    assert [batch[0].p for batch in tasks] == [2, 3, 4]
+    for batch in tasks:
+        assert batch[0].blocks == 1 and 2 <= batch[1].blocks <= 3
+        for case in batch:
             assert case.ffn % 12 == 0
             # The replicated b2 keeps a correct split well inside the 1% tolerance.
             share = case.whole_params / case.p
             assert (share + case.hidden * (1 - 1 / case.p)) / share - 1 < check.MEMORY_TOLERANCE / 2
 
 
-def test_shards_follow_the_card(diagnoses: ModuleType) -> None:
+def test_shards_follow_the_card(judging: ModuleType) -> None:
     whole = np.arange(24.0).reshape(4, 6)
-    assert diagnoses.shard("fc1.weight", whole, 1, 2).tolist() == whole[2:4].tolist()
-    assert diagnoses.shard("fc2.weight", whole, 2, 3).tolist() == whole[:, 4:6].tolist()
-    assert diagnoses.shard("fc2.bias", whole[0], 1, 2).tolist() == whole[0].tolist()
+    assert judging.shard("fc1.weight", whole, 1, 2).tolist() == whole[2:4].tolist()
+    assert judging.shard("fc2.weight", whole, 2, 3).tolist() == whole[:, 4:6].tolist()
+    assert judging.shard("fc2.bias", whole[0], 1, 2).tolist() == whole[0].tolist()
 
 
 # == end to end through the CLI =======================================================================

@@ -1,0 +1,245 @@
+"""How problem 05 names what went wrong (each diagnose_* gives the first difference, or None)."""
+
+from fractions import Fraction
+from itertools import product
+from typing import Any
+
+import numpy as np
+
+from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, CommStats, cost
+
+from . import cases
+from .cases import Layout, MlpCase, PlanCase, best_plan
+from .programs import GRAD_NAMES, Expected, MlpResult, PlanAnswer
+
+RTOL, ATOL = 1e-7, 1e-9  # float64 all through: only the order of the sums differs
+TWICE = "a gradient that was already whole was allreduced again"
+
+
+# == the plan ====================================================================================
+
+
+def show(layout: Layout | None) -> str:
+    return "None (nothing fits)" if layout is None else "dp={dp} tp={tp} pp={pp}".format(**layout)
+
+
+def gib(x: Fraction | float) -> str:
+    return f"{float(x) / cases.GIB:.1f} GiB"
+
+
+def layout_kind(layout: Layout | None) -> str:
+    return "none" if layout is None else "PP" if layout["pp"] > 1 else "TP" if layout["tp"] > 1 else "DP"
+
+
+MISREADINGS: dict[str, tuple[dict[str, Any], str]] = {
+    "4 bytes": ({"bytes_per_param": cases.STATE_WITHOUT_OPTIMIZER},
+                "the rule's answer at 4 bytes per parameter (fp16 weights and gradients only): the optimizer "
+                "state is missing (fp32 master weights and Adam's two moments, 12 more bytes per parameter)"),
+    "no activations": ({"activations": False},
+                       "the rule's answer without activations: the activations are missing"),
+    "PP first": ({"tp_first": False},
+                 ("the rule's answer with PP tried before TP: for the same tp*pp the rule takes the "
+                  "widest TP that fits (TP inside a node on fast links, PP's bubbles last)")),
+}
+
+
+def misreading_of(table: list[PlanCase], answers: list[PlanAnswer]) -> str | None:
+    """The misreading whose answers the learner gave on every case, where one fits them all."""
+    ours = [best_plan(c.model, c.devices, c.batch) for c in table]
+    for name, (kwargs, _) in MISREADINGS.items():
+        theirs = [best_plan(c.model, c.devices, c.batch, **kwargs) for c in table]
+        if theirs != ours and all(a == PlanAnswer(layout=w) for a, w in zip(answers, theirs)):
+            return name
+    return None
+
+
+def diagnose_plan(case: PlanCase, answer: PlanAnswer, misreading: str | None = None) -> str | None:
+    """None when the answer is the rule's; else what was expected, what was seen, and why.
+    ``misreading``: the rule's misreading seen on every case (misreading_of), if any."""
+    want = best_plan(case.model, case.devices, case.batch)
+    head = f"{case.describe()}: expected {show(want)}"
+    if answer.error:
+        return f"{head}; plan raised {answer.error}"
+    if answer.other is not None:
+        return f"{head}; plan returned {answer.other}, not a dict with keys dp, tp, pp (or None)"
+    got = answer.layout
+    if got == want:
+        return None
+    head = f"{head}; saw {show(got)}"
+    if got is None:  # and want is not: got == want returned above
+        m = cases.memory_per_device(case.model, case.batch, **want)
+        return f"{head}, but {show(want)} fits: it needs {gib(m.total)} of {gib(case.devices['memory_bytes'])}"
+    if faults := cases.layout_faults(case.model, case.devices, case.batch, got):
+        return f"{head}, which is not a legal layout: {'; '.join(faults)}"
+    m, limit = cases.memory_per_device(case.model, case.batch, **got), case.devices["memory_bytes"]
+    need = (f"{show(got)} needs {gib(m.total)} per device ({gib(m.state)} of weights, gradients and "
+            f"Adam state at 16 bytes per parameter, {gib(m.activations)} of activations) and a "
+            f"device has {gib(limit)}")
+    # The usual misreadings of the rule, recognised by giving exactly their answer: the one seen
+    # on every case if there is one, else all those that match this case.
+    names = [misreading] if misreading else [
+        name for name, (kwargs, _) in MISREADINGS.items()
+        if got == best_plan(case.model, case.devices, case.batch, **kwargs)]
+    if names:
+        return f"{head}, {'; or '.join(MISREADINGS[name][1] for name in names)}. {need}"
+    if m.total > limit:
+        return f"{head}, which does not fit: {need}"
+    # The learner's layout fits, so some layout does: want is not None.
+    got_mp, want_mp = got["tp"] * got["pp"], want["tp"] * want["pp"]
+    if got_mp > want_mp:
+        return (f"{head}: it fits, but so does {show(want)} with less model parallelism "
+                f"(tp*pp = {want_mp} < {got_mp}); model parallelism puts communication on the "
+                "critical path of every layer, so use as little as memory allows")
+    if got_mp == want_mp and got["tp"] < want["tp"]:
+        return (f"{head}: same tp*pp = {got_mp}, but the rule takes the widest TP that fits: "
+                "TP inside a node (fast links) before PP (bubbles)")
+    return head
+
+
+def wrong_plans(table: list[PlanCase], answers: list[PlanAnswer]) -> list[str]:
+    """The message of each case that plan got wrong (a misreading seen on every case named so)."""
+    misreading = misreading_of(table, answers)
+    return [msg for case, answer in zip(table, answers) if (msg := diagnose_plan(case, answer, misreading))]
+
+
+def diagnose_all_dp(table: list[PlanCase], answers: list[PlanAnswer]) -> str | None:
+    """The starter's placeholder, or a plan that never looks at memory."""
+    pure_dp = [{"dp": c.devices["count"], "tp": 1, "pp": 1} for c in table]
+    need_mp = sum(best_plan(c.model, c.devices, c.batch) != dp for c, dp in zip(table, pure_dp))
+    if all(a.layout == dp for a, dp in zip(answers, pure_dp)) and need_mp:
+        return (f"plan answered pure DP (dp = the device count) for all {len(table)} cases, but "
+                f"{need_mp} of them need model parallelism or cannot fit at all: apply the memory "
+                "model (16 bytes per parameter plus activations) and the card's rule")
+    return None
+
+
+# == the tensor-parallel MLP: values ==============================================================
+
+
+SPLIT = {  # what rank r of p keeps, for the messages
+    "fc1.weight": "rank r keeps rows (output features) r*ffn/p .. (r+1)*ffn/p of W1",
+    "fc1.bias": "rank r keeps entries r*ffn/p .. (r+1)*ffn/p of b1",
+    "fc2.weight": "rank r keeps columns (input features) r*ffn/p .. (r+1)*ffn/p of W2",
+    "fc2.bias": "every rank keeps the whole b2",
+}
+
+
+def shard(name: str, whole: np.ndarray, rank: int, p: int) -> np.ndarray:
+    """Rank ``rank``'s part of a whole gradient, by the card's split."""
+    # b2 is replicated; W2 is split by columns, W1 and b1 by rows.
+    return whole if name == "fc2.bias" else np.split(whole, p, axis=1 if name == "fc2.weight" else 0)[rank]
+
+
+def close(got: np.ndarray | str, want: np.ndarray) -> bool:
+    return (isinstance(got, np.ndarray) and got.shape == want.shape
+            and bool(np.allclose(got, want, rtol=RTOL, atol=ATOL)))
+
+
+def worst(got: np.ndarray, want: np.ndarray) -> str:
+    i = np.unravel_index(int(np.argmax(np.abs(got - want))), want.shape)
+    return f"at index {tuple(int(k) for k in i)} expected {want[i]:.6g}, saw {got[i]:.6g}"
+
+
+def unusable(case: MlpCase, values: list[Any], want: np.ndarray, name: str, missing: str = "") -> str | None:
+    """The first rank whose value is no array of the expected shape, as a message."""
+    for rank, value in enumerate(values):
+        if isinstance(value, str):
+            return f"{case.label()}: on rank {rank} {value}{missing}"
+        if value.shape != want.shape:
+            return f"{case.label()}: rank {rank}'s {name} has shape {value.shape}, expected {want.shape}"
+    return None
+
+
+def first_wrong_rank(head: str, values: list[np.ndarray], want: np.ndarray) -> str:
+    return next((f"{head} on rank {rank}, {worst(value, want)}"
+                 for rank, value in enumerate(values) if not close(value, want)), head)
+
+
+def diagnose_output(case: MlpCase, results: list[MlpResult], want: Expected) -> str | None:
+    outs = [r.out for r in results]
+    if message := unusable(case, outs, want.out, "output"):
+        return message
+    if all(close(out, want.out) for out in outs):
+        return None
+    head = f"{case.label()}: the output differs from the single-device module"
+    b2 = want.weights[-1][3]
+    if case.blocks == 1:
+        if all(close(out, want.out + (case.p - 1) * b2) for out in outs):
+            return (f"{head} by exactly (p - 1) * b2 on every rank: the bias of the row-parallel layer "
+                    "was added on every rank, so the allreduce counted it p times; add it once, after the sum")
+        total = np.sum(outs, axis=0)
+        if close(total, want.out) or close(total - (case.p - 1) * b2, want.out):
+            return (f"{head}, but the ranks' outputs add up to it: each rank holds only its own partial "
+                    "sum; the row-parallel output must be allreduced in forward (g)")
+    return first_wrong_rank(head, outs, want.out)
+
+
+def diagnose_input_grad(case: MlpCase, results: list[MlpResult], want: Expected) -> str | None:
+    grads = [r.x_grad for r in results]
+    if message := unusable(case, grads, want.x_grad, "x.grad", (
+            ": no gradient reached the input; does the forward keep the autograd graph "
+            "(autograd.Function, not .detach())?")):
+        return message
+    if all(close(g, want.x_grad) for g in grads):
+        return None
+    head = f"{case.label()}: the input gradient dL/dx differs from the single-device module"
+    if case.blocks == 1 and close(np.sum(grads, axis=0), want.x_grad):
+        return (f"{head}, but the ranks' input gradients add up to it: each rank holds only its own "
+                "shard's part; f (in front of the column-parallel layer) must allreduce in backward")
+    if all(close(g, case.p * want.x_grad) for g in grads):
+        return f"{head}: it is p = {case.p} times too large on every rank: {TWICE}"
+    return first_wrong_rank(head, grads, want.x_grad)
+
+
+def diagnose_weight_grads(case: MlpCase, results: list[MlpResult], want: Expected) -> str | None:
+    for block, name, (rank, r) in product(range(case.blocks), GRAD_NAMES, enumerate(results)):
+        got, mine = r.grads[block][name], shard(name, want.grads[block][name], rank, case.p)
+        where = f"{case.label()}: block {block}, rank {rank}, {name}.grad"
+        if isinstance(got, str):
+            return f"{case.label()}: block {block}, rank {rank}: {got}"
+        if got.shape != mine.shape:
+            return f"{where} has shape {got.shape}, expected {mine.shape}: {SPLIT[name]}"
+        if not close(got, mine):
+            if close(got, case.p * mine):
+                return f"{where} is p = {case.p} times too large: {TWICE}"
+            return f"{where} differs from the single-device module's, {worst(got, mine)}"
+    return None
+
+
+# == the tensor-parallel MLP: communication =======================================================
+
+
+def allreduce_calls(stats: CommStats) -> int:
+    return stats.calls.get("Allreduce", 0)  # Iallreduce counts here too
+
+
+def other_calls(stats: CommStats) -> list[str]:  # point-to-point calls and the other collectives
+    return sorted(op for op, n in stats.calls.items()
+                  if n and op != "Allreduce" and (op in POINT_TO_POINT or op in COLLECTIVES))
+
+
+WRONG_COUNT = {  # (phase, allreduce calls per block) -> what that count says
+    ("forward", 2): (": two per block; f's forward must be the identity (its input is "
+                     "already the same on every rank), only g allreduces in forward"),
+    ("forward", 0): ": none at all; the row-parallel partial sums must be added (g)",
+    ("backward", 0): ": none at all; f's backward must add the input-gradient parts",
+    ("backward", 2): ": two per block; g's backward must be the identity",
+}
+
+
+def wrong_calls(head: str, phase: str, stats: CommStats, blocks: int) -> str | None:
+    """What one phase on one rank did besides one Allreduce per block, as a message."""
+    others, calls = other_calls(stats), allreduce_calls(stats)
+    if others:
+        return f"{head} called {', '.join(others)}: a TP block needs one Allreduce each way and nothing else"
+    if calls != blocks:
+        why = WRONG_COUNT.get((phase, calls / blocks), "")
+        return f"{head} made {calls} allreduce call(s), expected exactly {blocks} (one per block){why}"
+    return None
+
+
+def ring_time(t: CheckContext, p: int, nbytes: int) -> float:
+    """The ring allreduce bound 2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link."""
+    routes = [t.platform.route(r, (r + 1) % p) for r in range(p)]
+    alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
+    return cost.ring_allreduce_time(p, nbytes, alpha, beta)
