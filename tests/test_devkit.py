@@ -73,61 +73,16 @@ def test_the_real_bank_lints_clean_every_starter_failing_and_every_reference_pas
     assert job_processes() == []
 
 
-PART = '''"""The rank program and the case of the scaffolded problem, as a part of its check.py."""
-
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Case:
-    values: list
-
-
-def run_case(comm, solution, case):
-    return solution.solve(comm, case.values[comm.Get_rank()])
-'''
-
-
-def test_a_check_split_into_parts_runs_on_real_ranks(bank: Path) -> None:
+def test_a_problem_written_the_old_way_is_named_by_lint(bank: Path) -> None:
     made = run_cli("dev", "new", "split-sum", "--title", "Split sum", "--tier", "advanced")
     assert made.returncode == 0, made.stdout + made.stderr
     folder = bank / "26-split-sum"
-    (folder / "check_cases.py").write_text(PART)
-    check = (folder / "check.py").read_text()
-    # The program and a dataclass argument now come from the part, in the supervisor (pickled
-    # into the task) and in every rank (unpickled there): both must load it under one name.
-    check = check.replace(
-        "from distlab.grading import CheckContext, Checklist, Task\n",
-        "from distlab.grading import CheckContext, Checklist, Task, check_part\n\n"
-        'cases = check_part(__file__, "cases")\n',
-    ).replace(
-        "run = t.launch(run_solve, [Task(ranks=p, args=(values,), label=f\"p = {p}\")])",
-        "run = t.launch(cases.run_case, [Task(ranks=p, args=(cases.Case(values),), label=f\"p = {p}\")])",
-    )
-    assert "cases.run_case" in check
-    (folder / "check.py").write_text(check)
-    lint = run_cli("dev", "lint", "--problems", "26")
-    assert lint.returncode == 0, lint.stdout
-    assert "stray files       none" in lint.stdout or re.search(r"stray files +none", lint.stdout)
-    assert "fails as it should" in lint.stdout and "passes in" in lint.stdout
-    assert job_processes() == []
-
-
-def test_parts_are_named_per_problem_and_bad_names_are_refused(tmp_path: Path) -> None:
-    from distlab.errors import CardError
-    from distlab.grading import check_part
-
-    for problem in ("90-one", "91-two"):
-        (tmp_path / problem).mkdir()
-        (tmp_path / problem / "check_cases.py").write_text(f"WHO = {problem!r}\n")
-    one = check_part(tmp_path / "90-one" / "check.py", "cases")
-    two = check_part(tmp_path / "91-two" / "check.py", "cases")
-    assert (one.WHO, two.WHO) == ("90-one", "91-two")  # same file name, two modules
-    assert check_part(tmp_path / "90-one" / "check.py", "cases") is one  # loaded once
-    with pytest.raises(CardError, match="no such part"):
-        check_part(tmp_path / "90-one" / "check.py", "costs")
-    with pytest.raises(CardError, match="lowercase"):
-        check_part(tmp_path / "90-one" / "check.py", "../evil")
+    (folder / "programs.py").rename(folder / "check_programs.py")  # the parts of before the packages
+    lint = run_cli("dev", "lint", "--no-run", "--problems", "26")
+    assert lint.returncode == 1
+    out = " ".join(lint.stdout.split())
+    assert "missing programs.py" in out and "unexpected: check_programs.py" in out
+    assert "no programs.py; a problem is a package" in out
 
 
 def test_lint_without_runs_fails_a_card_on_an_unknown_platform_or_a_solution_outside(bank: Path) -> None:

@@ -106,17 +106,18 @@ def test_a_task_can_model_its_own_platform_within_one_launch() -> None:
 
 
 def test_a_check_reads_each_task_on_its_own_platform() -> None:
-    # The same through the API of check.py: TaskRun.replay() uses the task's platform.
-    import sys
+    # The same through the API of check.py: TaskRun.replay() uses the task's platform. The
+    # programs file is loaded as a problem package's programs.py would be.
+    import importlib
 
     import numpy as np
 
+    from distlab.grading import Task as CaseTask
     from distlab.grading.api import CheckContext, Session
     from distlab.runs import run_options
-    from distlab.runtime.rank.learner import load_module
+    from distlab.runtime.jobspec import problem_package
 
-    name = program_module_name(PROGRAMS)
-    programs = sys.modules.get(name) or load_module(PROGRAMS, name)
+    programs = importlib.import_module(f"{problem_package(PROGRAMS.parent)}.{PROGRAMS.stem}")
     session = Session(
         program_file=PROGRAMS, solution_file=PROGRAMS, seed=1,
         narrator=type("Quiet", (), {"say": lambda self, text: None})(),
@@ -125,7 +126,7 @@ def test_a_check_reads_each_task_on_its_own_platform() -> None:
     own = uniform(4, 10 * ALPHA, 2 * BETA)
     n, p = 1 << 16, 4
     run = CheckContext(session, 1).launch(
-        programs.ring_allreduce, [Task(ranks=p, args=(n,)), Task(ranks=p, args=(n,), platform=own)]
+        programs.ring_allreduce, [CaseTask(ranks=p, case=n), CaseTask(ranks=p, case=n, platform=own)]
     )
     times = [task_run.replay().makespan for task_run in run.tasks]
     want = [ring_allreduce_time(p, n * 8, ALPHA, BETA), ring_allreduce_time(p, n * 8, 10 * ALPHA, 2 * BETA)]

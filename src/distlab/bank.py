@@ -1,8 +1,9 @@
 """The problem bank: the course index, the cards, and where a problem's files are.
 
-A problem lives in ``problems/NN-slug/`` with ``card.toml``, ``starter.py``, ``reference.py`` and
-``check.py``. The course order of all 25 problems lives in ``problems/index.toml``; a problem listed
-there without a folder yet shows as "coming". Validation names the file, the key and the bad value.
+A problem lives in ``problems/NN-slug/`` with ``card.toml``, ``starter.py``, ``reference.py``,
+``check.py`` and ``programs.py`` (a package: docs/problem-format.md). The course order of all 25
+problems lives in ``problems/index.toml``; a problem listed there without a folder yet shows as
+"coming". Validation names the file, the key and the bad value.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import CardError, UsageError
 FORMAT_VERSION = 1
 TIERS = ("basic", "advanced", "expert")
 BACKENDS = ("mpi", "gloo")
-PROBLEM_FILES = ("card.toml", "starter.py", "reference.py", "check.py")
+PROBLEM_FILES = ("card.toml", "starter.py", "reference.py", "check.py", "programs.py")
 
 
 @dataclass(frozen=True)

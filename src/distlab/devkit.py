@@ -22,12 +22,10 @@ from .bank import PROBLEM_FILES, Bank, Entry
 from .errors import CardError, DistlabError, UsageError
 from .grading.imports import ALLOWED as ALLOWED_IMPORTS
 from .grading.imports import problem_import_findings
-from .grading.parts import PART_FILE
 
-# Files a problem folder may hold besides its four: the other roles of a problem package
-# (docs/problem-format.md), notes for authors, data it ships, and the parts of a check.py still
-# written the old way (check_<part>.py, grading/parts.py).
-ALLOWED_EXTRAS = {"programs.py", "cases.py", "judging.py", "README.md", "data", "__pycache__"}
+# Files a problem folder may hold besides its five: the optional roles of a problem package
+# (docs/problem-format.md), notes for authors, data it ships.
+ALLOWED_EXTRAS = {"cases.py", "judging.py", "README.md", "data", "__pycache__"}
 MIN_HINTS = 3
 
 
@@ -48,9 +46,9 @@ def static_findings(entry: Entry) -> list[Finding]:
         out.append(Finding(n, ok, what, message))
 
     missing = [f for f in PROBLEM_FILES if not (entry.path / f).is_file()]
-    add(not missing, "files", f"missing {', '.join(missing)}" if missing else "all four present")
+    add(not missing, "files", f"missing {', '.join(missing)}" if missing else "all five present")
     stray = sorted(p.name for p in entry.path.iterdir() if p.name not in PROBLEM_FILES
-                   and p.name not in ALLOWED_EXTRAS and not PART_FILE.fullmatch(p.name))
+                   and p.name not in ALLOWED_EXTRAS)
     add(not stray, "stray files", f"unexpected: {', '.join(stray)}" if stray else "none")
     try:
         card = entry.card()

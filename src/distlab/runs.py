@@ -29,6 +29,7 @@ from .runtime.supervisor import LaunchResult, launch
 from .runtime.supervisor.memory import budget as memory_budget
 from .runtime.trace.events import COLL, Event
 
+
 @dataclass(frozen=True)
 class Program:
     """What every rank runs: the function ``name`` of ``file`` (imported as ``module``, by default a

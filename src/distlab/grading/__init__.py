@@ -1,8 +1,9 @@
 """Running a problem's checks, scoring them and reporting the results.
 
-``check.py`` files import only from here and from ``distlab`` (ops, IN_PLACE, wildcards):
-``Checklist`` to declare checks, ``CheckContext`` to launch rank programs and judge what they did,
-``check_part`` to load the parts of a check.py too long for one file.
+A problem's files import only from here and from ``distlab`` (ops, IN_PLACE, wildcards):
+``Checklist`` to declare checks and the runs they share, ``CheckContext`` to launch rank programs
+and judge what they did, ``Task``/``Run`` for cases and their results, ``faults`` to build fault
+plans, the judges (``first_mismatch``, ``agreement``) and the cost formulas (``cost``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
 from .judges import Mismatch, agreement, first_mismatch
-from .parts import check_part
 from .tasks import CaseRun, Run, Task, TaskRun
 
 __all__ = [
     "COLLECTIVES", "POINT_TO_POINT", "CaseRun", "CheckContext", "CheckFailed", "Checklist",
     "CommStats", "FaultPlan", "Mismatch", "Platform", "Run", "RunFailed", "Task", "TaskRun", "agreement",
-    "check_part", "cost", "faults", "first_mismatch", "parse_fault_plan", "parse_platform",
+    "cost", "faults", "first_mismatch", "parse_fault_plan", "parse_platform",
     "resolve", "uniform", "validate_chrome_trace",
 ]

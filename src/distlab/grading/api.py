@@ -25,7 +25,6 @@ computed here, outside the processes that run learner code.
 from __future__ import annotations
 
 import inspect
-import pickle
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +33,10 @@ from typing import Any, Callable, NoReturn, Protocol
 import numpy as np
 
 from .. import runs
+from ..errors import CardError
 from ..platforms import Platform
 from ..runs import Program, RunOptions, collective_time, run
 from ..runtime.comm.stats import COLLECTIVES
-from ..runtime.jobspec import Task as RankTask
-from ..runtime.jobspec import program_module_name
 from ..runtime.supervisor import LaunchResult
 from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
 from .tasks import Run, Task, TaskRun, typed
@@ -144,7 +142,6 @@ class Session:
     # Exam grading (options.mpi_monitoring): what MPI carried that the proxy did not, summed.
     below_proxy: Unexplained = field(default_factory=Unexplained)
     totals: SessionTotals = field(default_factory=SessionTotals)
-    cache: dict[bytes, Run | LaunchResult] = field(default_factory=dict)
     made: dict[str, Any] = field(default_factory=dict)  # declared runs made so far (or their error)
 
     def declared(self, name: str, checklist: Checklist, t: "CheckContext") -> Any:
@@ -233,7 +230,7 @@ class CheckContext:
     def launch(
         self,
         program: Callable[..., Any],
-        tasks: list[Task] | list[RankTask],
+        tasks: list[Task],
         deadline_s: float | None = None,
         stall_s: float = 3.0,
         online_clock: bool = False,
@@ -246,50 +243,26 @@ class CheckContext:
         ``platform``: model another platform than the session's for this launch (a hidden
         variant, or a scenario's own cluster); ``Task(platform=...)`` does it for one task."""
         s = self._session
-        specs = [task if isinstance(task, Task) else _from_rank_task(task) for task in tasks]
-        rank_tasks = [spec.for_ranks() for spec in specs]
-        found = _program_of(program, s.program_file)
-        platform = platform or s.options.platform
-        key = b""
-        if found.module is None:  # a problem still written as check.py and parts: runs cached
-            key = pickle.dumps((found.name, pickle.dumps(tuple(rank_tasks)), deadline_s,
-                                online_clock, platform))
-            cached = s.cache.get(key)
-            if isinstance(cached, Run):
-                return cached
-            if isinstance(cached, LaunchResult):
-                raise RunFailed(cached, first_report=False)
-        done = run(Program(found.file, found.name, s.solution_file, found.module), rank_tasks,
-                   s.options, platform=platform, online_clock=online_clock, deadline_s=deadline_s,
-                   stall_s=stall_s)
+        done = run(_program_of(program, s.solution_file), [task.for_ranks() for task in tasks],
+                   s.options, platform=platform or s.options.platform, online_clock=online_clock,
+                   deadline_s=deadline_s, stall_s=stall_s)
         result = done.result
         if not result.ok:
-            if key:
-                s.cache[key] = result
             s.totals.launches += 1
             raise RunFailed(result, first_report=True)
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))
-        launched = typed(done, specs)
-        if key:
-            s.cache[key] = launched
+        launched = typed(done, tasks)
         s.totals.add(result, launched.tasks)
         return launched
 
 
-def _from_rank_task(task: RankTask) -> Task:
-    return Task(ranks=task.ranks, args=task.args, faults=task.faults, platform=task.platform,
-                label=task.label)
-
-
-def _program_of(program: Callable[..., Any], check_file: Path) -> Program:
-    """Where a rank finds ``program``: a function of a problem package's module (file and
-    module name), or, for a problem still written as check.py and parts, its name in check.py
-    or "module:name" for a program of one of check.py's parts (grading/parts.py)."""
+def _program_of(program: Callable[..., Any], solution: Path) -> Program:
+    """Where a rank finds ``program``: a function of a problem package's module, by file and
+    module name (the package is registered the same way in every rank)."""
     module = sys.modules[program.__module__]
-    if program.__module__.startswith("distlab_problem_") and "." in program.__module__:
-        return Program(Path(str(module.__file__)), program.__name__, None, program.__module__)
-    if program.__module__ == program_module_name(check_file):
-        return Program(check_file, program.__name__)
-    return Program(check_file, f"{program.__module__}:{program.__name__}")
+    if not (program.__module__.startswith("distlab_problem_") and "." in program.__module__):
+        raise CardError(f"{program.__qualname__} of {program.__module__}: a rank program must be a "
+                        "function of the problem's programs.py (docs/problem-format.md)")
+    return Program(Path(str(module.__file__)), program.__name__, solution, program.__module__)

@@ -9,9 +9,8 @@ a run that ended badly); any other exception is a bug in the check and is report
 from __future__ import annotations
 
 import datetime
-import importlib.util
+import importlib
 import secrets
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from ..bank import Entry
 from ..errors import CardError
 from ..runs import run_options
 from ..runtime.clock.metrics import format_seconds
-from ..runtime.jobspec import problem_package, program_module_name
+from ..runtime.jobspec import problem_package
 from ..runtime.rank.learner import SolutionLoadError, compile_check
 from .api import CheckContext, CheckFailed, Checklist, RunFailed, Session
 from .results import CheckResult, Results
@@ -55,16 +54,10 @@ class Options:
 
 def load_checklist(entry: Entry) -> Checklist:
     path = entry.path / "check.py"
-    module: ModuleType
-    if (entry.path / "programs.py").is_file():  # a problem package (docs/problem-format.md)
-        module = importlib.import_module(problem_package(entry.path) + ".check")
-    else:
-        spec = importlib.util.spec_from_file_location(program_module_name(path), path)
-        if spec is None or spec.loader is None:
-            raise CardError(f"{path}: cannot be imported")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    if not (entry.path / "programs.py").is_file():
+        raise CardError(f"{entry.path}: no programs.py; a problem is a package of check.py, "
+                        "programs.py and, where needed, cases.py and judging.py (docs/problem-format.md)")
+    module: ModuleType = importlib.import_module(problem_package(entry.path) + ".check")
     checks = getattr(module, "CHECKS", None)
     if not isinstance(checks, Checklist) or not checks.checks:
         raise CardError(f"{path}: must define CHECKS = Checklist() with at least one check")

@@ -38,16 +38,9 @@ class Task:
     faults: FaultPlan | None = None  # this task's own fault plan (faults.py builds one)
     platform: Platform | None = None  # this task's own cluster (a hidden variant)
     label: str = ""  # how a failure names the task: "while running <label>"
-    # A problem still written as check.py and parts passes positional arguments instead.
-    args: tuple[Any, ...] = ()
 
     def for_ranks(self) -> RankTask:
-        if self.cases is not None:
-            args: tuple[Any, ...] = (list(self.cases),)
-        elif self.case is not None:
-            args = (self.case,)
-        else:
-            args = self.args
+        args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
                         platform=self.platform)
 

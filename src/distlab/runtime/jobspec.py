@@ -139,7 +139,8 @@ class RankOutcome:
 
 
 def program_module_name(program_file: Path) -> str:
-    """The one module name a problem's check.py gets, in the supervisor and in every rank."""
+    """The one module name a program file outside a problem package gets (the harness's own
+    test programs, calibration), in the supervisor and in every rank."""
     folder = "".join(c if c.isalnum() else "_" for c in program_file.parent.name)
     return f"distlab_problem_{folder}_{program_file.stem}"
 
@@ -166,11 +167,8 @@ def problem_package(folder: Path) -> str:
 
 
 def problem_programs(folder: Path) -> tuple[Path, str]:
-    """(file, module name) of the module that holds a problem's rank programs (its ``main``):
-    ``programs.py`` of a problem package, or check.py of a problem written the old way."""
-    if (folder / "programs.py").is_file():
-        return folder / "programs.py", problem_package(folder) + ".programs"
-    return folder / "check.py", program_module_name(folder / "check.py")
+    """(file, module name) of the module that holds a problem's rank programs (its ``main``)."""
+    return folder / "programs.py", problem_package(folder) + ".programs"
 
 
 def import_program_module(program_file: Path, module_name: str) -> types.ModuleType:

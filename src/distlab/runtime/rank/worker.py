@@ -181,16 +181,13 @@ def run_job(job_dir: Path) -> int:
 
 
 def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]:
-    """``name`` of a problem package's module (``<package>.programs``); or, for a problem still
-    written as check.py and its parts, ``name`` of check.py or "module:name" of a part."""
+    """``name`` of a problem package's module (``<package>.programs``), or of a module file of
+    its own (the harness's test programs, calibration)."""
     module: Any
     if module_name.startswith("distlab_problem_") and "." in module_name:
         module = import_program_module(path, module_name)
     else:
         module = load_module(path, module_name)
-    if ":" in name:
-        part, name = name.split(":", 1)
-        module = sys.modules.get(part)
     program = getattr(module, name, None)
     if not callable(program):
         raise AttributeError(f"{path} has no program function {name!r}")
