@@ -119,7 +119,7 @@ def test_a_check_reads_each_task_on_its_own_platform() -> None:
 
     programs = importlib.import_module(f"{problem_package(PROGRAMS.parent)}.{PROGRAMS.stem}")
     session = Session(
-        program_file=PROGRAMS, solution_file=PROGRAMS, seed=1,
+        solution_file=PROGRAMS, seed=1,
         narrator=type("Quiet", (), {"say": lambda self, text: None})(),
         options=run_options("mpi", uniform(4, ALPHA, BETA), deadline_s=60),
     )

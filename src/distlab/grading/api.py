@@ -131,9 +131,8 @@ class SessionTotals:
 
 @dataclass
 class Session:
-    """State shared by the checks of one ``distlab check``: options, the launch cache, totals."""
+    """State shared by the checks of one ``distlab check``: options, the declared runs, totals."""
 
-    program_file: Path
     solution_file: Path
     seed: int
     narrator: Narrator
@@ -149,10 +148,7 @@ class Session:
         if name not in self.made:
             try:
                 self.made[name] = checklist.call(checklist.runs[name], t)
-            except RunFailed as exc:
-                self.made[name] = exc
-                raise
-            except CheckFailed as exc:
+            except CheckFailed as exc:  # a RunFailed too: the first reader tells its story
                 self.made[name] = exc
                 raise
         made = self.made[name]

@@ -95,7 +95,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         faults=options.faults, seed=seed, deadline_s=options.deadline_s,
         default_deadline_s=float(card.time_limit_s), mpi_monitoring=options.mpi_monitoring,
     )
-    session = Session(entry.path / "check.py", solution, seed, reporter, run_opts, card.platform)
+    session = Session(solution, seed, reporter, run_opts, card.platform)
     for index, spec in enumerate(checklist.checks, start=1):
         reporter.check_started(index, spec.title)
         ctx = CheckContext(session, index)
