@@ -37,6 +37,7 @@ from ..errors import CardError
 from ..platforms import Platform
 from ..runs import Program, RunOptions, collective_time, run
 from ..runtime.comm.stats import COLLECTIVES
+from ..runtime.jobspec import is_problem_module
 from ..runtime.supervisor import LaunchResult
 from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
 from .tasks import Run, Task, TaskRun, typed
@@ -258,7 +259,7 @@ def _program_of(program: Callable[..., Any], solution: Path) -> Program:
     """Where a rank finds ``program``: a function of a problem package's module, by file and
     module name (the package is registered the same way in every rank)."""
     module = sys.modules[program.__module__]
-    if not (program.__module__.startswith("distlab_problem_") and "." in program.__module__):
+    if not is_problem_module(program.__module__):
         raise CardError(f"{program.__qualname__} of {program.__module__}: a rank program must be a "
                         "function of the problem's programs.py (docs/problem-format.md)")
     return Program(Path(str(module.__file__)), program.__name__, solution, program.__module__)

@@ -145,6 +145,14 @@ def program_module_name(program_file: Path) -> str:
     return f"distlab_problem_{folder}_{program_file.stem}"
 
 
+PACKAGE_PREFIX = "distlab_problem_"
+
+
+def is_problem_module(module_name: str) -> bool:
+    """A module of a problem package (``distlab_problem_03_ring_allreduce.programs``)."""
+    return module_name.startswith(PACKAGE_PREFIX) and "." in module_name
+
+
 def problem_package(folder: Path) -> str:
     """Registers a problem's folder as a package (once per process) and returns its name.
 
@@ -154,7 +162,7 @@ def problem_package(folder: Path) -> str:
     cases``. The supervisor and every rank register it the same way, so cases and results defined
     in its modules travel between them as pickles."""
     folder = folder.resolve()
-    name = "distlab_problem_" + "".join(c if c.isalnum() else "_" for c in folder.name)
+    name = PACKAGE_PREFIX + "".join(c if c.isalnum() else "_" for c in folder.name)
     known = sys.modules.get(name)
     if known is None or list(getattr(known, "__path__", [])) != [str(folder)]:
         package = types.ModuleType(name, f"the problem in {folder}")

@@ -44,6 +44,7 @@ from ..jobspec import (
     RankOutcome,
     TaskOutcome,
     import_program_module,
+    is_problem_module,
     log_path,
     outcome_path,
     pid_path,
@@ -184,7 +185,7 @@ def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]
     """``name`` of a problem package's module (``<package>.programs``), or of a module file of
     its own (the harness's test programs, calibration)."""
     module: Any
-    if module_name.startswith("distlab_problem_") and "." in module_name:
+    if is_problem_module(module_name):
         module = import_program_module(path, module_name)
     else:
         module = load_module(path, module_name)
