@@ -59,18 +59,27 @@ def test_progress_shows_tiers_and_the_next_problem() -> None:
     assert re.search(r"next: \d\d · ", out.stdout)
 
 
-@pytest.mark.timeout(900)  # 16 checks, two at a time: about 80 s on a quiet machine
-def test_the_real_bank_lints_clean_every_starter_failing_and_every_reference_passing() -> None:
-    # What CI must run: the whole `distlab dev lint`, starters and references included.
-    out = run_cli("dev", "lint", timeout=600)
+def test_the_real_bank_lints_clean() -> None:
+    # The static half of `distlab dev lint` over the real bank. Its other half (every starter fails,
+    # every reference passes) is what each problem's own test file proves with its reference and
+    # starter runs (tests/test_problemNN*.py): running it here too would start those 16 checks again.
+    out = run_cli("dev", "lint", "--no-run")
     assert out.returncode == 0, out.stdout
     written = sorted({m for m in re.findall(r"^ (\d\d) ", out.stdout, re.MULTILINE)})
     assert len(written) >= 8, out.stdout  # the basic tier at least
-    for number in written:
-        assert re.search(rf"^ {number} +ok +starter fails +fails as it should", out.stdout, re.M), number
-        assert re.search(rf"^ {number} +ok +reference passes +passes in", out.stdout, re.M), number
     assert re.search(r"\d+ ok, 0 failing", out.stdout)
-    assert job_processes() == []
+
+
+def test_every_written_problem_has_a_test_file_that_runs_its_reference_and_its_starter() -> None:
+    # The guard that keeps the static lint above honest: a problem without these tests would have
+    # a reference nobody proved to pass and a starter nobody proved to fail.
+    numbers = sorted({d.name[:2] for d in PROBLEMS.iterdir() if (d / "check.py").exists()})
+    assert len(numbers) >= 8
+    for number in numbers:
+        files = sorted(PROBLEMS.parent.glob(f"tests/test_problem{number}*.py"))
+        text = "\n".join(f.read_text() for f in files)
+        assert re.search(r"def test_(reference_passes|correct_solutions_pass)", text), number
+        assert re.search(r"def test_starter_fails", text), number
 
 
 def test_a_problem_written_the_old_way_is_named_by_lint(bank: Path) -> None:

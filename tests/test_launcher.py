@@ -7,6 +7,7 @@ one particular way, and checks both the report and that no process of the job su
 from __future__ import annotations
 
 import pickle
+import re
 import time
 from pathlib import Path
 
@@ -172,7 +173,8 @@ def test_requests_never_waited_are_named_when_the_solution_returns(tmp_path: Pat
         "    while not req.Test():\n        pass\n")
     result = run(make_job("call_solution", [Task(ranks=3, args=("work",))], solution), deadline_s=30)
     assert result.status == "error", result.message
-    assert result.message.startswith("rank 0: returned with 2 Isend requests never waited: MPI needs Wait")
+    # Every rank leaves the same two sends behind; whichever the supervisor hears from first is named.
+    assert re.match(r"rank [012]: returned with 2 Isend requests never waited: MPI needs Wait", result.message)
     clean = run(make_job("call_solution", [Task(ranks=3, args=("waited",))], solution), deadline_s=30)
     assert clean.ok, clean.message  # Wait, and Test until true, both complete a request
 
