@@ -110,3 +110,22 @@ def address_space_limit(comm, solution):
     import resource
 
     return resource.getrlimit(resource.RLIMIT_AS)[0] >> 20
+
+
+def marked_phases(comm, solution, n):
+    """Three phases: a ring exchange ("ring"), an Allreduce ("reduce"), then two "step"s of one
+    Send each to the right neighbour's matching Recv."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    comm.mark("ring")
+    got = np.empty(n)
+    comm.Sendrecv(np.full(n, float(rank)), dest=(rank + 1) % size, recvbuf=got, source=(rank - 1) % size)
+    comm.mark("reduce")
+    comm.compute(seconds=1e-3, label="work")
+    comm.Allreduce(np.ones(n), got)
+    for _ in range(2):
+        comm.mark("step")
+        if rank % 2 == 0:
+            comm.Send(np.zeros(2 * n), dest=rank + 1)
+        else:
+            comm.Recv(np.empty(2 * n), source=rank - 1)
+    return float(got[0])

@@ -17,10 +17,11 @@ from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
 from .judges import Mismatch, agreement, first_mismatch
 from .tasks import CaseRun, Run, Task, TaskRun
+from .views import Counts, Message, Span, Timeline
 
 __all__ = [
-    "COLLECTIVES", "POINT_TO_POINT", "CaseRun", "CheckContext", "CheckFailed", "Checklist",
-    "CommStats", "FaultPlan", "Mismatch", "Platform", "Run", "RunFailed", "Task", "TaskRun", "agreement",
-    "cost", "faults", "first_mismatch", "parse_fault_plan", "parse_platform",
-    "resolve", "uniform", "validate_chrome_trace",
+    "COLLECTIVES", "CaseRun", "CheckContext", "CheckFailed", "Checklist", "CommStats", "Counts",
+    "FaultPlan", "Message", "Mismatch", "POINT_TO_POINT", "Platform", "Run", "RunFailed", "Span",
+    "Task", "TaskRun", "Timeline", "agreement", "cost", "faults", "first_mismatch",
+    "parse_fault_plan", "parse_platform", "resolve", "uniform", "validate_chrome_trace",
 ]

@@ -24,6 +24,7 @@ from .. import runs
 from ..platforms import Platform
 from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
+from .views import Counts, Timeline, counts_of, phases_of
 
 C = TypeVar("C")
 
@@ -50,10 +51,26 @@ class TaskRun(runs.TaskRun):
     """One task of a launch, with the task as the check wrote it (``spec``)."""
 
     spec: Task = field(default_factory=lambda: Task(0))
+    _timeline: Timeline | None = None
 
     @property
     def case(self) -> Any:
         return self.spec.case
+
+    def counts(self, rank: int, phase: str | None = None, nth: int = 0) -> Counts:
+        """The rank's calls and bytes over the task, or over the ``nth`` phase that starts at a
+        ``comm.mark(phase)`` (and ends at the rank's next mark or the task's end)."""
+        return counts_of(self, rank, phase, nth)
+
+    def phases(self, rank: int, phase: str) -> list[Counts]:
+        """The rank's counts in every phase named ``phase``, in order."""
+        return phases_of(self, rank, phase)
+
+    def timeline(self) -> Timeline:
+        """The task on the virtual clock of its platform (computed once)."""
+        if self._timeline is None:
+            self._timeline = Timeline(self)
+        return self._timeline
 
 
 @dataclass(frozen=True)

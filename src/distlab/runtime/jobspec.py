@@ -116,6 +116,7 @@ class TaskOutcome:
     stats: CommStats
     wall_s: float
     trace: list[Any] | None = None  # this rank's events (runtime/trace/events.py) when tracing is on
+    marks: list[tuple[str, CommStats]] = field(default_factory=list)  # comm.mark(): name, counters then
 
 
 @dataclass

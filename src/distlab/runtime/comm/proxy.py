@@ -69,6 +69,9 @@ class Comm(Collectives):
         self._compute_multiplier = compute_multiplier
         self._device_flops = device_flops
         self._steps_started = 0
+        # (mark name, the counters when it was set): the phases a grader reads, kept here with the
+        # counters rather than returned by the rank program, whose values the learner's code can touch.
+        self.marked: list[tuple[str, CommStats]] = []
         # Nonblocking collectives the online clock has not placed yet, in the order they were
         # posted, and when the last one placed ends (they queue on the group's links).
         self._unsettled: deque[Request] = deque()
@@ -198,6 +201,7 @@ class Comm(Collectives):
             if self.step in self._trigger_steps:
                 # Give the supervisor's 50 ms poll time to act at exactly this step.
                 time.sleep(0.15)
+        self.marked.append((name, self.stats.snapshot()))
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))

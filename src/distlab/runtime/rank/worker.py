@@ -231,7 +231,7 @@ def _run_task(
         value = program(comm, solution, *task.args, **task.kwargs)
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
-        result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events)
+        result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events, comm.marked)
         if group is not engine:
             group.close()
         if side is not None:
