@@ -129,3 +129,13 @@ def marked_phases(comm, solution, n):
         else:
             comm.Recv(np.empty(2 * n), source=rank - 1)
     return float(got[0])
+
+
+def call_forms(comm, solution, args):
+    """solution.<name>(comm[, MPI]): the learner-style call forms of tests/test_mpi4py_forms.py."""
+    name, *more = args
+    if more:
+        from mpi4py import MPI
+
+        return getattr(solution, name)(comm, MPI)
+    return getattr(solution, name)(comm)

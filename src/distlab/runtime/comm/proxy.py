@@ -11,7 +11,8 @@ this proxy, which
 * records every call as an event for the replay and the trace (runtime/trace);
 * runs ``Iallreduce`` (a nonblocking collective) as a request: its Wait is where the rank waits
   for the whole group, and where the online clock settles it (see ``Comm._settle``);
-* offers the built-in collectives (``collectives.py``) and nonblocking requests (``requests.py``);
+* offers the built-in collectives (``collectives.py``), nonblocking requests (``requests.py``) and
+  mpi4py's lowercase calls on Python objects (``objects.py``);
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
   blocking ``Send`` to each other deadlock the same way on every engine and every transport.
 """
@@ -29,13 +30,14 @@ from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..faults.decide import MessageAction, MessageFaults
 from ..trace.events import COMPUTE, MARK, TraceRecorder
 from .collectives import Collectives
+from .objects import ObjectCalls
 from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status
 from .stats import CommStats
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
 
-class Comm(Collectives):
+class Comm(Collectives, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE

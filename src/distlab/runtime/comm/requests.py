@@ -66,6 +66,8 @@ def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
 def _buffer(buf: Any, what: str) -> np.ndarray:
     if type(buf) is np.ndarray and buf.flags.c_contiguous:
         return buf  # the common case, answered first: this runs on every call
+    if isinstance(buf, (list, tuple)) and buf:
+        return _buffer_spec(buf, what)
     try:
         array = as_numpy(buf)
     except TypeError as exc:
@@ -75,6 +77,26 @@ def _buffer(buf: Any, what: str) -> np.ndarray:
             f"{what}: the buffer is a strided view; pass a contiguous array "
             "(slice along the first axis, or use np.ascontiguousarray)"
         )
+    return array
+
+
+def _buffer_spec(spec: list[Any] | tuple[Any, ...], what: str) -> np.ndarray:
+    """mpi4py's buffer specifications: ``[buf, MPI.DOUBLE]`` and ``[buf, count, MPI.DOUBLE]``.
+    The datatype must have the array's item size (MPI would reinterpret the bytes; a mismatch is
+    a bug in learner code), and a count takes the first ``count`` elements."""
+    if len(spec) not in (2, 3) or isinstance(spec[0], (list, tuple)):
+        raise TypeError(f"{what}: a buffer specification is [buf, datatype] or [buf, count, datatype]")
+    array = _buffer(spec[0], what)
+    datatype = spec[-1]
+    if datatype is not None and hasattr(datatype, "Get_size") and datatype.Get_size() != array.itemsize:
+        name = datatype.Get_name() if hasattr(datatype, "Get_name") else repr(datatype)
+        raise TypeError(f"{what}: the array holds {array.dtype} ({array.itemsize} bytes each) but the "
+                        f"datatype is {name} ({datatype.Get_size()} bytes)")
+    if len(spec) == 3:
+        count = int(spec[1])
+        if not 0 <= count <= array.size:
+            raise ValueError(f"{what}: count {count} is outside the buffer's {array.size} elements")
+        array = array.reshape(-1)[:count]
     return array
 
 
@@ -151,6 +173,14 @@ class Request:
         if self._completed:
             _fill_status(status, *self._matched, self._nbytes)
         return self._completed
+
+    # mpi4py's lowercase forms, which course code uses on buffer requests too: wait() returns
+    # None (the data is in the buffer), test() the pair (completed, None).
+    def wait(self, status: Any = None) -> None:
+        self.Wait(status)
+
+    def test(self, status: Any = None) -> tuple[bool, None]:
+        return self.Test(status), None
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
