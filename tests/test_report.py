@@ -48,6 +48,23 @@ def test_the_timeline_has_a_row_per_rank_with_spans(page: str) -> None:
     assert svg.count("<rect") > 4 + 8  # backgrounds plus communication spans
 
 
+def test_the_timeline_draws_what_the_metrics_count_and_its_legend_says_each_colour(page: str) -> None:
+    # Compute, communication and idle add up to the run's time on every rank: the legend gives each
+    # share, the bars of each colour cover that share of the rows, and idle is the metrics' idle.
+    legend = dict(re.findall(r'<span data-part="(\w+)">.*?\(([\d.]+)%\)</span>', page))
+    assert set(legend) == {"compute", "communication", "idle"}
+    assert sum(float(v) for v in legend.values()) == pytest.approx(100.0, abs=0.2)
+    assert "blocked in a call" in page and "waiting for the slowest rank" in page
+    idle = re.search(r"idle ([\d.]+)% ", page)
+    assert idle and float(idle.group(1)) == pytest.approx(float(legend["idle"]), abs=0.1)
+    svg = page[page.index("<svg"):page.index("</svg>")]
+    ranks = len(re.findall(r">rank \d<", svg))
+    row = float(re.search(r'<rect x="70" y="4" width="([\d.]+)"', svg).group(1))
+    for part, share in legend.items():
+        drawn = sum(float(w) for w in re.findall(rf'width="([\d.]+)"[^>]*data-part="{part}"', svg))
+        assert drawn / (row * ranks) == pytest.approx(float(share) / 100, abs=0.02), part
+
+
 def test_a_report_without_results_says_how_to_get_them(tmp_path: Path) -> None:
     out = tmp_path / "empty.html"
     made = run_cli("report", "03", "--solution", "starter", "--out", str(out))

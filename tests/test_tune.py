@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from distlab.errors import UsageError
-from distlab.tune import parse_param
+from distlab.tune import parse_param, spans_decades, time_unit
 
 from conftest import job_processes, run_cli
 
@@ -31,3 +31,28 @@ def test_parameters_are_parsed_or_refused_clearly() -> None:
     for bad in ("threshold", "=1,2", "n="):
         with pytest.raises(UsageError, match="NAME=V1,V2"):
             parse_param(bad)
+
+
+def test_a_problems_bound_is_kept_beside_each_figure_and_drawn(tmp_path: Path) -> None:
+    # The tiny problem's programs.py gives the bound of its free run (p - 1 rounds of messages per
+    # repeat), computed in the supervisor; its reference is that exchange, so it lands on the bound.
+    prefix = tmp_path / "sweep"
+    tiny = Path(__file__).resolve().parent / "tiny_bank"
+    out = run_cli("tune", "01", "--solution", "reference", "--ranks", "3", "--param", "repeat=1,4,16",
+                  "--out", str(prefix), env={"DISTLAB_PROBLEMS": str(tiny)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = list(csv.DictReader(open(prefix.with_suffix(".csv"))))
+    bounds = [float(r["bound"]) for r in rows]
+    assert bounds[1] == pytest.approx(4 * bounds[0]) and bounds[2] == pytest.approx(16 * bounds[0])
+    for r in rows:
+        assert float(r["virtual_s"]) == pytest.approx(float(r["bound"]), rel=0.05)
+    assert "(bound " in out.stdout
+    assert prefix.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_plot_reads_time_in_a_persons_units_on_log_axes_where_values_span_decades() -> None:
+    assert time_unit("virtual_s", [2e-6, 9e-5]) == (1e6, "us")
+    assert time_unit("step_p50_s", [0.004, 0.02]) == (1e3, "ms")
+    assert time_unit("virtual_s", [1.5]) == (1.0, "s")
+    assert time_unit("auc", [0.7, 0.8]) == (1.0, "")
+    assert spans_decades([8, 1024, 1 << 20]) and not spans_decades([1, 50]) and not spans_decades([0, 1000])

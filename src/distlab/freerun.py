@@ -13,12 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from .bank import Entry
+from .errors import UsageError
 from .platforms import Platform
 from .runs import problem_program, run, run_options
 from .runtime.clock.metrics import RunMetrics, format_seconds
 from .runtime.clock.replay import Replay
 from .runtime.faults.plans import FaultPlan
-from .runtime.jobspec import Task
+from .runtime.jobspec import Task, import_program_module, problem_programs
 from .runtime.rank.learner import SolutionLoadError, compile_check
 from .runtime.supervisor import LaunchResult
 from .runtime.trace import chrome
@@ -48,6 +49,8 @@ class RunOutcome:
     traces: dict[int, list[Any]] = field(default_factory=dict)
     played: Replay | None = None
     metrics: RunMetrics | None = None
+    # What the problem's model allows for this run, by metric (programs.py's ``bounds``).
+    bounds: dict[str, float] = field(default_factory=dict)
 
 
 def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
@@ -62,6 +65,7 @@ def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
         deadline_s=options.deadline_s, default_deadline_s=float(card.time_limit_s),
     )
     compile_check(solution)
+    bounds = free_run_bounds(entry, run_opts.platform, options)  # before the run: a bad param fails fast
     task = Task(ranks=options.ranks, kwargs=dict(options.params), label="the free run")
     done = run(
         problem_program(entry.path, "main", solution), [task], run_opts,
@@ -74,7 +78,24 @@ def execute(entry: Entry, solution: Path, options: RunOptions) -> RunOutcome:
         outcome.traces = task_run.traces
         outcome.played = task_run.replay()
         outcome.metrics = task_run.metrics()
+        outcome.bounds = bounds
     return outcome
+
+
+def free_run_bounds(entry: Entry, platform: Platform, options: RunOptions) -> dict[str, float]:
+    """The bounds a problem's programs.py gives for one free run, computed here, in the supervisor:
+    ``bounds(platform, ranks, **params) -> {metric: value}`` (for example ``{"virtual_s": ...}``,
+    the closed form's time on this platform), with the parameters ``main`` takes (the same
+    defaults). {} when the problem defines none."""
+    module = import_program_module(*problem_programs(entry.path))
+    bounds = getattr(module, "bounds", None)
+    if bounds is None:
+        return {}
+    try:
+        found = bounds(platform, options.ranks, **options.params)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"problem {entry.number}'s bound for this free run: {exc}") from None
+    return {str(k): float(v) for k, v in found.items()}
 
 
 def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console) -> int:
@@ -113,6 +134,10 @@ def free_run(entry: Entry, solution: Path, options: RunOptions, console: Console
         else f"wall {format_seconds(metrics.wall_s)}"
     )
     console.print(f"[bold]{headline}[/] · ranks={options.ranks} · msgs={metrics.messages}")
+    bound = outcome.bounds.get("virtual_s")
+    if bound and options.clock == "virtual":
+        console.print(f"  the problem's bound on this platform: {format_seconds(bound)} "
+                      f"({metrics.virtual_s / bound:.3f}x)")
     for line in metrics.lines():
         console.print(f"  {escape(line)}", style="dim")
     if options.trace:

@@ -21,7 +21,15 @@ from .runtime.clock.metrics import format_seconds
 from .runtime.trace.chrome import virtual_spans
 from .workspace import Workspace
 
-COLORS = {"compute": "#4c78a8", "comm": "#f58518", "wait": "#e45756", "mark": "#54a24b"}
+# What a rank's time went to, as the metrics count it (compute + communication + idle = the run's
+# virtual time, on every rank), and how the timeline draws each part.
+PARTS = {
+    "compute": ("#4c78a8", "compute: declared work"),
+    "communication": ("#f58518", "communication: blocked in a call (a Wait, a collective, a blocking "
+                                 "send or receive)"),
+    "idle": ("#d0d0d0", "idle: finished, waiting for the slowest rank"),
+}
+DRAWN_AS = {"compute": "compute", "comm": "communication", "wait": "communication"}
 
 STYLE = """
 body { font: 15px/1.5 system-ui, sans-serif; max-width: 1000px; margin: 2em auto; color: #222; }
@@ -83,30 +91,37 @@ def results_section(results: dict[str, Any] | None, number: str) -> str:
 
 
 def timeline_svg(outcome: RunOutcome, width: int = 940) -> str:
-    """Each rank a row; each span a bar on the virtual clock, colored by what the rank did."""
+    """Each rank a row on the virtual clock: its compute, its time blocked in communication, and
+    its idle time after its last call, in the colours of the legend."""
     assert outcome.played is not None
-    spans = virtual_spans(outcome.traces, outcome.played)
+    played = outcome.played
+    spans = virtual_spans(outcome.traces, played)
     ranks = sorted(outcome.traces)
-    end = outcome.played.makespan or 1e-9
+    end = played.makespan or 1e-9
     row, left = 22, 70
     height = row * len(ranks) + 30
     scale = (width - left - 10) / end
+
+    def bar(rank: int, start: float, seconds: float, part: str, title: str) -> str:
+        y = ranks.index(rank) * row + 4
+        x, w = left + start * scale, max(seconds * scale, 0.5)
+        return (f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 6}" fill="{PARTS[part][0]}" '
+                f'data-part="{part}"><title>{_e(title)} {format_seconds(start)} + '
+                f"{format_seconds(seconds)}</title></rect>")
+
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="per-rank timeline">']
     for i, rank in enumerate(ranks):
         y = i * row + 4
         parts.append(f'<text x="4" y="{y + 14}" font-size="12">rank {rank}</text>')
-        parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row - 6}" fill="#f3f3f3"/>')
+        parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row - 6}" fill="#f7f7f7"/>')
     for span in spans:
-        if span.duration_s <= 0 or span.category == "mark":
-            continue
-        y = ranks.index(span.rank) * row + 4
-        x, w = left + span.start_s * scale, max(span.duration_s * scale, 0.5)
-        parts.append(
-            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 6}" '
-            f'fill="{COLORS.get(span.category, "#999")}"><title>{_e(span.name)} '
-            f"{format_seconds(span.start_s)} + {format_seconds(span.duration_s)}</title></rect>"
-        )
+        if span.duration_s > 0 and span.category in DRAWN_AS:
+            parts.append(bar(span.rank, span.start_s, span.duration_s, DRAWN_AS[span.category], span.name))
+    for rank in ranks:
+        idle = played.idle_s.get(rank, 0.0)
+        if idle > 0:
+            parts.append(bar(rank, played.finish[rank], idle, "idle", "idle"))
     axis_y = row * len(ranks) + 20
     parts.append(f'<text x="{left}" y="{axis_y}" font-size="11">0</text>')
     parts.append(f'<text x="{width - 10}" y="{axis_y}" font-size="11" text-anchor="end">'
@@ -114,11 +129,26 @@ def timeline_svg(outcome: RunOutcome, width: int = 940) -> str:
     return "".join(parts)
 
 
+def shares(outcome: RunOutcome) -> dict[str, float]:
+    """What share of the ranks' time each part took (they add up to 1), from the same replay the
+    timeline draws and the metrics count."""
+    assert outcome.played is not None
+    played, ranks = outcome.played, len(outcome.traces)
+    total = played.makespan * ranks
+    if total <= 0:
+        return dict.fromkeys(PARTS, 0.0)
+    return {"compute": sum(played.compute_s.values()) / total,
+            "communication": sum(played.comm_s.values()) / total,
+            "idle": sum(played.idle_s.values()) / total}
+
+
 def timeline_section(outcome: RunOutcome | None, note: str) -> str:
     if outcome is None or outcome.played is None:
         return f'<section id="timeline"><h2>Timeline</h2><p>{_e(note)}</p></section>'
-    legend = "".join(f'<span><i class="swatch" style="background:{c}"></i>{k}</span>'
-                     for k, c in COLORS.items() if k != "mark")
+    share = shares(outcome)
+    legend = "".join(f'<span data-part="{part}"><i class="swatch" style="background:{colour}"></i>'
+                     f"{_e(meaning)} ({share[part]:.1%})</span>"
+                     for part, (colour, meaning) in PARTS.items())
     metrics = outcome.metrics
     assert metrics is not None
     lines = "".join(f"<li>{_e(line)}</li>" for line in metrics.lines())

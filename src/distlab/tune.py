@@ -2,15 +2,18 @@
 
 Each value is one free run of the problem's ``main`` program (runtime as in ``distlab run``); the
 figure kept is a metric of the run (the virtual time by default, or any field of the run's metrics
-summary), or a number that ``main`` returns in a dict. The sweep is written as CSV and drawn as a
-PNG, so the learner sees the curve (step time against fusion threshold, AUC against compression).
+summary), or a number that ``main`` returns in a dict. Where the problem's programs.py gives a
+bound for the metric (``bounds(platform, ranks, **params)``, computed in the supervisor), it is kept
+beside each figure and drawn beside the curve. The sweep is written as CSV and drawn as a PNG, in readable units and
+on log axes where the values span decades, so the learner sees the curve (step time against fusion
+threshold, AUC against compression) against what the model allows.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +51,28 @@ def metric_value(outcome: RunOutcome, metric: str) -> float | None:
     return None
 
 
+def bound_value(outcome: RunOutcome, metric: str) -> float | None:
+    """The analytic bound of the metric for this run: what the problem's ``bounds`` computed for it
+    in the supervisor (freerun.py), or a ``<metric>_bound`` number main() returned in its dict."""
+    value = outcome.bounds.get(metric)
+    if value is None and isinstance(outcome.summary, dict):
+        value = outcome.summary.get(f"{metric}_bound")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Point:
+    value: str  # the parameter's value, as given
+    got: float | None  # the metric; None when the run failed or had no such metric
+    bound: float | None  # the analytic bound main() reported for it, if any
+    note: str
+
+
 def sweep(
     entry: Entry, solution: Path, base: RunOptions, param: str, values: list[str], metric: str,
     out_prefix: Path, console: Console,
 ) -> tuple[Path, Path | None]:
-    rows: list[tuple[str, float | None, str]] = []
+    points: list[Point] = []
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task(f"{param} sweep", total=len(values))
         for value in values:
@@ -60,48 +80,77 @@ def sweep(
             if outcome.result.ok:
                 got = metric_value(outcome, metric)
                 note = "" if got is not None else f"no metric {metric!r} in this run"
+                points.append(Point(value, got, bound_value(outcome, metric), note))
             else:
-                got, note = None, outcome.result.message
-            rows.append((value, got, note))
+                points.append(Point(value, None, None, outcome.result.message))
             progress.advance(bar)
     csv_path = out_prefix.with_suffix(".csv")
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([param, metric, "note"])
-        for value, got, note in rows:
-            writer.writerow([value, "" if got is None else repr(got), note])
-    for value, got, note in rows:
-        shown = "-" if got is None else f"{got:.6g}"
-        console.print(f"  {param} = {escape(value)}: {metric} = {shown}" + (f"  ({escape(note)})" if note else ""))
-    png = plot(rows, param, metric, out_prefix.with_suffix(".png"), f"{entry.number} · {entry.title}")
+        writer.writerow([param, metric, "note", "bound"])
+        for pt in points:
+            writer.writerow([pt.value, "" if pt.got is None else repr(pt.got), pt.note,
+                             "" if pt.bound is None else repr(pt.bound)])
+    for pt in points:
+        shown = "-" if pt.got is None else f"{pt.got:.6g}"
+        bound = "" if pt.bound is None else f" (bound {pt.bound:.6g})"
+        console.print(f"  {param} = {escape(pt.value)}: {metric} = {shown}{bound}"
+                      + (f"  ({escape(pt.note)})" if pt.note else ""))
+    png = plot(points, param, metric, out_prefix.with_suffix(".png"), f"{entry.number} · {entry.title}")
     return csv_path, png
 
 
-def plot(rows: list[tuple[str, float | None, str]], param: str, metric: str, path: Path,
-         title: str) -> Path | None:
-    points = [(v, y) for v, y, _ in rows if y is not None]
-    if not points:
+def time_unit(metric: str, values: list[float]) -> tuple[float, str]:
+    """(scale, unit) for a metric in seconds, as a person would read it; (1, "") otherwise."""
+    if not (metric.endswith("_s") or metric == "seconds") or not values:
+        return 1.0, ""
+    largest = max(abs(v) for v in values)
+    if largest >= 1:
+        return 1.0, "s"
+    return (1e3, "ms") if largest >= 1e-3 else (1e6, "us")
+
+
+def spans_decades(values: list[float]) -> bool:
+    return all(v > 0 for v in values) and max(values) / min(values) >= 100
+
+
+def plot(points: list[Point], param: str, metric: str, path: Path, title: str) -> Path | None:
+    """The measured curve, the analytic bound beside it where main() gave one, in readable units,
+    on log axes where the values span decades."""
+    measured = [pt for pt in points if pt.got is not None]
+    if not measured:
         return None
     import matplotlib
 
     matplotlib.use("Agg")  # no display here, nor on CI
     import matplotlib.pyplot as plt
 
-    numeric = all(_is_number(v) for v, _ in points)
+    ys = [pt.got for pt in measured if pt.got is not None]
+    bounds = [pt for pt in measured if pt.bound is not None]
+    scale, unit = time_unit(metric, ys + [pt.bound for pt in bounds if pt.bound is not None])
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    if numeric:
-        xs = [float(v) for v, _ in points]
-        ax.plot(xs, [y for _, y in points], marker="o")
-        positive = [x for x in xs if x > 0]
-        if len(positive) == len(xs) and max(xs) / min(xs) >= 100:
+    if all(_is_number(pt.value) for pt in measured):
+        xs = [float(pt.value) for pt in measured]
+        ax.plot(xs, [y * scale for y in ys], marker="o", label="measured")
+        if bounds:
+            ax.plot([float(pt.value) for pt in bounds], [(pt.bound or 0.0) * scale for pt in bounds],
+                    linestyle="--", color="gray", label="analytic bound")
+        if spans_decades(xs):
             ax.set_xscale("log")
+        if spans_decades(ys):
+            ax.set_yscale("log")
     else:
-        ax.bar([v for v, _ in points], [y for _, y in points])
+        ax.bar([pt.value for pt in measured], [y * scale for y in ys], label="measured")
+        if bounds:
+            ax.scatter([pt.value for pt in bounds], [(pt.bound or 0.0) * scale for pt in bounds],
+                       marker="_", s=400, color="gray", label="analytic bound", zorder=3)
     ax.set_xlabel(param)
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
+    if bounds:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

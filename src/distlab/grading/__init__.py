@@ -9,6 +9,7 @@ plans, the judges (``first_mismatch``, ``agreement``) and the cost formulas (``c
 from __future__ import annotations
 
 from ..platforms import Platform, parse_platform, resolve, uniform
+from ..runs import collective_time
 from ..runtime.clock import collectives_cost as cost
 from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT, CommStats
 from ..runtime.faults.plans import FaultPlan, parse_fault_plan
@@ -22,6 +23,6 @@ from .views import Counts, Message, Span, Timeline
 __all__ = [
     "COLLECTIVES", "CaseRun", "CheckContext", "CheckFailed", "Checklist", "CommStats", "Counts",
     "FaultPlan", "Message", "Mismatch", "POINT_TO_POINT", "Platform", "Run", "RunFailed", "Span",
-    "Task", "TaskRun", "Timeline", "agreement", "cost", "faults", "first_mismatch",
+    "Task", "TaskRun", "Timeline", "agreement", "collective_time", "cost", "faults", "first_mismatch",
     "parse_fault_plan", "parse_platform", "resolve", "uniform", "validate_chrome_trace",
 ]
