@@ -104,7 +104,7 @@ def ratio_matches_replay(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
 def stragglers_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
     for case in hidden_runs:
         v = case.variant
-        got = judging.ranks_of(t, case, judging.answer(t, case, "stragglers"))
+        got = judging.listed(t, case, "stragglers", "ranks", lambda value: sorted({int(r) for r in value}))
         want = [v.straggler] if v.straggler is not None else []
         ratio = case.truth.compute_over_median()
         missed = [r for r in want if r not in got]
@@ -134,10 +134,10 @@ def stragglers_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
 def slow_links_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
     for case in hidden_runs:
         v = case.variant
-        got = judging.pairs_of(t, case, judging.answer(t, case, "slow_links"))
+        got = judging.listed(t, case, "slow_links", "pairs (i, j)", lambda value: sorted(
+            {(min(int(a), int(b)), max(int(a), int(b))) for a, b in value}))
         want = [v.slow_link] if v.slow_link is not None else []
-        pings = case.report.get("pings") if case.report is not None else None
-        rtt = np.asarray(pings, dtype=np.float64) if pings is not None else np.zeros(0)
+        rtt = np.asarray(case.rank0.report.get("pings", ()), dtype=np.float64)  # None: nan, not (p, p)
         missed = [pair for pair in want if pair not in got]
         extra = [pair for pair in got if pair not in want]
         seen = f"{v.label()}: expected slow links {want}; saw {got}: "
@@ -167,8 +167,7 @@ def slow_links_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
 def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
     for case in hidden_runs:
         v = case.variant
-        if case.report is None:
-            t.fail(f"{v.label()}: {case.problem}")
+        judging.report_of(t, case)
         if case.rank0.trace_json is None and not case.rank0.trace_error:
             t.fail(f"{v.label()}: diagnose() returned no 'trace' (a dict with a traceEvents list)")
         if case.rank0.trace_error:
@@ -186,16 +185,15 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
                 seen = (f"all {len(next(iter(tracks.values())))} spans on one track, where the ranks' "
                         "spans overlap: give each rank its own pid (or tid)")
             t.fail(f"{v.label()}: expected one track (pid, tid) per rank, {v.p} in all; saw {seen}")
-        want_totals = sorted(case.truth.compute.sum(axis=1) * 1e6)
-        got_totals = []
         for key, spans in sorted(tracks.items(), key=lambda kv: str(kv[0])):
             names = [e.get("name") for e in spans]
             for phase in ("compute", "sync"):
                 if names.count(phase) != v.steps:
                     t.fail(f"{v.label()}: expected {v.steps} '{phase}' spans on each rank's track; "
                            f"track pid={key[0]}, tid={key[1]} has {names.count(phase)}")
-            got_totals.append(sum(float(e.get("dur", 0)) for e in spans if e.get("name") == "compute"))
-        got_totals.sort()
+        want_totals = sorted(case.truth.compute.sum(axis=1) * 1e6)
+        got_totals = sorted(sum(float(e.get("dur", 0)) for e in spans if e.get("name") == "compute")
+                            for spans in tracks.values())
         for got, want in zip(got_totals, want_totals):
             if abs(got - want) > SPAN_TOLERANCE * want + 0.1:
                 t.fail(f"{v.label()}: expected each track's 'compute' spans to add up to its rank's "
@@ -211,8 +209,7 @@ def probes_are_cheap(t: CheckContext, hidden_runs: list[HiddenRun], every_varian
     judging.spans_of(t, probed)  # a probe that measures nothing costs nothing, and is of no use
     bare = judging.truth_of(twin.task, twin.case)
     overhead = probed.truth.trained_s / bare.trained_s - 1
-    extra_calls = (sum(sum(r.trained.calls.values()) for r in probed.task_run.values)
-                   - sum(sum(r.trained.calls.values()) for r in twin.values))
+    extra_calls = judging.training_calls(probed.task_run) - judging.training_calls(twin.task)
     t.say(f"{probed.variant.label()}: training took {probed.truth.trained_s * 1e3:.3f} ms with "
           f"probes, {bare.trained_s * 1e3:.3f} ms without ({overhead:+.2%}); "
           f"{extra_calls} extra communication calls during training")

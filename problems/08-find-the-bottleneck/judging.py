@@ -4,7 +4,7 @@ readers of rank 0's answer that fail the check, naming the variant, on a missing
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,53 +39,54 @@ def phase_times(marks: list[tuple[str, float]], steps: int) -> tuple[list[float]
 
 
 def truth_of(task_run: TaskRun, v: Variant) -> Truth:
-    played = task_run.replay()
-    compute, sync, trained = zip(*(phase_times(list(played.marks[rank]), v.steps) for rank in range(v.p)))
+    timeline = task_run.timeline()
+    compute, sync, trained = zip(*(phase_times(timeline.marks(rank), v.steps) for rank in range(v.p)))
     return Truth(np.array(compute), np.array(sync), max(trained))
+
+
+def training_calls(task_run: TaskRun) -> int:
+    """Communication calls of every rank before its "trained" mark: the task's, less diagnose()'s."""
+    return sum(sum(task_run.counts(r).calls.values()) - sum(task_run.counts(r, "trained").calls.values())
+               for r in range(task_run.spec.ranks))
 
 
 @dataclass
 class HiddenRun:
-    """One probed variant as the checks judge it: its truth and what diagnose() said on rank 0."""
+    """One probed variant as the checks judge it: its truth and what came back from rank 0."""
 
     variant: Variant
     task_run: TaskRun
     truth: Truth
-    report: dict[str, Any] | None
-    problem: str  # why report is None, else ""
     rank0: RankResult
 
 
 def hidden_run(result: CaseRun[Variant]) -> HiddenRun:
-    rank0: RankResult = result.values[0]
-    report, problem = rank0.report, ""
+    return HiddenRun(result.case, result.task, truth_of(result.task, result.case), result.values[0])
+
+
+def report_of(t: CheckContext, case: HiddenRun) -> dict[str, Any]:
+    """What diagnose() returned on rank 0; the check fails unless it is a dict."""
+    report = case.rank0.report
     if not isinstance(report, dict):
-        problem = f"diagnose() returned {type(report).__name__} on rank 0, not a dict"
-        report = None
-    return HiddenRun(result.case, result.task, truth_of(result.task, result.case), report, problem, rank0)
+        t.fail(f"{case.variant.label()}: diagnose() returned {type(report).__name__} on rank 0, not a dict")
+    return report
 
 
 def answer(t: CheckContext, case: HiddenRun, key: str) -> Any:
-    if case.report is None:
-        t.fail(f"{case.variant.label()}: {case.problem}")
-    if key not in case.report:
+    report = report_of(t, case)
+    if key not in report:
         t.fail(f"{case.variant.label()}: diagnose() returned no {key!r} "
-               f"(its keys: {', '.join(map(str, case.report)) or 'none'})")
-    return case.report[key]
+               f"(its keys: {', '.join(map(str, report)) or 'none'})")
+    return report[key]
 
 
-def ranks_of(t: CheckContext, case: HiddenRun, value: Any) -> list[int]:
+def listed(t: CheckContext, case: HiddenRun, key: str, what: str, read: Callable[[Any], list[Any]]) -> list[Any]:
+    """The answer under key through read (to a sorted list); the check fails where read cannot."""
+    value = answer(t, case, key)
     try:
-        return sorted({int(r) for r in value})
+        return read(value)
     except (TypeError, ValueError):
-        t.fail(f"{case.variant.label()}: 'stragglers' must be a list of ranks; saw {value!r}")
-
-
-def pairs_of(t: CheckContext, case: HiddenRun, value: Any) -> list[tuple[int, int]]:
-    try:
-        return sorted({(min(int(a), int(b)), max(int(a), int(b))) for a, b in value})
-    except (TypeError, ValueError):
-        t.fail(f"{case.variant.label()}: 'slow_links' must be a list of pairs (i, j); saw {value!r}")
+        t.fail(f"{case.variant.label()}: {key!r} must be a list of {what}; saw {value!r}")
 
 
 def spans_of(t: CheckContext, case: HiddenRun) -> np.ndarray:

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from distlab import Request
-from distlab.grading import CommStats
 
 from .cases import Variant, compute_table
 
@@ -19,9 +18,14 @@ from .cases import Variant, compute_table
 @dataclass
 class RankResult:
     report: Any  # rank 0: what diagnose() returned, as plain data; other ranks: None
-    trace_json: str | None  # rank 0: the report's "trace" through json.dumps, as a file holds it
-    trace_error: str  # why json.dumps failed, if it did
-    trained: CommStats  # this rank's counters for the training phase alone
+    trace_json: str | None = None  # rank 0: the report's "trace" through json.dumps, as a file holds it
+    trace_error: str = ""  # why json.dumps failed, if it did
+
+
+class Unprobed:
+    """The twin's probes, which do nothing: the baseline of what the learner's probes cost."""
+
+    start = stop = staticmethod(lambda phase: None)
 
 
 def ring_allreduce(comm: Any, buf: np.ndarray) -> None:
@@ -95,35 +99,26 @@ def run_variant(comm: Any, solution: Any, v: Variant) -> RankResult:
     phase, then their diagnose() (collective)."""
     rank = comm.Get_rank()
     grad = np.zeros(v.grad_elems, dtype=np.float32)
-    probes = solution.Probes(comm) if v.probed else None
+    probes = solution.Probes(comm) if v.probed else Unprobed()
     for step in range(v.steps):
         comm.mark("step")
         grad[:] = 1.0 / (rank + step + 1)  # this step's gradient (its values do not matter here)
-        if probes is not None:
-            probes.start("compute")
+        probes.start("compute")
         comm.compute(seconds=v.compute[rank][step], label="forward+backward")
-        if probes is not None:
-            probes.stop("compute")
+        probes.stop("compute")
         comm.mark("sync")
-        if probes is not None:
-            probes.start("sync")
+        probes.start("sync")
         (ring_allreduce if v.exchange == "ring" else direct_allreduce)(comm, grad)
-        if probes is not None:
-            probes.stop("sync")
-    comm.mark("trained")
-    trained = comm.stats.snapshot()
-    if probes is None:
-        return RankResult(None, None, "", trained)
-    report = plain(solution.diagnose(comm, probes))
-    if rank != 0:
-        return RankResult(None, None, "", trained)
-    trace_json, trace_error = None, ""
-    if isinstance(report, dict) and "trace" in report:
+        probes.stop("sync")
+    comm.mark("trained")  # the checks count the training's calls up to here
+    report = plain(solution.diagnose(comm, probes)) if v.probed else None
+    result = RankResult(report if rank == 0 else None)
+    if isinstance(result.report, dict) and "trace" in result.report:
         try:
-            trace_json = json.dumps(report.pop("trace"))
+            result.trace_json = json.dumps(result.report.pop("trace"))
         except (TypeError, ValueError) as exc:
-            trace_error = f"{type(exc).__name__}: {exc}"
-    return RankResult(report, trace_json, trace_error, trained)
+            result.trace_error = f"{type(exc).__name__}: {exc}"
+    return result
 
 
 def main(comm: Any, solution: Any, steps: str = "12", straggler: str = "-1", factor: str = "2.0",
