@@ -197,9 +197,7 @@ def test_normalize_accepts_numpy_ints_and_refuses_the_rest(programs: ModuleType)
 
 
 def _results(programs: ModuleType, case: Any, outs: list[np.ndarray], x_grads: list[np.ndarray]) -> list[Any]:
-    from distlab.runtime.comm.stats import CommStats
-
-    return [programs.MlpResult(o, g, [], [], CommStats(), CommStats()) for o, g in zip(outs, x_grads)]
+    return [programs.MlpResult(o, g, [], []) for o, g in zip(outs, x_grads)]
 
 
 def test_mlp_diagnoses_name_the_symptom(cases: ModuleType, programs: ModuleType, judging: ModuleType) -> None:

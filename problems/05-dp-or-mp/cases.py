@@ -4,7 +4,7 @@ random plan cases (off the memory limit, so floats cannot tip an answer); the ML
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,8 +21,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@dataclass(frozen=True)
-class Memory:
+class Memory(NamedTuple):
     """Bytes per device of one layout, exactly (Fractions), split as the card splits them."""
 
     state: Fraction  # weights, gradients and optimizer state

@@ -1,10 +1,7 @@
-"""Checks for problem 05, data parallel or model parallel?
-
-First the plan: plan(model, devices, batch) on a table of cases (eight named ones that each teach
-one thing, then hidden ones) against the checker's own rule, a wrong layout's memory worked out to
-say why. Then the tensor-parallel MLP on p = 2, 3 and 4 ranks: output, dL/dx and every gradient
-shard against the single-device module; and from the same run, each rank's share of the weights
-(1/p), one allreduce of tokens x hidden each way per block, and their time on the virtual clock."""
+"""Checks for problem 05. The plan on a table of cases (eight named ones, then hidden ones) against
+the checker's own rule, a wrong layout's memory worked out to say why; then the tensor-parallel MLP
+on p = 2, 3 and 4 ranks: values against one device, each rank's share of the weights (1/p), one
+allreduce of tokens x hidden each way per block, and their time on the virtual clock."""
 
 from collections import Counter
 
@@ -97,12 +94,11 @@ def weights_split(t: CheckContext, one_launch: Run) -> None:
             for block, count in enumerate(value.param_counts):
                 ratio = count / share
                 worst_ratio = max(worst_ratio, abs(ratio - 1))
-                hint = (": the whole block, unsplit" if count == case.whole_params else "")
                 t.expect(abs(ratio - 1) <= MEMORY_TOLERANCE,
                          f"about {share:.0f} parameter elements per rank per block (1/p of "
                          f"{case.whole_params}, within 1%)",
-                         f"{case.label()}: block {block} on rank {rank} keeps {count} "
-                         f"({ratio:.2f}x the share){hint}")
+                         f"{case.label()}: block {block} on rank {rank} keeps {count} ({ratio:.2f}x the "
+                         f"share){': the whole block, unsplit' if count == case.whole_params else ''}")
     t.metric("worst_deviation", round(worst_ratio, 5))
     t.say(f"every rank keeps its share, at most {worst_ratio:.2%} over (the replicated bias b2)")
 
@@ -111,12 +107,12 @@ def weights_split(t: CheckContext, one_launch: Run) -> None:
 def one_allreduce_each_way(t: CheckContext, one_launch: Run) -> None:
     for result in mlp_run(one_launch).cases(MlpCase):
         case = result.case
-        for rank, value in enumerate(result.values):
-            for phase, stats in value.phases():
+        for rank, phases in enumerate(programs.phase_counts(result)):
+            for phase, counts in phases.items():
                 head = f"{case.label()}: rank {rank}, {phase}"
-                if wrong := judging.wrong_calls(head, phase, stats, case.blocks):
+                if wrong := judging.wrong_calls(head, phase, counts, case.blocks):
                     t.fail(wrong)
-                moved = stats.op_bytes.get("Allreduce", 0)
+                moved = counts.op_bytes.get("Allreduce", 0)
                 t.expect(moved == case.blocks * case.activation_bytes,
                          f"{case.blocks} x {case.activation_bytes} bytes (tokens x hidden float64 per block)",
                          f"{head} allreduced {moved} bytes: the allreduce carries the "
@@ -132,11 +128,11 @@ def tp_time(t: CheckContext, one_launch: Run) -> None:
         p = results[0].case.p
         for result in results:
             case = result.case
-            for rank, r in enumerate(result.values):
-                t.expect(not any(judging.wrong_calls("", *phase, case.blocks) for phase in r.phases()),
+            for rank, phases in enumerate(programs.phase_counts(result)):
+                t.expect(not any(judging.wrong_calls("", *phase, case.blocks) for phase in phases.items()),
                          "one allreduce each way per block before the time is graded",
-                         f"{case.label()}: rank {rank} made {judging.allreduce_calls(r.forward)} in forward "
-                         f"and {judging.allreduce_calls(r.backward)} in backward (see the check above)")
+                         f"{case.label()}: rank {rank} made {judging.allreduce_calls(phases['forward'])} in "
+                         f"forward and {judging.allreduce_calls(phases['backward'])} in backward (see the check above)")
         bound = sum(2 * r.case.blocks * judging.ring_time(t, p, r.case.activation_bytes) for r in results)
         measured = t.measured_time(task_run)
         t.say(f"p = {p}: {measured * 1e6:.1f} us {t.clock} for {sum(2 * r.case.blocks for r in results)} "

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, CommStats, cost
+from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, Counts, cost
 
 from . import cases
 from .cases import Layout, MlpCase, PlanCase, best_plan
@@ -209,12 +209,12 @@ def diagnose_weight_grads(case: MlpCase, results: list[MlpResult], want: Expecte
 # == the tensor-parallel MLP: communication =======================================================
 
 
-def allreduce_calls(stats: CommStats) -> int:
-    return stats.calls.get("Allreduce", 0)  # Iallreduce counts here too
+def allreduce_calls(counts: Counts) -> int:
+    return counts.calls.get("Allreduce", 0)  # Iallreduce counts here too
 
 
-def other_calls(stats: CommStats) -> list[str]:  # point-to-point calls and the other collectives
-    return sorted(op for op, n in stats.calls.items()
+def other_calls(counts: Counts) -> list[str]:  # point-to-point calls and the other collectives
+    return sorted(op for op, n in counts.calls.items()
                   if n and op != "Allreduce" and (op in POINT_TO_POINT or op in COLLECTIVES))
 
 
@@ -227,9 +227,9 @@ WRONG_COUNT = {  # (phase, allreduce calls per block) -> what that count says
 }
 
 
-def wrong_calls(head: str, phase: str, stats: CommStats, blocks: int) -> str | None:
+def wrong_calls(head: str, phase: str, counts: Counts, blocks: int) -> str | None:
     """What one phase on one rank did besides one Allreduce per block, as a message."""
-    others, calls = other_calls(stats), allreduce_calls(stats)
+    others, calls = other_calls(counts), allreduce_calls(counts)
     if others:
         return f"{head} called {', '.join(others)}: a TP block needs one Allreduce each way and nothing else"
     if calls != blocks:

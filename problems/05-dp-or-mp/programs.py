@@ -2,16 +2,15 @@
 
 import traceback
 from contextlib import suppress
-from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from distlab.grading import CommStats
+from distlab.grading import CaseRun, Counts
 
 from .cases import NAMED_CASES, MlpCase, PlanCase, Weights, mlp_inputs
 
@@ -20,7 +19,7 @@ GRAD_NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
 def run_cases(comm, solution, cases: list[PlanCase] | list[MlpCase]) -> list[Any]:
     """The program of every task: the plan cases (one rank) or the MLP cases; it returns plain data
-    (answers, arrays, parameter counts, CommStats), never the learner's objects."""
+    (answers, arrays, parameter counts), never the learner's objects."""
     # One torch thread per process, as torchrun sets OMP_NUM_THREADS=1: ranks share the cores,
     # and idle intra-op threads spinning on tiny matrices would only steal them from each other.
     torch.set_num_threads(1)
@@ -31,8 +30,7 @@ def run_cases(comm, solution, cases: list[PlanCase] | list[MlpCase]) -> list[Any
 # == the plan ====================================================================================
 
 
-@dataclass
-class PlanAnswer:
+class PlanAnswer(NamedTuple):
     layout: dict[str, int] | None = None  # a well-formed answer
     other: str | None = None  # anything else, as repr
     error: str | None = None  # the exception plan raised
@@ -50,37 +48,28 @@ def normalize(value: Any) -> tuple[dict[str, int] | None, str | None]:
     return None, repr(value)[:200]
 
 
-def where_in(exc: BaseException, solution: Any) -> str:
-    """', line N of your file' for the deepest frame of the learner's file, if any."""
-    path = Path(getattr(solution, "__file__", "") or "").resolve()
-    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path]
-    return f" ({path.name}, line {lines[-1]})" if lines and lines[-1] else ""
-
-
 def ask_plan(comm, solution, case: PlanCase) -> PlanAnswer:
-    """The learner's plan for one case; an exception is kept as this case's answer, not fatal."""
+    """The learner's plan for one case; an exception is kept as this case's answer (with the line of
+    the learner's file it came from), not fatal."""
     try:
         # Copies: a plan that edits its arguments must not change the next case.
         value = solution.plan(dict(case.model), dict(case.devices), case.batch)
     except Exception as exc:  # noqa: BLE001 - reported for this case, the others still run
-        return PlanAnswer(error=f"{type(exc).__name__}: {exc}{where_in(exc, solution)}")
+        path = Path(getattr(solution, "__file__", "") or "").resolve()
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path]
+        where = f" ({path.name}, line {lines[-1]})" if lines and lines[-1] else ""
+        return PlanAnswer(error=f"{type(exc).__name__}: {exc}{where}")
     return PlanAnswer(*normalize(value))
 
 
 # == the tensor-parallel MLP ======================================================================
 
 
-@dataclass
-class MlpResult:
+class MlpResult(NamedTuple):
     out: np.ndarray | str
     x_grad: np.ndarray | str
     grads: list[dict[str, np.ndarray | str]]  # per block: name -> gradient, or why there is none
     param_counts: list[int]  # per block: elements in module.parameters()
-    forward: CommStats
-    backward: CommStats
-
-    def phases(self) -> tuple[tuple[str, CommStats], ...]:
-        return (("forward", self.forward), ("backward", self.backward))
 
 
 def _plain(t: Any, what: str) -> np.ndarray | str:
@@ -93,30 +82,33 @@ def _plain(t: Any, what: str) -> np.ndarray | str:
 
 def _grad(block: Any, name: str) -> np.ndarray | str:
     param = reduce(lambda obj, part: getattr(obj, part, None), name.split("."), block)
-    if param is None:
-        return f"ParallelMLP has no {name}"
-    return _plain(getattr(param, "grad", None), f"{name}.grad")
+    return f"ParallelMLP has no {name}" if param is None else _plain(getattr(param, "grad", None), f"{name}.grad")
 
 
 def run_mlp(comm, solution, case: MlpCase) -> MlpResult:
-    """Blocks of the learner's ParallelMLP, forward then backward; counts comm around each."""
+    """Blocks of the learner's ParallelMLP, forward then backward, each marked for the counters."""
     x0, gout, weights = mlp_inputs(case)
     blocks = [solution.ParallelMLP(comm, *(torch.from_numpy(w.copy()) for w in ws)) for ws in weights]
     x = torch.from_numpy(x0.copy()).requires_grad_(True)
-    before = comm.stats.snapshot()
+    comm.mark("forward")  # phase_counts reads each rank's counters in "forward" and "backward"
     out = reduce(lambda y, block: block(y), blocks, x)
-    middle = comm.stats.snapshot()
+    comm.mark("backward")
     if isinstance(out, torch.Tensor) and out.requires_grad:
         (out * torch.from_numpy(gout)).sum().backward()
-    after = comm.stats.snapshot()
+    comm.mark("read back")  # ends backward: the next case's set-up belongs to no phase a check reads
     return MlpResult(_plain(out, "the output"), _plain(x.grad, "x.grad"),
                      [{name: _grad(block, name) for name in GRAD_NAMES} for block in blocks],
-                     [sum(p.numel() for p in block.parameters()) for block in blocks],
-                     middle.since(before), after.since(middle))
+                     [sum(p.numel() for p in block.parameters()) for block in blocks])
 
 
-@dataclass
-class Expected:
+def phase_counts(result: CaseRun[MlpCase]) -> list[dict[str, Counts]]:
+    """Per rank, its counters in this case's forward and backward: the nth phases of its task."""
+    nth = next(i for i, case in enumerate(result.task.spec.cases or ()) if case is result.case)
+    return [{phase: result.task.counts(rank, phase, nth) for phase in ("forward", "backward")}
+            for rank in range(result.ranks)]
+
+
+class Expected(NamedTuple):
     out: np.ndarray
     x_grad: np.ndarray
     grads: list[dict[str, np.ndarray]]  # whole gradients per block
@@ -127,14 +119,11 @@ def single_device(case: MlpCase) -> Expected:
     """The same blocks on one device, forward and backward, as nn.Linear and nn.GELU compute them."""
     torch.set_num_threads(1)  # as in the ranks (run_cases)
     x0, gout, weights = mlp_inputs(case)
-    params = [{name: torch.from_numpy(w.copy()).requires_grad_(True) for name, w in zip(GRAD_NAMES, ws)}
-              for ws in weights]
+    params = [[torch.from_numpy(w.copy()).requires_grad_(True) for w in ws] for ws in weights]
     x = torch.from_numpy(x0.copy()).requires_grad_(True)
-    out = x
-    for w in params:
-        out = F.linear(F.gelu(F.linear(out, w["fc1.weight"], w["fc1.bias"])), w["fc2.weight"], w["fc2.bias"])
+    out = reduce(lambda y, w: F.linear(F.gelu(F.linear(y, w[0], w[1])), w[2], w[3]), params, x)
     (out * torch.from_numpy(gout)).sum().backward()
-    grads = [{name: t.grad.numpy() for name, t in w.items()} for w in params]  # type: ignore[union-attr]
+    grads = [{name: t.grad.numpy() for name, t in zip(GRAD_NAMES, w)} for w in params]  # type: ignore[union-attr]
     return Expected(out.detach().numpy(), x.grad.numpy(), grads, weights)  # type: ignore[union-attr]
 
 
