@@ -81,22 +81,22 @@ def verdicts(results: Any) -> list[tuple[str, str]]:
 
 def test_the_reference_passes_and_one_launch_serves_three_checks(bank: Path) -> None:
     results = check(bank, "reference", seed=11)
-    assert [c.status for c in results.checks] == ["passed"] * 4, verdicts(results)
+    assert [c.status for c in results.checks] == ["passed"] * 5, verdicts(results)
     made = sys.modules[problem_package(bank / "01-tiny-max") + ".check"].MADE
     assert made == [11]  # the declared run was made once for the three checks that read it
     assert results.launches == 2  # the shared batches, and the slow-rank run
-    assert results.checks[0].metrics["cases"] == 6
+    assert results.checks[1].metrics["cases"] == 6
     assert job_processes() == []
 
 
 def test_the_starter_and_a_built_in_collective_each_fail_their_own_check(bank: Path, tmp_path: Path) -> None:
     starter = verdicts(check(bank, "starter"))
-    assert starter[0][0] == "failed" and "on every rank; saw" in starter[0][1]
-    assert starter[1][0] == "passed"
+    assert starter[1][0] == "failed" and "on every rank; saw" in starter[1][1]
+    assert starter[2][0] == "passed"
     cheat = tmp_path / "cheat.py"
     cheat.write_text(ALLREDUCE)
     seen = verdicts(check(bank, cheat))
-    assert seen[0][0] == "passed" and seen[1][0] == "failed" and "called Allreduce" in seen[1][1]
+    assert seen[1][0] == "passed" and seen[2][0] == "failed" and "called Allreduce" in seen[2][1]
 
 
 def test_a_failed_run_fails_every_check_that_reads_it_and_tells_the_story_once(bank: Path, tmp_path: Path) -> None:
@@ -105,8 +105,41 @@ def test_a_failed_run_fails_every_check_that_reads_it_and_tells_the_story_once(b
     seen = verdicts(check(bank, stuck))
     assert seen[0][0] == "failed" and "deadlock" in seen[0][1].lower()
     assert "while running the batch with p = 2" in seen[0][1]
-    for status, message in seen[1:3]:
+    for status, message in seen[1:4]:
         assert status == "failed" and message.startswith("not graded: its run failed in an earlier check")
+    assert job_processes() == []
+
+
+THREE_HANG = '''import numpy as np
+
+
+def largest(comm, x):
+    if comm.Get_size() == 3:  # everyone waits for a message nobody sends
+        comm.Recv(np.empty(1), source=(comm.Get_rank() + 1) % 3)
+    best, incoming = float(x), np.empty(1)
+    for step in range(1, comm.Get_size()):
+        right, left = (comm.Get_rank() + step) % comm.Get_size(), (comm.Get_rank() - step) % comm.Get_size()
+        comm.Sendrecv(np.array([float(x)]), dest=right, recvbuf=incoming, source=left)
+        best = max(best, incoming[0])
+    return best
+'''
+
+
+def test_one_failing_task_loses_only_the_checks_that_read_it(bank: Path, tmp_path: Path) -> None:
+    # Deadlocks in the batch with p = 3 only: the other batch runs again in a launch of its own,
+    # so the check that reads only it is graded; the first check that reads the failed batch tells
+    # the story, the later ones are not graded.
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text(THREE_HANG)
+    results = check(bank, hangs)
+    seen = verdicts(results)
+    assert seen[0] == ("passed", ""), seen
+    assert seen[1][0] == "failed" and "deadlock" in seen[1][1].lower()
+    assert "while running the batch with p = 3" in seen[1][1]
+    for status, message in seen[2:4]:
+        assert status == "failed" and message.startswith("not graded: its run failed in an earlier check")
+    assert seen[4][0] == "passed"  # a run of its own, on two ranks
+    assert results.launches == 3  # the batches, the p = 2 batch again, the slow-rank run
     assert job_processes() == []
 
 

@@ -16,7 +16,8 @@ they judge are declared once, next to them, and shared like test fixtures::
 
 A check names the runs it reads as parameters; each declared run is made once per session, by
 the first check that asks for it (with that check's ``t``), and handed to every later one; a run
-that failed fails each of them, the first with the whole story. ``t.launch`` starts real ranks
+that failed fails each of them, the first with the whole story (and when only one of its tasks
+failed, only the checks that read that task). ``t.launch`` starts real ranks
 running a *program* (a function of the problem's programs.py, run on every rank as
 ``program(comm, solution, case)``) through the front door (distlab/runs.py); expected values are
 computed here, outside the processes that run learner code.
@@ -40,20 +41,8 @@ from ..runtime.comm.stats import COLLECTIVES
 from ..runtime.jobspec import is_problem_module
 from ..runtime.supervisor import LaunchResult
 from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
-from .tasks import Run, Task, TaskRun, typed
-
-
-class CheckFailed(Exception):
-    """A check found the solution wrong; the message says what was expected and what was seen."""
-
-
-class RunFailed(CheckFailed):
-    """A launch ended badly (exception, deadlock, timeout, crash) before results came back."""
-
-    def __init__(self, result: LaunchResult, first_report: bool) -> None:
-        super().__init__(result.message)
-        self.result = result
-        self.first_report = first_report
+from .failures import CheckFailed, RunFailed
+from .tasks import Run, Task, TaskRun, partial, typed
 
 
 CheckFn = Callable[["CheckContext"], None]
@@ -235,10 +224,30 @@ class CheckContext:
     ) -> Run:
         """Runs ``program`` on real ranks, one task after another; raises RunFailed if it ends badly.
 
+        One failing task loses only its own checks: when a task fails (an exception, a deadlock,
+        a crash; not a timeout, which would cost the deadline again) the other tasks run again
+        in one more launch, and the run comes back with that task failed and the others graded
+        (``tasks.FailedTask``). Only when nothing finished does the launch raise.
+
         ``online_clock``: keep each rank's virtual clock during the run, for programs that read
         ``comm.now()`` (always on under a fault plan); the graded time is the replay either way.
         ``platform``: model another platform than the session's for this launch (a hidden
         variant, or a scenario's own cluster); ``Task(platform=...)`` does it for one task."""
+        first = self._launch(program, tasks, deadline_s, stall_s, online_clock, platform)
+        failed_at = first.result.failing_task
+        if first.ok or len(tasks) == 1 or failed_at is None or first.result.status == "timeout":
+            if not first.ok:
+                raise RunFailed(first.result, first_report=True)
+            return first
+        others = [i for i in range(len(tasks)) if i != failed_at]
+        again = self._launch(program, [tasks[i] for i in others], deadline_s, stall_s, online_clock, platform)
+        if not again.ok:  # more than one task fails: the first failure tells the story, as one run
+            raise RunFailed(first.result, first_report=True)
+        finished = dict(zip(others, again.tasks))
+        return partial(finished, {failed_at: first.result}, tasks)
+
+    def _launch(self, program: Callable[..., Any], tasks: list[Task], deadline_s: float | None,
+                stall_s: float, online_clock: bool, platform: Platform | None) -> Run:
         s = self._session
         done = run(_program_of(program, s.solution_file), [task.for_ranks() for task in tasks],
                    s.options, platform=platform or s.options.platform, online_clock=online_clock,
@@ -246,7 +255,7 @@ class CheckContext:
         result = done.result
         if not result.ok:
             s.totals.launches += 1
-            raise RunFailed(result, first_report=True)
+            return Run(result)
         if result.mpi_traffic is not None:
             handed = {rank: outcome.handed for rank, outcome in result.outcomes.items()}
             s.below_proxy.add(unexplained(result.mpi_traffic, handed, result.world_size))

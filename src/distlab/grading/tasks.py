@@ -18,12 +18,14 @@ value per case.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, Sequence, TypeVar, overload
+from typing import Any, Generic, NoReturn, Sequence, TypeVar, overload
 
 from .. import runs
 from ..platforms import Platform
 from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
+from ..runtime.supervisor import LaunchResult
+from .failures import RunFailed
 from .views import Counts, Timeline, counts_of, phases_of
 
 C = TypeVar("C")
@@ -87,11 +89,31 @@ class CaseRun(Generic[C]):
         return self.task.spec.ranks
 
 
+class FailedTask:
+    """A task that did not finish while the launch's other tasks did (see ``CheckContext.launch``):
+    reading it raises its failure, for the first reader with the whole story."""
+
+    def __init__(self, spec: Task, failure: LaunchResult, run: Run) -> None:
+        self.spec, self._failure, self._run = spec, failure, run
+
+    def fail(self) -> NoReturn:
+        first = self not in self._run.reported
+        self._run.reported.append(self)
+        raise RunFailed(self._failure, first_report=first)
+
+    def __getattr__(self, name: str) -> Any:
+        self.fail()
+
+
 @dataclass
 class Run(runs.Run):
-    """A launch whose tasks came from ``Task``s: read it task by task or case by case."""
+    """A launch whose tasks came from ``Task``s: read it task by task or case by case.
+
+    When one task failed and the others finished, ``tasks`` holds a ``FailedTask`` in its place
+    (``result`` is then the failure): reading the others grades them, reading it fails."""
 
     tasks: list[TaskRun] = field(default_factory=list)  # type: ignore[assignment]
+    reported: list[FailedTask] = field(default_factory=list)  # failed tasks already told of
 
     @overload
     def cases(self) -> list[CaseRun[Any]]: ...
@@ -103,6 +125,10 @@ class Run(runs.Run):
         found: list[CaseRun[Any]] = []
         for task_run in self.tasks:
             spec = task_run.spec
+            if isinstance(task_run, FailedTask):
+                if any(isinstance(c, kind) for c in (spec.cases if spec.cases is not None else [spec.case])):
+                    task_run.fail()
+                continue
             if spec.cases is None:
                 if isinstance(spec.case, kind):
                     found.append(CaseRun(spec.case, task_run.values, task_run))
@@ -117,6 +143,8 @@ class Run(runs.Run):
         for task_run in self.tasks:
             spec = task_run.spec
             if spec.case is case or (spec.cases is not None and any(c is case for c in spec.cases)):
+                if isinstance(task_run, FailedTask):
+                    task_run.fail()
                 return task_run
         raise KeyError(f"no task of this run ran {case!r}")
 
@@ -126,3 +154,13 @@ def typed(done: runs.Run, tasks: Sequence[Task]) -> Run:
     return Run(done.result, [
         TaskRun(r.task, r.outcomes, r.platform, spec=spec) for r, spec in zip(done.tasks, tasks)
     ])
+
+
+def partial(finished: dict[int, TaskRun], failed: dict[int, LaunchResult], tasks: Sequence[Task]) -> Run:
+    """A run of ``tasks`` where those in ``failed`` did not finish and the others did (each in
+    ``finished``, by its index in ``tasks``); its ``result`` is the first failure."""
+    first = failed[min(failed)]
+    out = Run(first)
+    out.tasks = [finished[i] if i in finished else FailedTask(spec, failed[i], out)  # type: ignore[misc]
+                 for i, spec in enumerate(tasks)]
+    return out
