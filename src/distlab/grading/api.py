@@ -44,7 +44,6 @@ from ..runtime.supervisor.mpi_monitoring import Unexplained, unexplained
 from .failures import CheckFailed, RunFailed
 from .tasks import Run, Task, TaskRun, partial, typed
 
-
 CheckFn = Callable[["CheckContext"], None]
 
 
