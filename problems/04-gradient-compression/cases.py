@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CommStats, uniform
-
 STEPS = 300  # training steps of each run
 WARMUP_FRACTIONS = (0.15, 0.2, 0.25)
 AUC_FP16, AUC_ONEBIT = 0.005, 0.01  # catalog: FP16 within 0.005 of FP32's AUC, 1-bit Adam within 0.01
@@ -99,15 +97,6 @@ class CodecResult:
 class OpResult:  # one reducer call's
     value: Any  # what the reducer left in the buffer (or a description)
     state: tuple[Any, ...] = ()  # the arguments after the buffer, after the call
-    stats: CommStats | None = None
-
-
-@dataclass
-class TrainResult:
-    fp16_params: Any
-    onebit_params: Any
-    fp16_bytes: list[float]  # wire bytes of each step
-    onebit_bytes: list[float]
 
 
 # -- the hidden variants ---------------------------------------------------------------------------
@@ -154,11 +143,6 @@ def codec_case(rng: np.random.Generator) -> CodecCase:
     fb_n = int(rng.integers(100, 300))
     feedback = (vector(fb_n, [1.0, 0.01]), (rng.standard_normal(fb_n) * 0.3).astype(np.float32), 2)
     return CodecCase(vectors, (signs, scales, n1), feedback)
-
-
-def slow_link(p: int) -> Any:
-    """The scenario's network: every worker on one switch, 50 us and 1 Gb/s per route."""
-    return uniform(p, SLOW_ALPHA_S, SLOW_BETA)
 
 
 def volume_ratio(warmup_fraction: float) -> float:

@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Run, Task, faults
+from distlab.grading import CheckContext, Checklist, Run, Task, faults, uniform
 
 from . import cases, judging
 from .cases import N_PARAMS
-from .judging import as_array, bytes_line, close, describe, fp32_ring_bytes
-from .programs import held_out_auc, run_case, wire_bytes
+from .judging import as_array, bytes_line, close, describe, fp32_ring_bytes, wire_bytes
+from .programs import held_out_auc, run_case
 
 CHECKS = Checklist()
 
@@ -42,7 +42,8 @@ def everything(t: CheckContext, plan: cases.Plan) -> Run:
                       label=f"1-bit Adam on known gradients (rank {plan.slow_worker} slow)"))
     tasks.append(Task(ranks=plan.train.p, case=plan.train, label="the training runs"))
     tasks += [Task(ranks=c.p, case=c, label=f"the timed {c.method} allreduce") for c in plan.timed]
-    return t.launch(run_case, tasks, platform=cases.slow_link(max(task.ranks for task in tasks)))
+    switch = uniform(max(task.ranks for task in tasks), cases.SLOW_ALPHA_S, cases.SLOW_BETA)
+    return t.launch(run_case, tasks, platform=switch)
 
 
 @CHECKS.check("compressor: signs packed 8 per byte, a mean-|x| scale per chunk, error feedback", points=3)
@@ -103,7 +104,7 @@ def fp16_allreduce(t: CheckContext, everything: Run) -> None:
                     t.fail(f"{head}: rank {rank} holds {describe(got, mean)}; expected the mean over the "
                            "ranks within float16 precision")
         half, slack = fp32_ring_bytes(n, p) / 2, cases.FP16_TOLERANCE
-        sent = [wire_bytes(results["fp16"].stats, p) for results in wire.values]
+        sent = [wire_bytes(wire.task.counts(rank, "fp16"), p) for rank in range(p)]
         for rank, nbytes in enumerate(sent):
             if abs(nbytes / half - 2) <= 2 * slack:
                 t.fail(f"fp16_allreduce, p = {p}, n = {n}: rank {rank} sent {bytes_line(nbytes, half)}: "
@@ -123,7 +124,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
         p, n = wire.case.p, wire.case.n
         judging.judge_onebit(t, wire.case, wire.values)
         bound, fp32 = judging.onebit_bytes_bound(n, p), fp32_ring_bytes(n, p)
-        sent = [wire_bytes(results["onebit 1"].stats, p) for results in wire.values]
+        sent = [wire_bytes(wire.task.counts(rank, "onebit 1"), p) for rank in range(p)]
         for rank, nbytes in enumerate(sent):
             if nbytes > bound:
                 t.fail(f"onebit_allreduce, p = {p}, n = {n}: rank {rank} sent {nbytes:.0f} bytes, "
@@ -139,7 +140,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
 def topk_allreduce(t: CheckContext, everything: Run) -> None:
     for wire in everything.cases(cases.WireCase):
         for keep in wire.case.keeps:
-            judging.judge_topk(t, wire.case, keep, wire.values)
+            judging.judge_topk(t, wire, keep)
         keeps = ", ".join(f"{k:g}" for k in wire.case.keeps)
         t.say(f"p = {wire.case.p}, n = {wire.case.n}: keep {keeps} with and without error feedback equal "
               "the simulation; bytes within (p-1) k 8")
@@ -190,14 +191,14 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
     baseline = held_out_auc(case.seed, judging.simulate_fp32_training(case.seed, case.p, case.steps))
     untrained = held_out_auc(case.seed, cases.init_params(case.seed))
     for what, key, limit in (("FP16", "fp16", cases.AUC_FP16), ("1-bit Adam", "onebit", cases.AUC_ONEBIT)):
-        params = [as_array(getattr(result, f"{key}_params")) for result in results]
+        params = [as_array(result[key]) for result in results]
         for rank, theta in enumerate(params):
             if theta is None or theta.shape != (N_PARAMS,):
                 t.fail(f"{what}: rank {rank} ended with "
-                       + describe(getattr(results[rank], f"{key}_params"), cases.init_params(0)))
+                       + describe(results[rank][key], cases.init_params(0)))
             gap = float(np.abs(theta.astype(np.float64) - params[0]).max())
             if gap > 1e-4 * (1 + float(np.abs(params[0]).max())):
-                lonely = key == "fp16" and sum(results[rank].fp16_bytes) == 0
+                lonely = key == "fp16" and sum(wire_bytes(c, case.p) for c in training.task.phases(rank, key)) == 0
                 t.fail(f"{what} ({case.label()}): rank {rank}'s weights differ from rank 0's by up to "
                        f"{gap:.3g}: every rank must apply the same update"
                        + (" (fp16_allreduce sent nothing: each rank trained on its own clicks)"
@@ -221,12 +222,12 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
 @CHECKS.check("1-bit Adam's volume: w + (1-w)/32 of FP32's (within 5%)", points=2)
 def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
     (training,) = everything.cases(cases.TrainCase)
-    case, results = training.case, training.values
+    case = training.case
     fp32, bound = fp32_ring_bytes(N_PARAMS, case.p), judging.onebit_bytes_bound(N_PARAMS, case.p)
     w = case.warmup / case.steps
     want = cases.volume_ratio(w)
-    for rank, result in enumerate(results):
-        steps = result.onebit_bytes
+    sent = [[wire_bytes(c, case.p) for c in training.task.phases(rank, "onebit")] for rank in range(case.p)]
+    for rank, steps in enumerate(sent):
         for i, nbytes in enumerate(steps[: case.warmup]):
             if abs(nbytes / fp32 - 1) > cases.FP16_TOLERANCE:
                 t.fail(f"1-bit Adam ({case.label()}): rank {rank} sent {bytes_line(nbytes, fp32)} in warmup "
@@ -242,7 +243,7 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
         t.expect(abs(ratio / want - 1) <= cases.VOLUME_TOLERANCE, f"a volume of w + (1-w)/32 = {want:.4f} "
                  f"of float32 Adam's for w = {w:.2f} (within {cases.VOLUME_TOLERANCE:.0%})",
                  f"{ratio:.4f} on rank {rank} ({case.label()})")
-    ratio = sum(results[0].onebit_bytes) / (fp32 * case.steps)
+    ratio = sum(sent[0]) / (fp32 * case.steps)
     t.metric("volume_ratio", round(ratio, 4))
     t.metric("volume_formula", round(want, 4))
     t.say(f"w = {w:.2f}: volume {ratio:.4f} of FP32 (formula {want:.4f}): {1 / ratio:.2f}x less "

@@ -5,11 +5,11 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, first_mismatch
+from distlab.grading import CaseRun, CheckContext, Counts, first_mismatch
 
 from . import cases
 from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk
-from .programs import Adam, Raised, gradient, wire_bytes
+from .programs import Adam, Raised, gradient
 
 
 def as_array(value: Any) -> np.ndarray | None:
@@ -56,6 +56,23 @@ def numbers(values: Any) -> str:
 def ordinal(k: int) -> str:
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
     return f"{k}{suffix}"
+
+
+# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
+# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
+# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
+RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1,
+              "Reduce": 1}
+
+
+def wire_bytes(counts: Counts, p: int) -> float:
+    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share."""
+    total = float(counts.bytes_sent)
+    for op, nbytes in counts.op_bytes.items():
+        share = p if op == "Allgather" else RING_SHARE.get(op)
+        if share and counts.calls.get(op):
+            total += nbytes * (share * (p - 1) / p)
+    return total
 
 
 def fp32_ring_bytes(n: int, p: int) -> float:
@@ -194,7 +211,8 @@ def onebit_bytes_symptom(ratio: float, p: int) -> str:
     return ""
 
 
-def judge_topk(t: CheckContext, case: cases.WireCase, keep: float, values: list[dict[str, OpResult]]) -> None:
+def judge_topk(t: CheckContext, wire: CaseRun[cases.WireCase], keep: float) -> None:
+    case, values = wire.case, wire.values
     p, n, k = case.p, case.n, cases.topk_count(case.n, keep)
     errors = [np.zeros(n, np.float32) for _ in range(p)]  # the simulation's, moved on per call
     calls = [(f"topk {keep} ef 1", "with error feedback, call 1 of 2", errors, "1"),
@@ -224,8 +242,8 @@ def judge_topk(t: CheckContext, case: cases.WireCase, keep: float, values: list[
             if not close(got_error, errs[rank], rtol=1e-4, atol=1e-6):
                 t.fail(f"{head}: rank {rank}'s error holds {describe(got_error, errs[rank])}")
     bound = (p - 1) * k * 8 + 16 * (p - 1)
-    for rank, results in enumerate(values):
-        nbytes = wire_bytes(results[f"topk {keep} ef 1"].stats, p)
+    for rank in range(p):
+        nbytes = wire_bytes(wire.task.counts(rank, f"topk {keep} ef 1"), p)
         if nbytes > bound:
             why = ""
             if nbytes >= 0.9 * fp32_ring_bytes(n, p):
