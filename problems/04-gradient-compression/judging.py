@@ -22,14 +22,11 @@ def close(got: Any, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-7, sh
     got = as_array(got)
     if got is None or got.shape != want.shape or not np.isfinite(got).all():
         return False
-    ok = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
-    return bool(ok.mean() >= share)
+    return bool(np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol).mean() >= share)
 
 
 def describe(value: Any, want: np.ndarray) -> str:
-    """What a learner's array holds, against what was expected, in one phrase."""
-    if isinstance(value, Raised):
-        return str(value)
+    """What a learner's array holds (a string: as it says), against what was expected, in one phrase."""
     got = as_array(value)
     if got is None:
         return f"{value}" if isinstance(value, str) else f"a {type(value).__name__}"
@@ -37,8 +34,7 @@ def describe(value: Any, want: np.ndarray) -> str:
         return f"an array of shape {got.shape} (expected {want.shape})"
     finite = np.isfinite(got)
     if not finite.all():
-        first = int(np.argmin(finite))
-        return f"{int((~finite).sum())} non-finite values (inf or nan), the first at element {first}"
+        return f"{int((~finite).sum())} non-finite values (inf or nan), the first at element {int(np.argmin(finite))}"
     i = int(np.argmax(np.abs(got.astype(np.float64) - want)))
     wrong = int((~np.isclose(got, want, rtol=1e-4, atol=1e-7)).sum())
     return (f"element {i} = {got.flat[i]:.6g} where {want.flat[i]:.6g} was expected "
@@ -61,8 +57,7 @@ def ordinal(k: int) -> str:
 # What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
 # allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
 # averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
-RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1,
-              "Reduce": 1}
+RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1, "Reduce": 1}
 
 
 def wire_bytes(counts: Counts, p: int) -> float:
@@ -161,8 +156,7 @@ def judge_onebit(t: CheckContext, case: cases.WireCase, results: list[dict[str, 
                         if right else onebit_symptom(xs, call, as_array(got)))
                 t.fail(f"{head}: rank {rank} holds {describe(got, want)}{hint}")
         for rank, result in enumerate(results):
-            state = result[name].state
-            got_w, got_s = state if len(state) == 2 else (None, None)
+            got_w, got_s = result[name].state
             for side, got_e in (("worker_error", got_w), ("server_error", got_s)):
                 array = as_array(got_e)
                 if array is not None and array.size and not array.any():
@@ -234,8 +228,7 @@ def judge_topk(t: CheckContext, wire: CaseRun[cases.WireCase], keep: float) -> N
                     "the residual gets its turn" if alone else ""))
             if errs is None:
                 continue
-            state = results[name].state
-            got_error = as_array(state[1]) if len(state) == 2 else None
+            got_error = as_array(results[name].state[1])
             if got_error is not None and np.array_equal(got_error, before[rank]):
                 t.fail(f"{head}: rank {rank}'s error is unchanged: error feedback must keep what was not "
                        "sent, (gradient + error) off the top k")

@@ -128,9 +128,8 @@ def _attempt(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - reported to the learner with its line
-        frames = traceback.extract_tb(exc.__traceback__)
-        last = frames[-1] if frames else None
-        where = f" ({os.path.basename(last.filename)}, line {last.lineno}, in {last.name})" if last else ""
+        last = traceback.extract_tb(exc.__traceback__)[-1]  # never empty: it holds this frame at least
+        where = f" ({os.path.basename(last.filename)}, line {last.lineno}, in {last.name})"
         return Raised(f"raised {type(exc).__name__}: {exc}{where}")
 
 
