@@ -162,8 +162,7 @@ def run_wire(comm: Any, solution: Any, case: cases.WireCase) -> dict[str, OpResu
     results: dict[str, OpResult] = {}
 
     def measured(name: str, what: str, reducer: Any, *state: Any) -> None:
-        """One reducer call on this rank's input ``what``, in a phase marked ``name`` (the check reads its
-        bytes there); keeps the result and the state after it."""
+        """One reducer call on this rank's input ``what`` in a phase ``name``: the result, the state after."""
         buf = cases.wire_input(case.seed, rank, n, what)
         comm.mark(name)
         reducer(comm, buf, *state)
@@ -212,7 +211,6 @@ def run_timed(comm: Any, solution: Any, case: cases.TimedCase) -> Any:
 
 
 def run_case(comm: Any, solution: Any, case: Any) -> Any:
-    """The one program of the checks' launch: runs a case of any kind."""
     program = {cases.CodecCase: run_codec, cases.WireCase: run_wire, cases.AdamCase: run_adam,
                cases.TrainCase: run_training, cases.TimedCase: run_timed}[type(case)]
     return program(comm, solution, case)
