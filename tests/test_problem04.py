@@ -24,7 +24,7 @@ import pytest
 from conftest import PROBLEMS, job_processes, run_cli
 from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
-from distlab.runtime.comm.stats import CommStats
+from distlab.grading import Counts
 from distlab.runtime.jobspec import problem_package
 from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
@@ -34,8 +34,8 @@ PROBLEM = PROBLEMS / "04-gradient-compression"
 
 PACKAGE = problem_package(PROBLEM)
 cases = importlib.import_module(PACKAGE + ".cases")  # the numbers, the variants, the simulations
-judging = importlib.import_module(PACKAGE + ".judging")  # the bounds, 1-bit Adam's simulation
-programs = importlib.import_module(PACKAGE + ".programs")  # the click model, the byte counts
+judging = importlib.import_module(PACKAGE + ".judging")  # the bounds, the byte counts, 1-bit Adam's simulation
+programs = importlib.import_module(PACKAGE + ".programs")  # the click model
 
 
 # -- the pure helpers ------------------------------------------------------------------------------
@@ -56,14 +56,12 @@ def test_byte_bounds() -> None:
 
 
 def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> None:
-    stats = CommStats()
-    stats.count_call("Sendrecv", 100)
-    stats.count_send(1, 100)
-    stats.count_call("Allreduce", 4000)
-    assert programs.wire_bytes(stats, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
-    stats.count_call("Allgather", 10)
-    assert programs.wire_bytes(stats, 4) == pytest.approx(100 + 6000 + 30)
-    assert programs.wire_bytes(CommStats(), 4) == 0
+    calls, op_bytes = {"Sendrecv": 1, "Allreduce": 1}, {"Sendrecv": 100, "Allreduce": 4000}
+    counts = Counts(calls=calls, op_bytes=op_bytes, sent_msgs={1: 1}, sent_bytes={1: 100})
+    assert judging.wire_bytes(counts, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
+    counts = Counts({**calls, "Allgather": 1}, {**op_bytes, "Allgather": 10}, {1: 1}, {1: 100})
+    assert judging.wire_bytes(counts, 4) == pytest.approx(100 + 6000 + 30)
+    assert judging.wire_bytes(Counts(), 4) == 0
 
 
 def test_auc() -> None:

@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CommStats, uniform
-
 STEPS = 300  # training steps of each run
 WARMUP_FRACTIONS = (0.15, 0.2, 0.25)
 AUC_FP16, AUC_ONEBIT = 0.005, 0.01  # catalog: FP16 within 0.005 of FP32's AUC, 1-bit Adam within 0.01
@@ -99,15 +97,6 @@ class CodecResult:
 class OpResult:  # one reducer call's
     value: Any  # what the reducer left in the buffer (or a description)
     state: tuple[Any, ...] = ()  # the arguments after the buffer, after the call
-    stats: CommStats | None = None
-
-
-@dataclass
-class TrainResult:
-    fp16_params: Any
-    onebit_params: Any
-    fp16_bytes: list[float]  # wire bytes of each step
-    onebit_bytes: list[float]
 
 
 # -- the hidden variants ---------------------------------------------------------------------------
@@ -132,8 +121,7 @@ def plan_for(seed: int) -> Plan:
     warmup = round(float(rng.choice(WARMUP_FRACTIONS)) * STEPS)
     train = TrainCase(4, int(rng.integers(1 << 31)), STEPS, warmup)
     timed_n = TIMED_N + int(rng.integers(0, 4096))
-    timed = tuple(TimedCase(4, timed_n, method, int(rng.integers(1 << 31)))
-                  for method in ("fp16", "onebit"))
+    timed = tuple(TimedCase(4, timed_n, method, int(rng.integers(1 << 31))) for method in ("fp16", "onebit"))
     return Plan(codec_case(rng), wires, adam, int(rng.integers(4)), train, timed)
 
 
@@ -154,11 +142,6 @@ def codec_case(rng: np.random.Generator) -> CodecCase:
     fb_n = int(rng.integers(100, 300))
     feedback = (vector(fb_n, [1.0, 0.01]), (rng.standard_normal(fb_n) * 0.3).astype(np.float32), 2)
     return CodecCase(vectors, (signs, scales, n1), feedback)
-
-
-def slow_link(p: int) -> Any:
-    """The scenario's network: every worker on one switch, 50 us and 1 Gb/s per route."""
-    return uniform(p, SLOW_ALPHA_S, SLOW_BETA)
 
 
 def volume_ratio(warmup_fraction: float) -> float:
@@ -226,8 +209,7 @@ def chunks_of(x: np.ndarray, k: int) -> list[np.ndarray]:
 
 def server_errors(n: int, p: int) -> list[np.ndarray]:
     """Fresh server errors of p ranks: rank j's covers chunk j of chunk_bounds(n, p)."""
-    bounds = chunk_bounds(n, p)
-    return [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)]
+    return [np.zeros_like(part) for part in chunks_of(np.zeros(n, np.float32), p)]
 
 
 def topk_count(n: int, keep_fraction: float) -> int:
@@ -246,8 +228,7 @@ def sim_decompress(signs: np.ndarray, scales: np.ndarray, n: int) -> np.ndarray:
     offset = 0
     for part, scale in zip(chunks_of(out, scales.size), scales):
         packed = (part.size + 7) // 8  # each chunk's signs start on a new byte
-        part[:] = np.where(np.unpackbits(signs[offset : offset + packed], count=part.size) == 1,
-                           scale, -scale)
+        part[:] = np.where(np.unpackbits(signs[offset : offset + packed], count=part.size) == 1, scale, -scale)
         offset += packed
     return out
 
@@ -266,8 +247,7 @@ def sim_onebit_allreduce(xs: list[np.ndarray], worker_errors: list[np.ndarray] |
     """DeepSpeed's compressed allreduce of the p ranks' xs; the errors are updated in place
     (None: that side has no error feedback). Returns the result every rank gets."""
     p = len(xs)
-    sent = [chunks_of(sim_feedback(x, worker_errors[i] if worker_errors else None, p), p)
-            for i, x in enumerate(xs)]
+    sent = [chunks_of(sim_feedback(x, worker_errors[i] if worker_errors else None, p), p) for i, x in enumerate(xs)]
     averages = [(np.sum([s[j] for s in sent], axis=0) / p).astype(np.float32) for j in range(p)]
     return np.concatenate([sim_feedback(average, server_errors[j] if server_errors else None, 1)
                            for j, average in enumerate(averages)])

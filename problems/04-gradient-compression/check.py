@@ -1,25 +1,23 @@
 """Checks for problem 04, gradient compression: FP16, 1-bit compression, 1-bit Adam, top-k.
 
-The story: one launch of real ranks on a modelled 1 Gb/s link runs everything. First the codec alone on
-one rank: signs packed 8 per byte, one mean-|x| scale per chunk, an error that carries what each
-compression lost. Then each reducer on 4 and a hidden 2 or 3 ranks: its values against a simulation
-computed here, its bytes on the wire (comm.stats' point-to-point bytes, plus what a built-in collective's
-ring algorithm sends, as the virtual clock charges it) against float32's. Then 1-bit Adam, step by step
-on known gradients, with one worker slowed down. Then real training of a small click-through-rate model
-on 4 ranks, FP16 and 1-bit Adam: the AUC of the held-out clicks against float32 Adam simulated here, and
-the volume the whole run sent. Last, the 1-bit allreduce of 4 MiB within 25% of its alpha-beta bound.
+One launch of real ranks on a modelled 1 Gb/s link runs everything. The codec alone on one rank; each
+reducer on 4 and a hidden 2 or 3 ranks, against a simulation computed here, and its bytes on the wire (the
+task's counts of each call's phase, judging.wire_bytes) against float32's; 1-bit Adam step by step on known
+gradients, one worker slowed down; a click-through-rate model trained on 4 ranks, FP16 and 1-bit Adam: the
+held-out AUC against float32 Adam simulated here, and the volume sent; last, the 1-bit allreduce of 4 MiB
+within 25% of its alpha-beta bound.
 """
 
 import math
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Run, Task, faults
+from distlab.grading import CheckContext, Checklist, Run, Task, faults, uniform
 
 from . import cases, judging
 from .cases import N_PARAMS
-from .judging import as_array, bytes_line, close, describe, fp32_ring_bytes
-from .programs import held_out_auc, run_case, wire_bytes
+from .judging import as_array, bytes_line, close, describe, fp32_ring_bytes, wire_bytes
+from .programs import held_out_auc, run_case
 
 CHECKS = Checklist()
 
@@ -36,13 +34,13 @@ def everything(t: CheckContext, plan: cases.Plan) -> Run:
                                     wall=True, note="a straggling worker: its sends leave 5 ms late"),
                        seed=t.seed, where="04 slow-worker case")
     tasks = [Task(ranks=1, case=plan.codec, label="the compressor unit cases")]
-    tasks += [Task(ranks=w.p, case=w, label=f"the reducers with p = {w.p}, n = {w.n}")
-              for w in plan.wires]
+    tasks += [Task(ranks=w.p, case=w, label=f"the reducers with p = {w.p}, n = {w.n}") for w in plan.wires]
     tasks.append(Task(ranks=plan.adam.p, case=plan.adam, faults=slow,
                       label=f"1-bit Adam on known gradients (rank {plan.slow_worker} slow)"))
     tasks.append(Task(ranks=plan.train.p, case=plan.train, label="the training runs"))
     tasks += [Task(ranks=c.p, case=c, label=f"the timed {c.method} allreduce") for c in plan.timed]
-    return t.launch(run_case, tasks, platform=cases.slow_link(max(task.ranks for task in tasks)))
+    switch = uniform(max(task.ranks for task in tasks), cases.SLOW_ALPHA_S, cases.SLOW_BETA)
+    return t.launch(run_case, tasks, platform=switch)
 
 
 @CHECKS.check("compressor: signs packed 8 per byte, a mean-|x| scale per chunk, error feedback", points=3)
@@ -103,14 +101,13 @@ def fp16_allreduce(t: CheckContext, everything: Run) -> None:
                     t.fail(f"{head}: rank {rank} holds {describe(got, mean)}; expected the mean over the "
                            "ranks within float16 precision")
         half, slack = fp32_ring_bytes(n, p) / 2, cases.FP16_TOLERANCE
-        sent = [wire_bytes(results["fp16"].stats, p) for results in wire.values]
+        sent = [wire_bytes(wire.task.counts(rank, "fp16"), p) for rank in range(p)]
         for rank, nbytes in enumerate(sent):
+            seen = f"fp16_allreduce, p = {p}, n = {n}: rank {rank} sent {bytes_line(nbytes, half)}"
             if abs(nbytes / half - 2) <= 2 * slack:
-                t.fail(f"fp16_allreduce, p = {p}, n = {n}: rank {rank} sent {bytes_line(nbytes, half)}: "
-                       "float32 went on the wire; cast the buffer to float16 before the allreduce")
+                t.fail(f"{seen}: float32 went on the wire; cast the buffer to float16 before the allreduce")
             t.expect(abs(nbytes / half - 1) <= slack, f"about {half:.0f} bytes per rank, half of a float32 "
-                     f"ring allreduce 2(p-1)/p * 4n (within {slack:.0%})",
-                     f"fp16_allreduce, p = {p}, n = {n}: rank {rank} sent {bytes_line(nbytes, half)}")
+                     f"ring allreduce 2(p-1)/p * 4n (within {slack:.0%})", seen)
         ratio = max(sent) / fp32_ring_bytes(n, p)
         t.say(f"p = {p}, n = {n}: the mean within float16 precision, also with values near 30000; "
               f"{max(sent):.0f} bytes per rank = {ratio:.3f} of FP32")
@@ -123,7 +120,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
         p, n = wire.case.p, wire.case.n
         judging.judge_onebit(t, wire.case, wire.values)
         bound, fp32 = judging.onebit_bytes_bound(n, p), fp32_ring_bytes(n, p)
-        sent = [wire_bytes(results["onebit 1"].stats, p) for results in wire.values]
+        sent = [wire_bytes(wire.task.counts(rank, "onebit 1"), p) for rank in range(p)]
         for rank, nbytes in enumerate(sent):
             if nbytes > bound:
                 t.fail(f"onebit_allreduce, p = {p}, n = {n}: rank {rank} sent {nbytes:.0f} bytes, "
@@ -139,7 +136,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
 def topk_allreduce(t: CheckContext, everything: Run) -> None:
     for wire in everything.cases(cases.WireCase):
         for keep in wire.case.keeps:
-            judging.judge_topk(t, wire.case, keep, wire.values)
+            judging.judge_topk(t, wire, keep)
         keeps = ", ".join(f"{k:g}" for k in wire.case.keeps)
         t.say(f"p = {wire.case.p}, n = {wire.case.n}: keep {keeps} with and without error feedback equal "
               "the simulation; bytes within (p-1) k 8")
@@ -190,14 +187,13 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
     baseline = held_out_auc(case.seed, judging.simulate_fp32_training(case.seed, case.p, case.steps))
     untrained = held_out_auc(case.seed, cases.init_params(case.seed))
     for what, key, limit in (("FP16", "fp16", cases.AUC_FP16), ("1-bit Adam", "onebit", cases.AUC_ONEBIT)):
-        params = [as_array(getattr(result, f"{key}_params")) for result in results]
+        params = [as_array(result[key]) for result in results]
         for rank, theta in enumerate(params):
             if theta is None or theta.shape != (N_PARAMS,):
-                t.fail(f"{what}: rank {rank} ended with "
-                       + describe(getattr(results[rank], f"{key}_params"), cases.init_params(0)))
+                t.fail(f"{what}: rank {rank} ended with " + describe(results[rank][key], cases.init_params(0)))
             gap = float(np.abs(theta.astype(np.float64) - params[0]).max())
             if gap > 1e-4 * (1 + float(np.abs(params[0]).max())):
-                lonely = key == "fp16" and sum(results[rank].fp16_bytes) == 0
+                lonely = key == "fp16" and sum(wire_bytes(c, case.p) for c in training.task.phases(rank, key)) == 0
                 t.fail(f"{what} ({case.label()}): rank {rank}'s weights differ from rank 0's by up to "
                        f"{gap:.3g}: every rank must apply the same update"
                        + (" (fp16_allreduce sent nothing: each rank trained on its own clicks)"
@@ -221,28 +217,27 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
 @CHECKS.check("1-bit Adam's volume: w + (1-w)/32 of FP32's (within 5%)", points=2)
 def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
     (training,) = everything.cases(cases.TrainCase)
-    case, results = training.case, training.values
+    case = training.case
     fp32, bound = fp32_ring_bytes(N_PARAMS, case.p), judging.onebit_bytes_bound(N_PARAMS, case.p)
     w = case.warmup / case.steps
     want = cases.volume_ratio(w)
-    for rank, result in enumerate(results):
-        steps = result.onebit_bytes
-        for i, nbytes in enumerate(steps[: case.warmup]):
-            if abs(nbytes / fp32 - 1) > cases.FP16_TOLERANCE:
+    sent = [[wire_bytes(c, case.p) for c in training.task.phases(rank, "onebit")] for rank in range(case.p)]
+    for rank, steps in enumerate(sent):
+        for i, nbytes in enumerate(steps):  # the warmup's steps first, then the compressed ones
+            if i < case.warmup and abs(nbytes / fp32 - 1) > cases.FP16_TOLERANCE:
                 t.fail(f"1-bit Adam ({case.label()}): rank {rank} sent {bytes_line(nbytes, fp32)} in warmup "
                        f"step {i + 1}; expected the float32 allreduce of the gradient, full precision "
                        "while the variance settles")
-        for i, nbytes in enumerate(steps[case.warmup :]):
-            if nbytes > bound:
+            if i >= case.warmup and nbytes > bound:
                 t.fail(f"1-bit Adam ({case.label()}): rank {rank} sent {nbytes:.0f} bytes in step "
-                       f"{case.warmup + i + 1}, after the warmup; expected at most {bound:.0f} (1/30 of "
+                       f"{i + 1}, after the warmup; expected at most {bound:.0f} (1/30 of "
                        f"float32's {fp32:.0f} plus the scales): only the 1-bit momentum may travel once "
                        "the variance is frozen")
         ratio = sum(steps) / (fp32 * case.steps)
         t.expect(abs(ratio / want - 1) <= cases.VOLUME_TOLERANCE, f"a volume of w + (1-w)/32 = {want:.4f} "
                  f"of float32 Adam's for w = {w:.2f} (within {cases.VOLUME_TOLERANCE:.0%})",
                  f"{ratio:.4f} on rank {rank} ({case.label()})")
-    ratio = sum(results[0].onebit_bytes) / (fp32 * case.steps)
+    ratio = sum(sent[0]) / (fp32 * case.steps)
     t.metric("volume_ratio", round(ratio, 4))
     t.metric("volume_formula", round(want, 4))
     t.say(f"w = {w:.2f}: volume {ratio:.4f} of FP32 (formula {want:.4f}): {1 / ratio:.2f}x less "
@@ -260,9 +255,8 @@ def onebit_time(t: CheckContext, everything: Run) -> None:
         if not close(got, want[:: max(1, n // 4096)], share=0.999):
             t.fail(f"the timed 1-bit allreduce (p = {p}, n = {n}): rank {rank} holds a wrong result (see "
                    "the 1-bit allreduce check)")
-    fp32_cost = 2 * (p - 1) * a + fp32_ring_bytes(n, p) * b
-    fp16_cost = 2 * (p - 1) * a + fp32_ring_bytes(n, p) / 2 * b
-    cost = 2 * (p - 1) * a + 2 * (p - 1) / p * (n / 8) * b
+    ring = fp32_ring_bytes(n, p)  # the alpha-beta cost of float32's, float16's and packed signs' volumes:
+    fp32_cost, fp16_cost, cost = (2 * (p - 1) * a + sent * b for sent in (ring, ring / 2, 2 * (p - 1) / p * (n / 8)))
     fp16_time, measured = t.measured_time(timed["fp16"].task), t.measured_time(timed["onebit"].task)
     t.say(f"p = {p}, n = {n} float32 on 50 us, 1 Gb/s routes ({t.clock} clock): FP32 ring "
           f"{fp32_cost * 1e3:.2f} ms; FP16 {fp16_time * 1e3:.2f} ms (cost {fp16_cost * 1e3:.2f}); "

@@ -5,11 +5,11 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CheckContext, first_mismatch
+from distlab.grading import CaseRun, CheckContext, Counts, first_mismatch
 
 from . import cases
 from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk
-from .programs import Adam, Raised, gradient, wire_bytes
+from .programs import Adam, Raised, gradient
 
 
 def as_array(value: Any) -> np.ndarray | None:
@@ -22,14 +22,11 @@ def close(got: Any, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-7, sh
     got = as_array(got)
     if got is None or got.shape != want.shape or not np.isfinite(got).all():
         return False
-    ok = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
-    return bool(ok.mean() >= share)
+    return bool(np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol).mean() >= share)
 
 
 def describe(value: Any, want: np.ndarray) -> str:
-    """What a learner's array holds, against what was expected, in one phrase."""
-    if isinstance(value, Raised):
-        return str(value)
+    """What a learner's array holds (a string: as it says), against what was expected, in one phrase."""
     got = as_array(value)
     if got is None:
         return f"{value}" if isinstance(value, str) else f"a {type(value).__name__}"
@@ -37,8 +34,7 @@ def describe(value: Any, want: np.ndarray) -> str:
         return f"an array of shape {got.shape} (expected {want.shape})"
     finite = np.isfinite(got)
     if not finite.all():
-        first = int(np.argmin(finite))
-        return f"{int((~finite).sum())} non-finite values (inf or nan), the first at element {first}"
+        return f"{int((~finite).sum())} non-finite values (inf or nan), the first at element {int(np.argmin(finite))}"
     i = int(np.argmax(np.abs(got.astype(np.float64) - want)))
     wrong = int((~np.isclose(got, want, rtol=1e-4, atol=1e-7)).sum())
     return (f"element {i} = {got.flat[i]:.6g} where {want.flat[i]:.6g} was expected "
@@ -56,6 +52,22 @@ def numbers(values: Any) -> str:
 def ordinal(k: int) -> str:
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
     return f"{k}{suffix}"
+
+
+# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
+# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
+# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
+RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1, "Reduce": 1}
+
+
+def wire_bytes(counts: Counts, p: int) -> float:
+    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share."""
+    total = float(counts.bytes_sent)
+    for op, nbytes in counts.op_bytes.items():
+        share = p if op == "Allgather" else RING_SHARE.get(op)
+        if share and counts.calls.get(op):
+            total += nbytes * (share * (p - 1) / p)
+    return total
 
 
 def fp32_ring_bytes(n: int, p: int) -> float:
@@ -144,8 +156,7 @@ def judge_onebit(t: CheckContext, case: cases.WireCase, results: list[dict[str, 
                         if right else onebit_symptom(xs, call, as_array(got)))
                 t.fail(f"{head}: rank {rank} holds {describe(got, want)}{hint}")
         for rank, result in enumerate(results):
-            state = result[name].state
-            got_w, got_s = state if len(state) == 2 else (None, None)
+            got_w, got_s = result[name].state
             for side, got_e in (("worker_error", got_w), ("server_error", got_s)):
                 array = as_array(got_e)
                 if array is not None and array.size and not array.any():
@@ -194,7 +205,8 @@ def onebit_bytes_symptom(ratio: float, p: int) -> str:
     return ""
 
 
-def judge_topk(t: CheckContext, case: cases.WireCase, keep: float, values: list[dict[str, OpResult]]) -> None:
+def judge_topk(t: CheckContext, wire: CaseRun[cases.WireCase], keep: float) -> None:
+    case, values = wire.case, wire.values
     p, n, k = case.p, case.n, cases.topk_count(case.n, keep)
     errors = [np.zeros(n, np.float32) for _ in range(p)]  # the simulation's, moved on per call
     calls = [(f"topk {keep} ef 1", "with error feedback, call 1 of 2", errors, "1"),
@@ -216,16 +228,15 @@ def judge_topk(t: CheckContext, case: cases.WireCase, keep: float, values: list[
                     "the residual gets its turn" if alone else ""))
             if errs is None:
                 continue
-            state = results[name].state
-            got_error = as_array(state[1]) if len(state) == 2 else None
+            got_error = as_array(results[name].state[1])
             if got_error is not None and np.array_equal(got_error, before[rank]):
                 t.fail(f"{head}: rank {rank}'s error is unchanged: error feedback must keep what was not "
                        "sent, (gradient + error) off the top k")
             if not close(got_error, errs[rank], rtol=1e-4, atol=1e-6):
                 t.fail(f"{head}: rank {rank}'s error holds {describe(got_error, errs[rank])}")
     bound = (p - 1) * k * 8 + 16 * (p - 1)
-    for rank, results in enumerate(values):
-        nbytes = wire_bytes(results[f"topk {keep} ef 1"].stats, p)
+    for rank in range(p):
+        nbytes = wire_bytes(wire.task.counts(rank, f"topk {keep} ef 1"), p)
         if nbytes > bound:
             why = ""
             if nbytes >= 0.9 * fp32_ring_bytes(n, p):

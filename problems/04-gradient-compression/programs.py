@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CommStats
-
 from . import cases
 from .cases import BATCH, BETAS, EPS, FEATURES, HIDDEN, LR, N_PARAMS, OpResult
 
@@ -75,28 +73,10 @@ class Adam:
         self.params -= (self.lr * m_hat / (np.sqrt(v_hat) + EPS)).astype(np.float32)
 
 
-# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
-# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
-# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
-RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1,
-              "Reduce": 1}
-
-
-def wire_bytes(stats: CommStats, p: int) -> float:
-    """Bytes this rank put on the wire: its point-to-point bytes plus its collectives' share."""
-    total = float(stats.bytes_sent)
-    for op, nbytes in stats.op_bytes.items():
-        share = p if op == "Allgather" else RING_SHARE.get(op)
-        if share and stats.calls.get(op):
-            total += nbytes * (share * (p - 1) / p)
-    return total
-
-
 def train(comm: Any, solution: Any, seed: int, steps: int, how: str, warmup: int = 0, keep: float = 1.0,
-          feedback: bool = True, free: bool = False) -> tuple[Any, list[float], float]:
-    """Trains on this rank's shard with fp32, fp16, onebit (the learner's OneBitAdam) or topk: the
-    parameters, the wire bytes of each step and in all. ``free``: as the free run shows a step."""
-    p = comm.Get_size()
+          feedback: bool = True, free: bool = False) -> np.ndarray:
+    """Trains on this rank's shard with fp32, fp16, onebit (the learner's OneBitAdam) or topk; each step's
+    sync is a phase marked ``how``. ``free``: as the free run shows a step. Returns the parameters."""
     x, clicks = cases.examples(seed, comm.Get_rank(), steps * BATCH)
     theta = cases.init_params(seed)
     # Adam for fp32 and fp16 (top-k steps theta itself), the learner's OneBitAdam for onebit.
@@ -105,7 +85,6 @@ def train(comm: Any, solution: Any, seed: int, steps: int, how: str, warmup: int
     # normalisation would blow up the rare large values that error feedback releases.
     error = np.zeros(N_PARAMS, np.float32) if feedback else None
     velocity = np.zeros(N_PARAMS, np.float32)
-    start, sent = comm.stats.snapshot(), []
     for t in range(steps):
         if free:  # the step marked, its forward and backward pass declared: sync against compute
             comm.mark("step")
@@ -113,20 +92,19 @@ def train(comm: Any, solution: Any, seed: int, steps: int, how: str, warmup: int
                 comm.compute(flops=6 * BATCH * N_PARAMS, label="forward+backward")  # 6 per parameter, example
         batch = slice(t * BATCH, (t + 1) * BATCH)
         grad = gradient(optimizer.params, x[batch], clicks[batch])
-        before = comm.stats.snapshot()
+        comm.mark(how)  # the sync's phase: it ends at the next step's mark
         if how == "onebit":
             optimizer.step(comm, grad)
         elif how == "topk" and keep < 1:
             solution.topk_allreduce(comm, grad, keep, error)
         else:
             getattr(solution, "fp16_allreduce" if how == "fp16" else "fp32_allreduce")(comm, grad)
-        sent.append(wire_bytes(comm.stats.since(before), p))
         if how == "topk":
             velocity = 0.9 * velocity + grad
             theta -= (SWEEP_LR * velocity).astype(np.float32)
         elif how != "onebit":
             optimizer.step(grad)
-    return optimizer.params, sent, wire_bytes(comm.stats.since(start), p)
+    return optimizer.params
 
 
 # -- the checks' launch: one program for every kind of case ----------------------------------------
@@ -150,9 +128,8 @@ def _attempt(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - reported to the learner with its line
-        frames = traceback.extract_tb(exc.__traceback__)
-        last = frames[-1] if frames else None
-        where = f" ({os.path.basename(last.filename)}, line {last.lineno}, in {last.name})" if last else ""
+        last = traceback.extract_tb(exc.__traceback__)[-1]  # never empty: it holds this frame at least
+        where = f" ({os.path.basename(last.filename)}, line {last.lineno}, in {last.name})"
         return Raised(f"raised {type(exc).__name__}: {exc}{where}")
 
 
@@ -184,27 +161,23 @@ def run_wire(comm: Any, solution: Any, case: cases.WireCase) -> dict[str, OpResu
     rank, p, n = comm.Get_rank(), comm.Get_size(), case.n
     results: dict[str, OpResult] = {}
 
-    def measured(name: str, reducer: Any, buf: np.ndarray, *state: Any) -> None:
-        """Runs one reducer call on buf; keeps the result, the state after it, and its bytes."""
-        before = comm.stats.snapshot()
+    def measured(name: str, what: str, reducer: Any, *state: Any) -> None:
+        """One reducer call on this rank's input ``what`` in a phase ``name``: the result, the state after."""
+        buf = cases.wire_input(case.seed, rank, n, what)
+        comm.mark(name)
         reducer(comm, buf, *state)
-        kept = tuple(s.copy() if isinstance(s, np.ndarray) else s for s in state)
-        results[name] = OpResult(buf.copy(), kept, comm.stats.since(before))
-
-    def mine(what: str) -> np.ndarray:
-        return cases.wire_input(case.seed, rank, n, what)
+        results[name] = OpResult(buf.copy(), tuple(s.copy() if isinstance(s, np.ndarray) else s for s in state))
 
     for what in ("fp16", "fp16 large"):
-        measured(what, solution.fp16_allreduce, mine(what))
+        measured(what, what, solution.fp16_allreduce)
     werr, serr = np.zeros(n, np.float32), cases.server_errors(n, p)[rank]
     for call in (1, 2):
-        measured(f"onebit {call}", solution.onebit_allreduce, mine(f"onebit {call}"), werr, serr)
+        measured(f"onebit {call}", f"onebit {call}", solution.onebit_allreduce, werr, serr)
     for keep in case.keeps:
         error = np.zeros(n, np.float32)
         for call in (1, 2):
-            measured(f"topk {keep} ef {call}", solution.topk_allreduce, mine(f"topk {keep} {call}"), keep,
-                     error)
-        measured(f"topk {keep} plain", solution.topk_allreduce, mine(f"topk {keep} 1"), keep, None)
+            measured(f"topk {keep} ef {call}", f"topk {keep} {call}", solution.topk_allreduce, keep, error)
+        measured(f"topk {keep} plain", f"topk {keep} 1", solution.topk_allreduce, keep, None)
     return results
 
 
@@ -219,11 +192,11 @@ def run_adam(comm: Any, solution: Any, case: cases.AdamCase) -> list[Any]:
     return trajectory
 
 
-def run_training(comm: Any, solution: Any, case: cases.TrainCase) -> cases.TrainResult:
-    """FP16 Adam, then 1-bit Adam, each from the same start on this rank's shard."""
-    fp16, fp16_bytes, _ = train(comm, solution, case.seed, case.steps, "fp16")
-    onebit, onebit_bytes, _ = train(comm, solution, case.seed, case.steps, "onebit", case.warmup)
-    return cases.TrainResult(fp16.copy(), _plain(onebit), fp16_bytes, onebit_bytes)
+def run_training(comm: Any, solution: Any, case: cases.TrainCase) -> dict[str, Any]:
+    """FP16 Adam, then 1-bit Adam, each from the same start on this rank's shard: the parameters."""
+    fp16 = train(comm, solution, case.seed, case.steps, "fp16")
+    onebit = train(comm, solution, case.seed, case.steps, "onebit", case.warmup)
+    return {"fp16": fp16.copy(), "onebit": _plain(onebit)}
 
 
 def run_timed(comm: Any, solution: Any, case: cases.TimedCase) -> Any:
@@ -238,7 +211,6 @@ def run_timed(comm: Any, solution: Any, case: cases.TimedCase) -> Any:
 
 
 def run_case(comm: Any, solution: Any, case: Any) -> Any:
-    """The one program of the checks' launch: runs a case of any kind."""
     program = {cases.CodecCase: run_codec, cases.WireCase: run_wire, cases.AdamCase: run_adam,
                cases.TrainCase: run_training, cases.TimedCase: run_timed}[type(case)]
     return program(comm, solution, case)
@@ -248,26 +220,24 @@ def run_case(comm: Any, solution: Any, case: Any) -> Any:
 def main(comm: Any, solution: Any, sweep: str = "0", out: str = "04-sweep.csv", keep: str = "",
          feedback: str = "1", seed: str = "1", steps: str = str(cases.STEPS), warmup: str = "0.2") -> Any:
     """The free run (distlab run 04, mpirun, torchrun). By default: the model trained with FP32,
-    FP16 and 1-bit Adam (warmup fraction ``warmup``), each one's held-out AUC and bytes against
-    FP32's, and the virtual time (comm.now()) of one 4 MiB allreduce per method. ``sweep=1`` (the
-    Tune step): rank 0 writes CSV rows keep_fraction,error_feedback,auc to ``out`` for top-k at 50
-    to 99.9 % compression, with and without error feedback. ``keep=F`` (``feedback=0``): one top-k
-    run, a dict with ``auc`` for ``distlab tune 04 --param keep=0.5,0.1 --metric auc``."""
+    FP16 and 1-bit Adam (warmup fraction ``warmup``), each one's held-out AUC, and the virtual time
+    (comm.now()) of one 4 MiB allreduce per method. ``sweep=1`` (the Tune step): rank 0 writes CSV
+    rows keep_fraction,error_feedback,auc to ``out`` for top-k at 50 to 99.9 % compression, with and
+    without error feedback. ``keep=F`` (``feedback=0``): one top-k run, a dict with ``auc`` for
+    ``distlab tune 04 --param keep=0.5,0.1 --metric auc``."""
     rank, seed_, steps_ = comm.Get_rank(), int(seed), int(steps)
+
+    def auc_of(how: str, **options: Any) -> float:  # trains; rank 0 knows the held-out AUC
+        theta = train(comm, solution, seed_, steps_, how, free=True, **options)
+        return held_out_auc(seed_, theta) if rank == 0 else 0.0
+
     if keep:
         fraction, with_feedback = float(keep), feedback not in ("0", "no", "false")
-        theta, _, sent = train(comm, solution, seed_, steps_, "topk", keep=fraction, feedback=with_feedback,
-                               free=True)
-        if rank != 0:
-            return None
-        return {"auc": held_out_auc(seed_, theta), "keep_fraction": fraction,
-                "error_feedback": int(with_feedback), "bytes_per_step": sent / steps_}
+        auc = auc_of("topk", keep=fraction, feedback=with_feedback)
+        return {"auc": auc, "keep_fraction": fraction, "error_feedback": int(with_feedback)} if rank == 0 else None
     if sweep not in ("", "0"):
-        rows, runs = [], [(1.0, "none")] + [(k, fb) for k in cases.SWEEP_KEEPS for fb in ("yes", "no")]
-        for fraction, fb in runs:
-            theta, _, _ = train(comm, solution, seed_, steps_, "topk", keep=fraction, feedback=fb != "no",
-                                free=True)
-            rows.append((fraction, fb, held_out_auc(seed_, theta) if rank == 0 else 0.0))
+        runs = [(1.0, "none")] + [(k, fb) for k in cases.SWEEP_KEEPS for fb in ("yes", "no")]
+        rows = [(k, fb, auc_of("topk", keep=k, feedback=fb != "no")) for k, fb in runs]
         if rank != 0:
             return None
         path = os.path.abspath(out)
@@ -277,21 +247,17 @@ def main(comm: Any, solution: Any, sweep: str = "0", out: str = "04-sweep.csv", 
         worst = {fb: min(v for k, f, v in rows if f == fb and k >= 0.01) for fb in ("yes", "no")}
         return (f"wrote {len(rows)} rows to {path}: dense AUC {rows[0][2]:.4f}; down to keep 1%, "
                 f"the worst AUC is {worst['yes']:.4f} with error feedback, {worst['no']:.4f} without")
-    w = round(float(warmup) * steps_)
-    results, timed = {}, {}
-    for how in ("fp32", "fp16", "onebit"):
-        theta, _, sent = train(comm, solution, seed_, steps_, how, warmup=w, free=True)
-        results[how] = (held_out_auc(seed_, theta) if rank == 0 else 0.0, sent)
-    for how in ("fp32", "fp16", "onebit"):  # the clock counts only communication, not making the input
+    w, methods, timed = round(float(warmup) * steps_), ("fp32", "fp16", "onebit"), {}
+    aucs = {how: auc_of(how, warmup=w) for how in methods}
+    for how in methods:  # the clock counts only communication, not making the input
         comm.Barrier()
         start = comm.now()
         run_timed(comm, solution, cases.TimedCase(comm.Get_size(), cases.TIMED_N, how, seed_))
         timed[how] = comm.now() - start
     if rank != 0:
         return None
-    base = results["fp32"][1] or 1.0
-    parts = [f"{how} AUC {a:.4f} ({b / base:.3f} of fp32's bytes)" for how, (a, b) in results.items()]
     times = (", ".join(f"{how} {t * 1e3:.2f} ms" for how, t in timed.items())
              if any(timed.values()) else "n/a (no virtual clock in this run)")
-    return (f"{'; '.join(parts)}; w = {w / steps_:.2f}: volume formula w + (1-w)/32 = "
-            f"{cases.volume_ratio(w / steps_):.3f}. One 4 MiB allreduce, virtual: {times}")
+    return (f"{'; '.join(f'{how} AUC {a:.4f}' for how, a in aucs.items())}; w = {w / steps_:.2f}: 1-bit Adam's "
+            f"volume by the formula w + (1-w)/32 is {cases.volume_ratio(w / steps_):.3f} of fp32's (distlab "
+            f"check 04 measures it). One 4 MiB allreduce, virtual: {times}")
