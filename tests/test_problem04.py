@@ -58,10 +58,10 @@ def test_byte_bounds() -> None:
 def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> None:
     calls, op_bytes = {"Sendrecv": 1, "Allreduce": 1}, {"Sendrecv": 100, "Allreduce": 4000}
     counts = Counts(calls=calls, op_bytes=op_bytes, sent_msgs={1: 1}, sent_bytes={1: 100})
-    assert judging.wire_bytes(counts, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
+    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
     counts = Counts({**calls, "Allgather": 1}, {**op_bytes, "Allgather": 10}, {1: 1}, {1: 100})
-    assert judging.wire_bytes(counts, 4) == pytest.approx(100 + 6000 + 30)
-    assert judging.wire_bytes(Counts(), 4) == 0
+    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 6000 + 30)
+    assert cases.wire_bytes(Counts(), 4) == 0
 
 
 def test_auc() -> None:

@@ -265,3 +265,20 @@ def sim_topk(grads: list[np.ndarray], errors: list[np.ndarray] | None, keep: flo
             errors[i][:] = corrected
             errors[i][index] = 0
     return (total / p).astype(np.float32)
+
+
+# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
+# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
+# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
+RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1, "Reduce": 1}
+
+
+def wire_bytes(counts: Any, p: int) -> float:
+    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share (of a grading
+    ``Counts``, or of ``comm.stats`` in the free run)."""
+    total = float(counts.bytes_sent)
+    for op, nbytes in counts.op_bytes.items():
+        share = p if op == "Allgather" else RING_SHARE.get(op)
+        if share and counts.calls.get(op):
+            total += nbytes * (share * (p - 1) / p)
+    return total

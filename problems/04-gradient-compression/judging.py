@@ -5,10 +5,10 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CaseRun, CheckContext, Counts, first_mismatch
+from distlab.grading import CaseRun, CheckContext, first_mismatch
 
 from . import cases
-from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk
+from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk, wire_bytes
 from .programs import Adam, Raised, gradient
 
 
@@ -52,22 +52,6 @@ def numbers(values: Any) -> str:
 def ordinal(k: int) -> str:
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
     return f"{k}{suffix}"
-
-
-# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
-# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
-# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
-RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1, "Reduce": 1}
-
-
-def wire_bytes(counts: Counts, p: int) -> float:
-    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share."""
-    total = float(counts.bytes_sent)
-    for op, nbytes in counts.op_bytes.items():
-        share = p if op == "Allgather" else RING_SHARE.get(op)
-        if share and counts.calls.get(op):
-            total += nbytes * (share * (p - 1) / p)
-    return total
 
 
 def fp32_ring_bytes(n: int, p: int) -> float:

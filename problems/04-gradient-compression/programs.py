@@ -227,14 +227,19 @@ def main(comm: Any, solution: Any, sweep: str = "0", out: str = "04-sweep.csv", 
     ``distlab tune 04 --param keep=0.5,0.1 --metric auc``."""
     rank, seed_, steps_ = comm.Get_rank(), int(seed), int(steps)
 
+    sent: dict[str, float] = {}  # each training's wire bytes per step (the free run grades nothing)
+
     def auc_of(how: str, **options: Any) -> float:  # trains; rank 0 knows the held-out AUC
+        before = comm.stats.snapshot()
         theta = train(comm, solution, seed_, steps_, how, free=True, **options)
+        sent[how] = cases.wire_bytes(comm.stats.since(before), comm.Get_size()) / steps_
         return held_out_auc(seed_, theta) if rank == 0 else 0.0
 
     if keep:
         fraction, with_feedback = float(keep), feedback not in ("0", "no", "false")
         auc = auc_of("topk", keep=fraction, feedback=with_feedback)
-        return {"auc": auc, "keep_fraction": fraction, "error_feedback": int(with_feedback)} if rank == 0 else None
+        return {"auc": auc, "keep_fraction": fraction, "error_feedback": int(with_feedback),
+                "bytes_per_step": sent["topk"]} if rank == 0 else None
     if sweep not in ("", "0"):
         runs = [(1.0, "none")] + [(k, fb) for k in cases.SWEEP_KEEPS for fb in ("yes", "no")]
         rows = [(k, fb, auc_of("topk", keep=k, feedback=fb != "no")) for k, fb in runs]
@@ -258,6 +263,7 @@ def main(comm: Any, solution: Any, sweep: str = "0", out: str = "04-sweep.csv", 
         return None
     times = (", ".join(f"{how} {t * 1e3:.2f} ms" for how, t in timed.items())
              if any(timed.values()) else "n/a (no virtual clock in this run)")
-    return (f"{'; '.join(f'{how} AUC {a:.4f}' for how, a in aucs.items())}; w = {w / steps_:.2f}: 1-bit Adam's "
+    parts = [f"{how} AUC {a:.4f} ({sent[how] / max(sent['fp32'], 1.0):.3f} of fp32's bytes)" for how, a in aucs.items()]
+    return (f"{'; '.join(parts)}; w = {w / steps_:.2f}: 1-bit Adam's "
             f"volume by the formula w + (1-w)/32 is {cases.volume_ratio(w / steps_):.3f} of fp32's (distlab "
             f"check 04 measures it). One 4 MiB allreduce, virtual: {times}")
