@@ -44,8 +44,7 @@ def hashed(fields: np.ndarray, values: np.ndarray, keys: int) -> tuple[np.ndarra
     """The hashing trick: (field, value) -> a bucket in [0, keys) and a sign (+1 or -1)."""
     h = fields.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     h ^= values.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-    h ^= h >> np.uint64(29)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ h >> np.uint64(29)) * np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(32)
     return (h % np.uint64(keys)).astype(np.int64), np.where(h >> np.uint64(63), -1.0, 1.0)
 

@@ -16,7 +16,6 @@ CHECKS = Checklist()
 
 @CHECKS.run
 def every_case(t: CheckContext) -> Run:
-    """Every case of the session in one launch; the last, the late worker's, has a fault plan."""
     *others, late = cases.sweep(t.seed)
     note = "a worker on a congested host: its pushes reach the servers after the others' next ones"
     plan = faults.plan(faults.delay(src=late.late, latency_s=LATE_S, wall=True, note=note), seed=t.seed,
@@ -31,8 +30,7 @@ def model_matches(t: CheckContext, every_case: Run) -> None:
     t.say(f"{main.case.label()}, lr {main.case.lr}")
     if problem := model_problem(main):
         t.fail(problem)
-    latencies = judging.latencies(t, main)
-    t.say(f"every key within rtol {cases.RTOL:g} of single-process gradient descent; {latencies}")
+    t.say(f"every key within rtol {cases.RTOL:g} of single-process gradient descent; {judging.latencies(t, main)}")
 
 
 @CHECKS.check("works for every (S, W): one server, one worker, eight ranks", points=2)

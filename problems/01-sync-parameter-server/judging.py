@@ -209,8 +209,7 @@ def step_bound(case: Case, platform: Any) -> StepBound:
     per rank: messages posted one at a time are fine)."""
     # A pull (or push) is alpha + max(W * m, M) * beta: each server's port sends W shards of m bytes,
     # and each worker's port takes in the model, M bytes.
-    pairs = [(s, w) for s in range(case.servers) for w in case.worker_ranks]
-    routes = [platform.route(s, w) for s, w in pairs] + [platform.route(w, s) for s, w in pairs]
+    routes = [platform.route(*way) for s in range(case.servers) for w in case.worker_ranks for way in ((s, w), (w, s))]
     alpha, beta = min(r.alpha_s for r in routes), min(r.beta_s_per_byte for r in routes)
     wire = alpha + max(case.workers * -(-case.keys // case.servers), case.keys) * ITEMSIZE * beta
     work = [4.0 * n * case.keys / platform.device_of(w).flops  # batch.gradient declares 4 n D flops
