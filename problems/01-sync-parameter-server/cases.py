@@ -89,7 +89,7 @@ def sweep(seed: int) -> list[Case]:
     """Every case of a session, in the order the checks read them; the late worker's is last."""
     rng = np.random.default_rng([seed, 1])
     S, W, big_s = int(rng.integers(2, 4)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
-    cases = [
+    *cases, late = [
         make_case(rng, S, W, "the main case"),
         make_case(rng, 1, 1, "one server, one worker"),
         make_case(rng, 1, int(rng.integers(2, 5)), "one server"),
@@ -98,7 +98,6 @@ def sweep(seed: int) -> list[Case]:
         make_case(rng, int(rng.integers(1, 3)), 4, "the timed case", equal=True),
         make_case(rng, 2, 3, "one worker late", steps=4),
     ]
-    late = cases.pop()
     return cases + [replace(late, late=late.servers + int(rng.integers(late.workers)))]
 
 
