@@ -228,22 +228,18 @@ def test_the_data_is_the_same_in_every_process() -> None:
 
 
 def test_bytes_verdict_names_the_whole_gradient_push() -> None:
-    from distlab.runtime.comm.stats import CommStats
+    from distlab.grading import Counts
+
+    def counts(pushed: int, pulled: int) -> Counts:  # one message of each size to and from servers 0 and 1
+        return Counts(sent_msgs={0: 1, 1: 1}, sent_bytes={0: pushed, 1: pushed},
+                      recv_msgs={0: 1, 1: 1}, recv_bytes={0: pulled, 1: pulled})
 
     case = small_case(servers=2, keys=1000, steps=2)
-    good = CommStats()
-    for s in (0, 1):
-        good.count_send(s, 2 * (500 * 8 + 8))
-        good.count_recv(s, 2 * 500 * 8)
-    ratio, problem = judging.worker_bytes_problem(case, 0, good)
+    ratio, problem = judging.worker_bytes_problem(case, 0, counts(2 * (500 * 8 + 8), 2 * 500 * 8))
     assert problem is None and ratio == pytest.approx(1.001)  # the counts: 8 bytes per slice
-    whole = CommStats()
-    for s in (0, 1):
-        whole.count_send(s, 2 * (1000 * 8 + 8))
-        whole.count_recv(s, 2 * 500 * 8)
-    ratio, problem = judging.worker_bytes_problem(case, 0, whole)
+    ratio, problem = judging.worker_bytes_problem(case, 0, counts(2 * (1000 * 8 + 8), 2 * 500 * 8))
     assert problem is not None and "pushes the whole gradient to every server" in problem
-    ratio, problem = judging.worker_bytes_problem(case, 1, CommStats())
+    ratio, problem = judging.worker_bytes_problem(case, 1, Counts())
     assert problem is not None and "worker rank 3" in problem and "neither pulled nor pushed" in problem
 
 

@@ -4,8 +4,8 @@ The unit tests run the model, the budgets and the diagnoses in this process, wit
 Fusion over a fake comm (no ranks). The end-to-end tests check every solution in tests/fixtures/07/
 once, through the real CLI on real MPI ranks, and read what a learner reads (the console) and
 what a tool reads (--json); no rank, mpiexec or prterun may outlive a command. All runs use one
-seed, so a failure here replays with `distlab check 07 --seed 4242`. The free run's sweep (the
-Tune step's data) is run once too.
+seed, so a failure here replays with `distlab check 07 --seed 4242`. The Tune step's sweep of the
+free run's threshold is run once too.
 """
 
 from __future__ import annotations
@@ -172,38 +172,38 @@ def test_diagnoses_name_the_symptoms() -> None:
     case = small_case(p=2, big=False)
     per_rank, want = judging.first_step(case)
     own = per_rank[0]
-    step = programs.StepRecord({"Allreduce": 9}, 0, [], 0)
-    assert judging.diagnose_sums(case, 0, [w.copy() for w in want], want, own, step) is None
+    made = 9  # collectives the rank's step made
+    assert judging.diagnose_sums(case, 0, [w.copy() for w in want], want, own, made) is None
 
     # float64 through a float32 buffer
     got = [w.copy() for w in want]
     i64 = next(i for i, w in enumerate(want) if w.dtype == np.float64 and w.size > 4)
     got[i64] = want[i64].astype(np.float32).astype(np.float64)
-    message = judging.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
 
     # int64 through a float64 buffer
     got = [w.copy() for w in want]
     fp = list(cases.step_shapes(case.spec)).index("fingerprints")
     got[fp] = want[fp].astype(np.float64).astype(np.int64)
-    message = judging.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "floating-point buffer" in message
 
     # the last tensors of each dtype never reduced
     got = [w.copy() for w in want]
     for i in (len(want) - 1, len(want) - 2, len(want) - 3):
         got[i] = own[i].copy()
-    message = judging.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "the last partial buffer was never sent" in message
 
     # nothing reduced at all
-    nothing = programs.StepRecord({}, 0, [], 0)
+    nothing = 0
     message = judging.diagnose_sums(case, 0, [o.copy() for o in own], want, own, nothing)
     assert message and "no collective at all" in message
 
     # averaged instead of summed
     got = [w / 2 if w.dtype.kind == "f" else w.copy() for w in want]
-    message = judging.diagnose_sums(case, 0, got, want, own, step)
+    message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "divided by p" in message
 
 
@@ -307,18 +307,17 @@ def test_starter_fails_with_a_helpful_message(checked: Callable[..., Checked]) -
 
 
 @pytest.mark.slow
-def test_free_run_sweep_writes_the_tune_csv(tmp_path: Path) -> None:
-    out = tmp_path / "sweep.csv"
-    proc = run_cli("run", "07", "--solution", "reference", "--ranks", "2",
-                   "--param", "sweep=1", "--param", "thresholds=0,16K,256K",
-                   "--param", f"out={out}", timeout=120)
+def test_tune_sweeps_the_free_run_threshold(tmp_path: Path) -> None:
+    proc = run_cli("tune", "07", "--solution", "reference", "--ranks", "2",
+                   "--param", "threshold=0,16K,256K", "--fixed", "steps=1", "--metric", "sync_s",
+                   "--out", str(tmp_path / "sweep"), timeout=180)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert not leftovers()
-    rows = list(csv.reader(out.read_text().splitlines()))
-    assert rows[0] == ["threshold_bytes", "virtual_step_s"]
-    times = {int(t): float(s) for t, s in rows[1:]}
+    rows = list(csv.reader((tmp_path / "sweep.csv").read_text().splitlines()))
+    assert rows[0] == ["threshold", "sync_s", "note"]
+    times = {programs.parse_bytes(t): float(s) for t, s, _ in rows[1:]}
     assert sorted(times) == [0, 16384, 262144]
     # threshold 0 is one Allreduce per tensor: the slowest; fusion cuts the latency terms
     assert times[0] > 5 * times[16384] > 0 and times[262144] <= times[16384]
-    assert "fastest at 262144 B" in " ".join(text.split())
+    assert min(times, key=times.__getitem__) == 262144  # the fastest

@@ -1,8 +1,5 @@
 """The cases of problem 01 and the model each must end with: gradient descent on the global batch.
-
-A case's seed alone makes its data (impressions with hashed features, and clicks) and its initial
-weights, so the supervisor and every rank build the same arrays without sending them.
-"""
+A case's seed alone makes its data and initial weights, so every process builds the same arrays."""
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -47,8 +44,7 @@ def hashed(fields: np.ndarray, values: np.ndarray, keys: int) -> tuple[np.ndarra
     """The hashing trick: (field, value) -> a bucket in [0, keys) and a sign (+1 or -1)."""
     h = fields.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     h ^= values.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-    h ^= h >> np.uint64(29)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ h >> np.uint64(29)) * np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(32)
     return (h % np.uint64(keys)).astype(np.int64), np.where(h >> np.uint64(63), -1.0, 1.0)
 
@@ -59,8 +55,7 @@ def impressions(seed: int, stream: int, n: int, keys: int) -> tuple[np.ndarray, 
     rng = np.random.default_rng([seed, 2, stream])
     values = (CARDINALITY * rng.random((n, FIELDS)) ** 2).astype(np.int64)  # popular values first
     fields = np.broadcast_to(np.arange(FIELDS), values.shape)
-    logits = -1.2 + teacher[fields, values].sum(axis=1)
-    y = (rng.random(n) < sigmoid(logits)).astype(np.float64)
+    y = (rng.random(n) < sigmoid(-1.2 + teacher[fields, values].sum(axis=1))).astype(np.float64)  # the clicks
     X = np.zeros((n, keys))
     bucket, sign = hashed(fields, values, keys)
     np.add.at(X, (np.repeat(np.arange(n), FIELDS), bucket.ravel()), sign.ravel())
@@ -86,17 +81,15 @@ def make_case(rng: np.random.Generator, S: int, W: int, what: str, steps: int = 
         batches = [batches[0]] * W  # the timed case: every worker computes for the same time
     elif W > 1 and len(set(batches)) == 1:
         batches[-1] += 7  # never all equal: averaging over workers must differ from over examples
-    k = steps or int(rng.integers(5, 10))
-    lr = round(float(rng.uniform(0.5, 1.5)), 4)
+    k, lr = steps or int(rng.integers(5, 10)), round(float(rng.uniform(0.5, 1.5)), 4)
     return (Timed if equal else Case)(S, W, keys, tuple(batches), k, lr, int(rng.integers(1 << 31)), what)
 
 
 def sweep(seed: int) -> list[Case]:
     """Every case of a session, in the order the checks read them; the late worker's is last."""
     rng = np.random.default_rng([seed, 1])
-    S, W = int(rng.integers(2, 4)), int(rng.integers(2, 5))
-    big_s = int(rng.integers(2, 5))
-    cases = [
+    S, W, big_s = int(rng.integers(2, 4)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    *cases, late = [
         make_case(rng, S, W, "the main case"),
         make_case(rng, 1, 1, "one server, one worker"),
         make_case(rng, 1, int(rng.integers(2, 5)), "one server"),
@@ -105,7 +98,6 @@ def sweep(seed: int) -> list[Case]:
         make_case(rng, int(rng.integers(1, 3)), 4, "the timed case", equal=True),
         make_case(rng, 2, 3, "one worker late", steps=4),
     ]
-    late = cases.pop()
     return cases + [replace(late, late=late.servers + int(rng.integers(late.workers)))]
 
 

@@ -1,17 +1,7 @@
-"""Checks for problem 01, a synchronous parameter server.
-
-The story: S server ranks hold key-range shards of a click-through-rate model (logistic regression
-over hashed features), W worker ranks the click logs. After K steps the shards must add up to the
-model that plain gradient descent reaches on the concatenated global batch, computed here. One
-launch covers every (S, W) pair, S = 1 and W = 1 included, and is read for what went over the wire
-(one pull and one push of the model per worker per step), how the keys were split (about 1/S per
-server) and the time of a step. In its last case one worker's messages are held back for real
-(50 ms each): a server that answers pulls before its step is complete, or takes "the next W
-pushes" whatever their step, mixes two steps and ends with the wrong model.
-
-Hidden variants, from the seed: S and W of three cases, the number of keys (never a multiple of
-S), the batch sizes (never all equal), K, the rate, the data, the initial weights, the late worker.
-"""
+"""Checks for problem 01, a synchronous parameter server (the card tells the story): one launch runs every
+case; in the last, one worker's messages leave 50 ms late, in real time too. Hidden variants, from the seed: S
+and W of three cases, the number of keys (never a multiple of S), the batch sizes (never all equal), K, the
+rate, the data, the initial weights, the late worker."""
 
 from distlab.grading import CheckContext, Checklist, Run, Task, faults
 
@@ -26,14 +16,12 @@ CHECKS = Checklist()
 
 @CHECKS.run
 def every_case(t: CheckContext) -> Run:
-    """Every case of the session in one launch; the last, the late worker's, has a fault plan."""
     *others, late = cases.sweep(t.seed)
     note = "a worker on a congested host: its pushes reach the servers after the others' next ones"
     plan = faults.plan(faults.delay(src=late.late, latency_s=LATE_S, wall=True, note=note), seed=t.seed,
                        where="the 01 late-worker case")
-    tasks = [Task(c.servers + c.workers, c, label=c.label()) for c in others]
-    tasks.append(Task(late.servers + late.workers, late, faults=plan, label=late.label()))
-    return t.launch(programs.run_ps, tasks)
+    return t.launch(programs.run_ps, [Task(c.servers + c.workers, c, faults=plan if c is late else None,
+                                           label=c.label()) for c in [*others, late]])
 
 
 @CHECKS.check("the model after K steps equals gradient descent on the global batch", points=4)
@@ -42,8 +30,7 @@ def model_matches(t: CheckContext, every_case: Run) -> None:
     t.say(f"{main.case.label()}, lr {main.case.lr}")
     if problem := model_problem(main):
         t.fail(problem)
-    latencies = judging.latencies(t, main)
-    t.say(f"every key within rtol {cases.RTOL:g} of single-process gradient descent; {latencies}")
+    t.say(f"every key within rtol {cases.RTOL:g} of single-process gradient descent; {judging.latencies(t, main)}")
 
 
 @CHECKS.check("works for every (S, W): one server, one worker, eight ranks", points=2)
@@ -61,14 +48,14 @@ def bytes_per_worker(t: CheckContext, every_case: Run) -> None:
     worst, per_server = 1.0, {}
     for k, run in enumerate(every_case.cases()):
         case = run.case
-        for i, result in enumerate(run.values[case.servers:]):
-            ratio, problem = judging.worker_bytes_problem(case, i, result.stats)
+        for i, rank in enumerate(case.worker_ranks):
+            ratio, problem = judging.worker_bytes_problem(case, i, run.task.counts(rank))
             if problem is not None:
                 t.fail(problem)
             worst = max(worst, ratio, key=lambda r: abs(r - 1.0))
         if k == 0:  # the main case: what each server's port carries
-            per_server = {str(s): r.stats.bytes_sent + r.stats.bytes_received
-                          for s, r in enumerate(run.values[: case.servers])}
+            per_server = {str(s): run.task.counts(s).bytes_sent + run.task.counts(s).bytes_received
+                          for s in range(case.servers)}
             t.say(f"{case.label()}: bytes per server " +
                   ", ".join(f"{s}: {n / case.steps:,.0f}/step" for s, n in per_server.items()))
     t.metric("worst_bytes_over_model", round(worst, 4))
@@ -85,11 +72,10 @@ def shards_balanced(t: CheckContext, every_case: Run) -> None:
         if problem is not None:
             t.fail(problem)
         sizes = [hi - lo for lo, hi in layout]
-        ratio = judging.balance(sizes)
-        if ratio > BALANCE_LIMIT:
-            t.fail(f"{case.label()}: shards of {', '.join(f'server {s}: {n}' for s, n in enumerate(sizes))} "
-                   f"keys; expected about D/S = {case.keys / case.servers:.0f} each (largest at most "
-                   f"{BALANCE_LIMIT}x the smallest): split the key range into S nearly equal parts")
+        if (ratio := judging.balance(sizes)) > BALANCE_LIMIT:
+            t.fail(f"{case.label()}: shards of {', '.join(f'server {s}: {n}' for s, n in enumerate(sizes))} keys; "
+                   f"expected about D/S = {case.keys / case.servers:.0f} each (largest at most {BALANCE_LIMIT}x "
+                   "the smallest): split the key range into S nearly equal parts")
         worst = max(worst, ratio)
     t.metric("worst_shard_ratio", round(worst, 4))
     t.say(f"largest shard at most {worst:.3f}x the smallest")

@@ -6,11 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CaseRun, CheckContext, CommStats, TaskRun, first_mismatch
+from distlab.grading import CaseRun, CheckContext, Counts, TaskRun, first_mismatch
 
 from . import cases
 from .cases import Case
-from .programs import RankResult
 
 ITEMSIZE = 8  # the model, gradients and pulls are float64
 BYTES_TOLERANCE = 0.05  # bytes per worker per step within 5% of one pull + one push of the model
@@ -30,8 +29,7 @@ def fmt(seconds: float) -> str:
 def tiling_problem(keys: int, layout: list[tuple[int, int]]) -> str | None:
     """None if the ranges cover 0 .. keys-1 exactly once, else what is wrong."""
     covered = 0
-    for s in sorted(range(len(layout)), key=lambda s: layout[s]):
-        lo, hi = layout[s]
+    for s, (lo, hi) in sorted(enumerate(layout), key=lambda server: server[1]):
         if lo < 0 or hi > keys:
             return f"server {s} holds keys {lo}..{hi - 1}, outside the model's 0..{keys - 1}"
         if lo > covered:
@@ -42,20 +40,18 @@ def tiling_problem(keys: int, layout: list[tuple[int, int]]) -> str | None:
     return f"keys {covered}..{keys - 1} are held by no server" if covered < keys else None
 
 
-def shard_layout(case: Case, results: list[RankResult]) -> tuple[list[tuple[int, int]], str | None]:
+def shard_layout(case: Case, values: list[Any]) -> tuple[list[tuple[int, int]], str | None]:
     """Each server's key range [lo, hi), and what is wrong with them (None when they tile the keys)."""
-    layout = []
-    for s, result in enumerate(results[: case.servers]):
-        if result.lo is None or result.shard is None:
-            return [], (f"{case.label()}: server {s} returned {result.returned}; expected (lo, weights): "
-                        "its first key and the final values of its keys")
-        layout.append((result.lo, result.lo + len(result.shard)))
+    for s, returned in enumerate(values[: case.servers]):
+        if isinstance(returned, str):  # what programs.run_ps makes of a return that broke the contract
+            return [], (f"{case.label()}: server {s} returned {returned}; expected (lo, weights): its first key "
+                        "and the final values of its keys")
+    layout = [(lo, lo + len(shard)) for lo, shard in values[: case.servers]]
     problem = tiling_problem(case.keys, layout)
     return layout, None if problem is None else f"{case.label()}: {problem}"
 
 
 def balance(sizes: list[int]) -> float:
-    """Largest shard over smallest (inf when a server holds no key)."""
     return max(sizes) / min(sizes) if min(sizes) > 0 else float("inf")
 
 
@@ -81,8 +77,7 @@ def averaging_mistakes(case: Case) -> list[tuple[str, np.ndarray]]:
 
 def diagnose_model(case: Case, got: np.ndarray, layout: list[tuple[int, int]]) -> tuple[str, bool]:
     """What went wrong with a wrong final model, and whether that is a named mistake or only described."""
-    head = f"{case.label()}: the model after {case.steps} steps"
-    models = cases.trajectory(case, case.steps + 2)
+    head, models = f"{case.label()}: the model after {case.steps} steps", cases.trajectory(case, case.steps + 2)
     named = [("is still the initial weights on every key: no update was applied (each step: pull the shards, "
               "compute the gradient, push one slice to each server, which applies lr * summed gradient / "
               "examples)", models[0])]
@@ -109,9 +104,7 @@ def model_problem(run: CaseRun) -> str | None:
     layout, problem = shard_layout(case, run.values)
     if problem is not None:
         return problem
-    got = np.empty(case.keys)
-    for (lo, hi), result in zip(layout, run.values):
-        got[lo:hi] = result.shard
+    got = np.concatenate([shard for _, shard in sorted(run.values[: case.servers], key=lambda v: v[0])])
     if close(got, cases.sgd(case)):
         return None
     message, named = diagnose_model(case, got, layout)
@@ -125,23 +118,19 @@ def model_problem(run: CaseRun) -> str | None:
 
 
 def server_timeline(task_run: TaskRun, case: Case, server: int) -> list[tuple[str, int]]:
-    """What ``server`` did with the workers, in its program order, from the traces: ("pull", w) when
-    it sent worker rank w its shard, ("push", w) when it took a push from w."""
-    # Events: ("send", req, ctx, dst, tag, k, nbytes, ...), ("wait", reqs, {req: (ctx, src, tag, k)}, ...).
+    """What ``server`` did with the workers, in its program order: ("pull", w) when it sent worker
+    rank w its shard, ("push", w) when it took a push from w."""
+    timeline, workers = task_run.timeline(), set(case.worker_ranks)
     # A push is sized by the worker's matching send: a receive buffer may be larger than its message.
-    traces, workers = task_run.traces, set(case.worker_ranks)
-    sizes = {(e[2], w, e[4], e[5]): int(e[6]) for w in workers for e in traces.get(w, [])
-             if e[0] == "send" and e[3] == server}
+    sizes = {s.message: s.nbytes for w in workers for s in timeline.events(w, "send") if s.peer == server}
     events = []
-    for e in traces.get(server, []):
-        if e[0] == "send" and e[3] in workers:
-            events.append(("pull", e[3], int(e[6])))
-        elif e[0] == "wait":
-            events += [("push", src, sizes.get((ctx, src, tag, k), 0))
-                       for ctx, src, tag, k in e[2].values() if src in workers]
+    for span in timeline.events(server):
+        if span.kind == "send" and span.peer in workers:
+            events.append(("pull", span.peer, span.nbytes))
+        elif span.kind == "wait":  # a message key is (communicator, source, destination, tag, k)
+            events += [("push", key[1], sizes.get(key, 0)) for key in span.received if key[1] in workers]
     # Only the largest messages of each kind count: not the small control messages (pull requests).
-    largest = {kind: max((n for what, _, n in events if what == kind), default=0)
-               for kind in ("pull", "push")}
+    largest = {kind: max((n for what, _, n in events if what == kind), default=0) for kind in ("pull", "push")}
     return [(kind, w) for kind, w, n in events if n > 0 and n >= largest[kind] / 2]
 
 
@@ -163,25 +152,23 @@ def first_out_of_step(timeline: list[tuple[str, int]], workers: list[int]) -> st
     return None
 
 
-def worker_bytes_problem(case: Case, worker: int, stats: CommStats) -> tuple[float, str | None]:
+def worker_bytes_problem(case: Case, worker: int, counts: Counts) -> tuple[float, str | None]:
     """A worker's bytes per step over one pull + one push of the model, and what is wrong if off by 5%."""
-    model = case.keys * ITEMSIZE
-    moved = (stats.bytes_sent + stats.bytes_received) / case.steps
+    model, moved = case.keys * ITEMSIZE, (counts.bytes_sent + counts.bytes_received) / case.steps
     ratio = moved / (2 * model)
     if abs(ratio - 1.0) <= BYTES_TOLERANCE:
         return ratio, None
     head = (f"{case.label()}: worker rank {case.servers + worker} moved {moved:,.0f} bytes per step, "
             f"{ratio:.2f}x one pull + one push of the model ({2 * model:,} bytes)")
-    pushed = [stats.sent_bytes.get(s, 0) / case.steps for s in range(case.servers)]
-    pulled = [stats.recv_bytes.get(s, 0) / case.steps for s in range(case.servers)]
+    pushed = [counts.sent_bytes.get(s, 0) / case.steps for s in range(case.servers)]
+    pulled = [counts.recv_bytes.get(s, 0) / case.steps for s in range(case.servers)]
     if moved == 0:
         return ratio, f"{head}: it neither pulled nor pushed"
     if case.servers > 1 and min(pushed) >= 0.95 * model:
         return ratio, (f"{head}: it pushes the whole gradient to every server ({min(pushed):,.0f} bytes or "
                        "more to each); each server needs only the slice of its own keys")
     if case.servers > 1 and min(pulled) >= 0.95 * model:
-        return ratio, (f"{head}: it pulls the whole model from every server; each server should send only "
-                       "its own shard")
+        return ratio, f"{head}: it pulls the whole model from every server; each server should send only its own shard"
     return ratio, (f"{head}: {sum(pushed):,.0f} bytes pushed and {sum(pulled):,.0f} pulled per step, where "
                    f"one pull and one push are {model:,} bytes each (one of each per step, no extra pull after "
                    "the last step)")
@@ -191,20 +178,19 @@ def latencies(t: CheckContext, run: CaseRun) -> str:
     """Records the workers' pull and push latencies and sync/compute ratio; returns them in words."""
     # On the virtual clock: a pull from the worker's last push delivered to its next compute, a push
     # from the end of its compute to its last slice delivered; sync is the time blocked in messages.
-    replay, pulls, pushes, compute, comm = run.task.replay(), [], [], 0.0, 0.0
-    for w in run.case.worker_ranks:
-        spans = [replay.spans[w][i] for i, e in enumerate(run.task.traces[w]) if e[0] == "compute"]
-        out = [f for f in replay.flows if f.src == w and f.dst < run.case.servers]
+    timeline, workers, pulls, pushes = run.task.timeline(), run.case.worker_ranks, [], []
+    for w in workers:
+        spans = timeline.events(w, "compute")
+        out = [m for m in timeline.messages if m.src == w and m.dst < run.case.servers]
         ready = 0.0  # when the worker's previous push was delivered
-        for (begin, end), until in zip(spans, [b for b, _ in spans[1:]] + [float("inf")]):
-            pulls.append(begin - ready)
-            delivered = [f.end for f in out if end <= f.posted <= until]
-            ready = max(delivered, default=end)
+        for span, until in zip(spans, [s.begin for s in spans[1:]] + [float("inf")]):
+            pulls.append(span.begin - ready)
+            delivered = [m.end for m in out if span.end <= m.posted <= until]
+            ready = max(delivered, default=span.end)
             if delivered:
-                pushes.append(ready - end)
-        compute += replay.compute_s.get(w, 0.0)
-        comm += replay.comm_s.get(w, 0.0)
-    sync = comm / compute if compute > 0 else float("inf")
+                pushes.append(ready - span.end)
+    compute = sum(timeline.compute_s.get(w, 0.0) for w in workers)
+    sync = sum(timeline.comm_s.get(w, 0.0) for w in workers) / compute if compute > 0 else float("inf")
     t.metric("pull_p50_s", float(np.percentile(pulls, 50)) if pulls else None)
     t.metric("push_p50_s", float(np.percentile(pushes, 50)) if pushes else None)
     t.metric("sync_compute_ratio", round(sync, 4) if np.isfinite(sync) else None)
@@ -223,12 +209,10 @@ def step_bound(case: Case, platform: Any) -> StepBound:
     per rank: messages posted one at a time are fine)."""
     # A pull (or push) is alpha + max(W * m, M) * beta: each server's port sends W shards of m bytes,
     # and each worker's port takes in the model, M bytes.
-    pairs = [(s, w) for s in range(case.servers) for w in case.worker_ranks]
-    routes = [platform.route(s, w) for s, w in pairs] + [platform.route(w, s) for s, w in pairs]
+    routes = [platform.route(*way) for s in range(case.servers) for w in case.worker_ranks for way in ((s, w), (w, s))]
     alpha, beta = min(r.alpha_s for r in routes), min(r.beta_s_per_byte for r in routes)
     wire = alpha + max(case.workers * -(-case.keys // case.servers), case.keys) * ITEMSIZE * beta
     work = [4.0 * n * case.keys / platform.device_of(w).flops  # batch.gradient declares 4 n D flops
             for n, w in zip(case.batches, case.worker_ranks)]
     bound = 2 * wire + max(work)
-    return StepBound(wire, max(work), sum(work), bound,
-                     TIME_LIMIT * bound + (case.servers + case.workers) * alpha)
+    return StepBound(wire, max(work), sum(work), bound, TIME_LIMIT * bound + (case.servers + case.workers) * alpha)

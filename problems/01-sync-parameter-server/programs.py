@@ -1,11 +1,8 @@
 """What runs on the ranks of problem 01: the learner's server and worker on one case, and the free run."""
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from distlab.grading import CommStats
 
 from . import cases
 
@@ -34,29 +31,20 @@ class Batch:
         return float(np.mean(np.logaddexp(0.0, z) - self.y * z))
 
 
-@dataclass
-class RankResult:
-    lo: int | None  # a server's first key (None: a worker, or a return value that broke the contract)
-    shard: np.ndarray | None  # a server's final weights of keys lo .. lo + len - 1
-    returned: str  # what the server returned, when it broke the contract
-    stats: CommStats
-
-
-def run_ps(comm, solution, case: cases.Case) -> RankResult:
-    """Ranks 0 .. S-1 run the learner's server, the others its worker, for one case."""
+def run_ps(comm, solution, case: cases.Case) -> tuple[int, np.ndarray] | str | None:
+    """Ranks 0 .. S-1 run the learner's server, the others its worker, for one case. A server hands back
+    (lo, its final weights), or in words what it returned when that broke the contract; a worker None."""
     rank, servers, workers = comm.Get_rank(), list(range(case.servers)), case.worker_ranks
-    before = comm.stats.snapshot()  # making the data sends nothing
     if rank >= case.servers:
         batch = Batch(*cases.worker_data(case, rank - case.servers), comm=comm)
         solution.worker(comm, servers, workers, batch, case.steps)
-        return RankResult(None, None, "", comm.stats.since(before))
+        return None
     out = solution.server(comm, servers, workers, cases.initial_weights(case), case.steps, case.lr)
-    stats = comm.stats.since(before)
     try:
         lo, values = out
-        return RankResult(int(lo), np.array(values, dtype=np.float64).reshape(-1), "", stats)
+        return int(lo), np.array(values, dtype=np.float64).reshape(-1)
     except Exception:  # noqa: BLE001 - any shape of mistake becomes a message
-        return RankResult(None, None, f"{type(out).__name__} {repr(out)[:60]}", stats)
+        return f"{type(out).__name__} {repr(out)[:60]}"
 
 
 def main(comm, solution, servers="auto", keys="4096", batch="512", steps="30", lr="2.0", seed="1"):
@@ -70,28 +58,25 @@ def main(comm, solution, servers="auto", keys="4096", batch="512", steps="30", l
     case = cases.Case(S, W, D, (n,) * W, int(steps), float(lr), int(seed), "free run")
     result = run_ps(comm, solution, case)
     comm.mark("gather")  # not the learner's: collect the shards on rank 0 for the report
+    lo, values = result if isinstance(result, tuple) else (0, np.empty(0))  # a worker, or a broken return
     if 0 < rank < S:
-        values = result.shard if result.shard is not None else np.empty(0)
-        comm.Send(np.array([result.lo or 0, len(values)], dtype=np.float64), dest=0, tag=90)
+        comm.Send(np.array([lo, len(values)], dtype=np.float64), dest=0, tag=90)
         comm.Send(values, dest=0, tag=91)
     if rank != 0:
         return None
-    shards = [(result.lo, result.shard)]
+    model = np.full(D, np.nan)
+    model[lo:lo + len(values)] = values
     for s in range(1, S):
         head = np.empty(2)
         comm.Recv(head, source=s, tag=90)
-        shards.append((int(head[0]), np.empty(int(head[1]))))
-        comm.Recv(shards[-1][1], source=s, tag=91)
-    model = np.full(D, np.nan)
-    for lo, values in shards:
-        if lo is not None:
-            model[lo:lo + len(values)] = values
-    train = Batch(*cases.global_batch(case))
-    held_out = Batch(*cases.impressions(case.seed, 1, 4 * n, D))
-    right = np.allclose(model, cases.sgd(case), rtol=cases.RTOL, atol=cases.ATOL)
+        lo, values = int(head[0]), np.empty(int(head[1]))
+        comm.Recv(values, source=s, tag=91)
+        model[lo:lo + len(values)] = values
+    train, held_out = Batch(*cases.global_batch(case)), Batch(*cases.impressions(case.seed, 1, 4 * n, D))
+    fitted, right = np.nan_to_num(model), np.allclose(model, cases.sgd(case), rtol=cases.RTOL, atol=cases.ATOL)
     return (f"S={S} W={W} keys={D} batch={W}x{n} steps={case.steps}: train log loss "
-            f"{train.loss(cases.initial_weights(case)):.4f} -> {train.loss(np.nan_to_num(model)):.4f}, "
-            f"held-out AUC {auc(held_out.y, held_out.X @ np.nan_to_num(model)):.3f}; the model "
+            f"{train.loss(cases.initial_weights(case)):.4f} -> {train.loss(fitted):.4f}, "
+            f"held-out AUC {auc(held_out.y, held_out.X @ fitted):.3f}; the model "
             f"{'equals' if right else 'DIFFERS FROM'} single-process gradient descent")
 
 

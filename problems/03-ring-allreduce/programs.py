@@ -1,52 +1,83 @@
-"""What runs on every rank of problem 03: the learner's allreduce on each case."""
-
-from __future__ import annotations
+"""Problem 03 on the ranks: the cases (every length that trips people up, each rank's input, the
+expected result) and the learner's allreduce run on them. Hidden variants, from the seed: the input
+values, the lengths past p, the large length, which rank returns its whole buffer."""
 
 import time
 from dataclasses import dataclass
+from functools import reduce
+from typing import NamedTuple
 
 import numpy as np
 
 from distlab import MAX, SUM
-from distlab.grading import CommStats
-
-from .cases import Case
 
 OPS = {"SUM": SUM, "MAX": MAX}
 
 
-@dataclass
-class CaseResult:
-    sample: np.ndarray  # the result at the case's kept indices
-    returned: str  # type name of what allreduce returned ("NoneType" when it followed the rules)
-    stats: CommStats  # this case's calls and bytes
+@dataclass(frozen=True)
+class Case:
+    p: int
+    n: int
+    dtype: str
+    op: str
+    seed: int
+    shape: str  # which edge this length probes
+    full_rank: int  # the rank whose whole result comes back (others send a sample)
+
+    def label(self) -> str:
+        return f"p = {self.p}, n = {self.n} ({self.shape}), {self.dtype}, {self.op}"
+
+    def input(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s input: the same array in the rank and in the checker."""
+        rng = np.random.default_rng([self.seed, rank])
+        values = rng.integers(-1000, 1000, size=self.n) if self.dtype == "int64" else rng.standard_normal(self.n)
+        return values.astype(self.dtype)
+
+    def kept(self, rank: int = -1) -> np.ndarray:
+        """The indices of the result that ``rank`` sends back: all, or (any other rank) about 4096."""
+        return np.arange(0, self.n, 1 if rank == self.full_rank else max(1, self.n // 4096))
+
+    def expected(self) -> np.ndarray:
+        """The reduction of every rank's input, computed here, outside the ranks."""
+        return reduce(np.add if self.op == "SUM" else np.maximum, map(self.input, range(self.p)))
+
+
+class Timed(Case):
+    """A case whose virtual time is graded (float64 SUM, about 2 MiB: bandwidth-bound)."""
+
+
+def cases_for(p: int, rng: np.random.Generator) -> list[Case]:
+    large = (1 << 17) + int(rng.integers(1, 4096))  # about 1 MiB of float64: past the eager limit
+    lengths = [(0, "empty"), (1, "one element"), (max(p - 1, 1), "fewer than p" if p > 1 else "one element"),
+               (p * int(rng.integers(3, 9)) + int(rng.integers(1, p)) if p > 1 else 7, "not divisible by p"),
+               (large, "large")]
+    return [Case(p, n, dtype, op, int(rng.integers(1 << 31)), shape, int(rng.integers(p)))
+            for n, shape in lengths for dtype in ("float32", "float64", "int64") for op in OPS]
+
+
+# One case on one rank: the result at the case's kept indices, and the type name of what allreduce
+# returned ("NoneType" when it followed the rules).
+CaseResult = NamedTuple("CaseResult", [("sample", np.ndarray), ("returned", str)])
 
 
 def run_cases(comm, solution, cases: list[Case]) -> list[CaseResult]:
-    """Runs the learner's allreduce on each case; returns what each left in its buffer."""
-    results = []
-    rank = comm.Get_rank()
+    """The learner's allreduce on each case, a phase of its own (mark "case"); what each left in buf."""
+    results, rank = [], comm.Get_rank()
     for case in cases:
         buf = case.input(rank)
-        before = comm.stats.snapshot()
+        comm.mark("case")
         returned = solution.allreduce(comm, buf, OPS[case.op])
-        results.append(CaseResult(buf[case.kept(rank)].copy(), type(returned).__name__,
-                                  comm.stats.since(before)))
+        results.append(CaseResult(buf[case.kept(rank)].copy(), type(returned).__name__))
     return results
 
 
 def main(comm, solution, n="1048576"):
-    """A free run (distlab run, mpirun, torchrun): one float64 allreduce of n elements.
-
-    Rank 0 checks the result by regenerating every rank's input itself, so the run holds nothing
-    but the learner's allreduce (its virtual time is the allreduce's)."""
-    n, rank, p = int(n), comm.Get_rank(), comm.Get_size()
-    buf = np.random.default_rng(rank).standard_normal(n)
-    start = time.perf_counter()
+    """A free run (distlab run, mpirun, torchrun): one float64 allreduce of n elements. Rank 0
+    checks it against every rank's input regenerated there, so the run holds only the allreduce."""
+    case = Case(comm.Get_size(), int(n), "float64", "SUM", 0, "free run", 0)
+    buf, start = case.input(comm.Get_rank()), time.perf_counter()
     solution.allreduce(comm, buf, SUM)
     elapsed = time.perf_counter() - start
-    if rank != 0:
-        return None
-    want = sum(np.random.default_rng(r).standard_normal(n) for r in range(p))
-    verdict = "matches" if np.allclose(buf, want) else "DIFFERS FROM"
-    return f"n={n} float64: {verdict} the sum of all inputs; {elapsed * 1e3:.2f} ms wall on rank 0"
+    if comm.Get_rank() == 0:  # the other ranks return None
+        verdict = "matches" if np.allclose(buf, case.expected()) else "DIFFERS FROM"
+        return f"n={case.n} float64: {verdict} the sum of all inputs; {elapsed * 1e3:.2f} ms wall on rank 0"

@@ -1,12 +1,7 @@
-"""Problem 07's cases: the click-through-rate model, its data and gradients, and the hidden variants.
-
-Per feature field the model has a float32 embedding table, a float64 wide weight vector and int64 hit
-counts: several hundred small gradient tensors per step. The ranks and the checker compute the very same
-gradients with this code, from generators seeded by the ``ModelSpec`` (and the step, the rank). A ``Case``
-is one model on p ranks with one threshold, and its budgets; a ``Plan``, every case of a session.
-"""
-
-from __future__ import annotations
+"""Problem 07's cases: the click-through-rate model (per feature field a float32 embedding table, a float64 wide
+weight vector and int64 hit counts: hundreds of small gradient tensors per step), whose gradients the ranks and
+the checker compute alike from seeded generators; a ``Case`` (one model on p ranks with one threshold, and its
+budgets) and a ``Plan`` (every case of a session: the hidden variants)."""
 
 import functools
 import math
@@ -30,47 +25,36 @@ SLACK_PER_CALL = 1024  # ... plus this per collective (its trace event and count
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The model and data of one case; the same numbers in every rank and in the checker."""
+    """The model and data of one case; the same numbers in every rank and in the checker. float64 brings the
+    wide weights and loss statistics, int64 the per-row hit counts and data fingerprints."""
 
     seed: int
     vocab: tuple[int, ...]  # rows of each field's tables
     dim: int  # embedding width
     dtypes: tuple[str, ...]  # dtypes a step's gradients carry; float32 always
-    batch: int = BATCH
-
-    @property
-    def wide(self) -> bool:  # float64 wide weights and loss statistics
-        return "float64" in self.dtypes
-
-    @property
-    def counts(self) -> bool:  # int64 per-row hit counts and data fingerprints
-        return "int64" in self.dtypes
 
 
 def init_params(spec: ModelSpec) -> dict[str, Any]:
     rng = np.random.default_rng([spec.seed, 0])
     return {
-        "emb": [(0.1 * rng.standard_normal((v, spec.dim)) / math.sqrt(len(spec.vocab)))
-                .astype(np.float32) for v in spec.vocab],
-        "wide": [np.zeros(v, dtype=np.float64) for v in spec.vocab] if spec.wide else [],
+        "emb": [(0.1 * rng.standard_normal((v, spec.dim)) / math.sqrt(len(spec.vocab))).astype(np.float32)
+                for v in spec.vocab],
+        "wide": [np.zeros(v, dtype=np.float64) for v in spec.vocab] if "float64" in spec.dtypes else [],
         "proj": (rng.standard_normal(spec.dim) / math.sqrt(spec.dim)).astype(np.float32),
         "bias": np.zeros(1, dtype=np.float32),
     }
 
 
-def make_batch(spec: ModelSpec, stream: int, step: int, rank: int, n: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Feature ids (n, fields), skewed towards low ids as real traffic is, and 0/1 labels drawn from a
-    hidden teacher. ``stream`` 0 is training data, 1 held-out data."""
-    n = n or spec.batch
+def make_batch(spec: ModelSpec, stream: int, step: int, rank: int, n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
+    """Feature ids (n, fields), skewed towards low ids as real traffic is, and 0/1 labels drawn from a hidden
+    teacher. ``stream`` 0 is training data, 1 held-out data."""
     rng = np.random.default_rng([spec.seed, 2, stream, step, rank])
     vocab = np.array(spec.vocab)
     ids = (vocab * rng.random((n, len(vocab))) ** 2).astype(np.int64)
     teacher = np.random.default_rng([spec.seed, 1])
     weights = [teacher.standard_normal(v) for v in spec.vocab]
     logit = sum(w[ids[:, f]] for f, w in enumerate(weights)) * (2.0 / math.sqrt(len(vocab)))
-    labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float64)
-    return ids, labels
+    return ids, (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float64)
 
 
 def logits(spec: ModelSpec, params: dict[str, Any], ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,8 +73,8 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def fingerprints(ids: np.ndarray) -> np.ndarray:
-    """Per field, the sum of a 54-bit hash of the ids this rank consumed: summed over the ranks, it proves
-    that every shard was read once. Sums stay below 2^63 for p <= 8 and 64 examples."""
+    """Per field, the sum of a 54-bit hash of the ids this rank consumed: summed over the ranks, it proves that
+    every shard was read once. Sums stay below 2^63 for p <= 8 and 64 examples."""
     x = (ids.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
     x ^= x >> np.uint64(29)
     x += np.arange(ids.shape[1], dtype=np.uint64) * np.uint64(0xBF58476D1CE4E5B9)
@@ -98,9 +82,9 @@ def fingerprints(ids: np.ndarray) -> np.ndarray:
     return x.astype(np.int64).sum(axis=0)
 
 
-def gradients(spec: ModelSpec, params: dict[str, Any], ids: np.ndarray, labels: np.ndarray
-              ) -> dict[str, np.ndarray]:
+def gradients(spec: ModelSpec, params: dict[str, Any], ids: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
     """This rank's gradient tensors of the summed logistic loss, by name, in add order."""
+    wide, counts = "float64" in spec.dtypes, "int64" in spec.dtypes
     z, emb_sum = logits(spec, params, ids)
     prob = sigmoid(z)
     g = prob - labels
@@ -109,30 +93,29 @@ def gradients(spec: ModelSpec, params: dict[str, Any], ids: np.ndarray, labels: 
     for f, v in enumerate(spec.vocab):
         out[f"emb[{f}]"] = np.zeros((v, spec.dim), dtype=np.float32)
         np.add.at(out[f"emb[{f}]"], ids[:, f], g_proj)
-        if spec.wide:
+        if wide:
             out[f"wide[{f}]"] = np.bincount(ids[:, f], weights=g, minlength=v).astype(np.float64)
-        if spec.counts:
+        if counts:
             out[f"hits[{f}]"] = np.bincount(ids[:, f], minlength=v).astype(np.int64)
     out["proj"] = (g[:, None] * emb_sum).sum(axis=0).astype(np.float32)
     out["bias"] = np.array([g.sum()], dtype=np.float32)
-    if spec.wide:
-        eps = 1e-12
-        loss = -(labels * np.log(prob + eps) + (1 - labels) * np.log(1 - prob + eps)).sum()
+    if wide:
+        loss = -(labels * np.log(prob + 1e-12) + (1 - labels) * np.log(1 - prob + 1e-12)).sum()
         out["loss_stats"] = np.array([loss, float(((prob > 0.5) == (labels > 0.5)).sum())])
-    if spec.counts:
+    if counts:
         out["fingerprints"] = fingerprints(ids)
     return out
 
 
 def apply_update(spec: ModelSpec, params: dict[str, Any], sums: dict[str, np.ndarray], p: int) -> None:
-    """SGD on the summed gradients: embedding and wide rows take the mean gradient of the examples that hit
-    them (the int64 hit counts, summed over every rank, else the expected hits), the rest the global mean."""
-    n = spec.batch * p
+    """SGD on the summed gradients: embedding and wide rows take the mean gradient of the examples that hit them
+    (the int64 hit counts, summed over every rank, else the expected hits), the rest the global mean."""
+    n = BATCH * p
     lr = LEARNING_RATE / len(spec.vocab)  # every field moves a logit: keep the sum of moves steady
     for f, v in enumerate(spec.vocab):
-        hits = np.maximum(sums[f"hits[{f}]"], 1) if spec.counts else np.full(v, max(n / v, 1.0))
+        hits = np.maximum(sums[f"hits[{f}]"], 1) if "int64" in spec.dtypes else np.full(v, max(n / v, 1.0))
         params["emb"][f] -= (lr * sums[f"emb[{f}]"] / hits[:, None]).astype(np.float32)
-        if spec.wide:
+        if "float64" in spec.dtypes:
             params["wide"][f] -= lr * sums[f"wide[{f}]"] / hits
     params["proj"] -= (LEARNING_RATE * sums["proj"] / n).astype(np.float32)
     params["bias"] -= (LEARNING_RATE * sums["bias"] / n).astype(np.float32)
@@ -175,10 +158,8 @@ class Case:
         return len(step_shapes(self.spec))
 
     def nbytes_by_dtype(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for dtype, nbytes in step_shapes(self.spec).values():
-            out[dtype] = out.get(dtype, 0) + nbytes
-        return out
+        shapes = step_shapes(self.spec).values()
+        return {dtype: sum(n for d, n in shapes if d == dtype) for dtype in dict.fromkeys(d for d, _ in shapes)}
 
     def largest(self, dtype: str | None = None) -> int:
         """Bytes of the largest tensor of a step (of ``dtype`` if given)."""
@@ -190,8 +171,8 @@ class Case:
         return math.ceil(sum(by_dtype.values()) / max(self.threshold, 1)) + len(by_dtype)
 
     def memory_budget(self, collectives: int) -> int:
-        """One buffer per dtype of at most threshold + its largest tensor (never more than that dtype's
-        bytes), one receive copy of the largest such buffer, and the proxy's bookkeeping."""
+        """One buffer per dtype of at most threshold + its largest tensor (never more than that dtype's bytes),
+        one receive copy of the largest such buffer, and the proxy's bookkeeping."""
         buffers = [min(b, self.threshold + self.largest(d)) for d, b in self.nbytes_by_dtype().items()]
         return sum(buffers) + max(buffers) + MEMORY_SLACK + SLACK_PER_CALL * collectives
 
@@ -211,13 +192,11 @@ def make_case(p: int, rng: np.random.Generator, dtypes: tuple[str, ...], big_tab
     if big_table:
         # One field with a large vocabulary: its table alone is more than the threshold (below).
         vocab[int(rng.integers(fields))] = int(rng.integers(1536, 2049))
-    spec = ModelSpec(int(rng.integers(1 << 31)), tuple(vocab), dim, dtypes)
-    case = Case(p, spec, 1)
+    case = Case(p, ModelSpec(int(rng.integers(1 << 31)), tuple(vocab), dim, dtypes), 1)
     small = case.nbytes_by_dtype()["float32"] - (case.largest("float32") if big_table else 0)
     # 4-7 buffers' worth of the ordinary float32 tensors: fusion has room to work, and a buffer that
     # swallows all of them is far above threshold + one tensor.
-    threshold = int(small / rng.uniform(4.0, 7.0)) // 8 * 8
-    return Case(p, spec, threshold)
+    return Case(p, case.spec, int(small / rng.uniform(4.0, 7.0)) // 8 * 8)
 
 
 @dataclass(frozen=True)
@@ -236,11 +215,7 @@ def plan_for(seed: int) -> Plan:
     rng = np.random.default_rng([seed, 7])
     hidden_p = int(rng.choice([3, 5]))
     some = [DTYPE_ORDER, ("float32", "int64"), ("float32", "float64")][int(rng.integers(3))]
-    cases = (
-        make_case(1, rng, DTYPE_ORDER, big_table=False),
-        make_case(2, rng, some, big_table=False),
-        make_case(4, rng, DTYPE_ORDER, big_table=True),
-        make_case(hidden_p, rng, DTYPE_ORDER, big_table=bool(rng.integers(2))),
-    )
-    beta = 1.0 / (rng.uniform(10.0, 25.0) * 1e9)  # 10-25 GB/s per port
-    return Plan(cases, (cases[2],), beta)
+    cases = (make_case(1, rng, DTYPE_ORDER, big_table=False), make_case(2, rng, some, big_table=False),
+             make_case(4, rng, DTYPE_ORDER, big_table=True),
+             make_case(hidden_p, rng, DTYPE_ORDER, big_table=bool(rng.integers(2))))
+    return Plan(cases, (cases[2],), 1.0 / (rng.uniform(10.0, 25.0) * 1e9))  # 10-25 GB/s per port
