@@ -68,6 +68,10 @@ class TaskRun(runs.TaskRun):
         """The rank's counts in every phase named ``phase``, in order."""
         return phases_of(self, rank, phase)
 
+    def wall_s(self) -> float:
+        """The slowest rank's wall seconds in this task (its program, start to end)."""
+        return max((o.wall_s for o in self.outcomes), default=0.0)
+
     def timeline(self) -> Timeline:
         """The task on the virtual clock of its platform (computed once)."""
         if self._timeline is None:
