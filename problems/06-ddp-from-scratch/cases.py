@@ -1,10 +1,9 @@
 """Problem 06's cases: the model and data a case describes, the bucket rule, the hidden variants.
 
-A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that
-in backward, in proportion to their parameters), trained on synthetic regression batches sharded by
-rank. Every number of the variants comes from the session seed in a fixed order of draws, so
-``--seed`` replays a failure; each case's work per parameter makes backward compute about equal to
-its buckets' allreduce time on the platform.
+A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that in backward, in
+proportion to their parameters), trained on synthetic regression batches sharded by rank. Every number of the variants
+comes from the session seed in a fixed order of draws, so ``--seed`` replays a failure; each case's work per parameter
+makes backward compute about equal to its buckets' allreduce time on the platform.
 """
 
 from __future__ import annotations

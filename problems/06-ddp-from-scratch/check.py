@@ -1,13 +1,12 @@
 """Checks for problem 06, DDP from scratch: buckets and overlap.
 
-The story: a small MLP, its init seeded differently on every rank, is handed to the learner's
-``DataParallel`` and trained with plain SGD for a few steps, every rank on its own shard of a
-synthetic regression batch; its layers declare their work on the virtual clock, so the replay
-shows whether the gradient allreduces run while backward computes. One launch runs four cases
-(caps giving one bucket, two, a cap below the largest tensor, and the overlap case: 6-8 buckets,
-backward about as long as the communication) for the first four checks; last, a model whose side
-head is skipped in some steps must be coped with or refused clearly. Widths, seeds, caps, rank
-counts, learning rate, step count and the skipped steps come from the session seed (cases.py).
+The story: a small MLP, its init seeded differently on every rank, is handed to the learner's ``DataParallel`` and
+trained with plain SGD for a few steps, every rank on its own shard of a synthetic regression batch; its layers declare
+their work on the virtual clock, so the replay shows whether the gradient allreduces run while backward computes. One
+launch runs four cases (caps giving one bucket, two, a cap below the largest tensor, and the overlap case: 6-8 buckets,
+backward about as long as the communication) for the first four checks; last, a model whose side head is skipped in
+some steps must be coped with or refused clearly. Widths, seeds, caps, rank counts, learning rate, step count and the
+skipped steps come from the session seed (cases.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""How problem 06 judges: the expected weights and the symptom that explains a difference; the
-collective counts of each step's phase (mark "backward" to mark "synced"); how much of one step's
-communication hid behind backward on the virtual clock.
+"""How problem 06 judges: the expected weights and the symptom that explains a difference; the collective counts of
+each step's phase (mark "backward" to mark "synced"); how much of one step's communication hid behind backward on the
+virtual clock.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Problem 06's training loops: ``train``, what runs on every rank around the learner's
-DataParallel (each step's backward and gradient sync is the phase from mark "backward" to mark
-"synced"), and ``single_process``, rank 0's model trained by one process on the global batch: the
-supervisor's expected weights. They live side by side so that they read alike and share every helper.
+"""Problem 06's training loops: ``train``, what runs on every rank around the learner's DataParallel (each step's
+backward and gradient sync is the phase from mark "backward" to mark "synced"), and ``single_process``, rank 0's model
+trained by one process on the global batch: the supervisor's expected weights. They live side by side so that they read
+alike and share every helper.
 """
 
 from __future__ import annotations
