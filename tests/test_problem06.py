@@ -109,21 +109,21 @@ def test_union_length_and_hidden_fraction(judging: ModuleType) -> None:
 
 
 def test_windows_read_backward_compute_launches_and_waits(judging: ModuleType) -> None:
+    from distlab.grading import Span
+
     events = [
-        ("mark", "step", 0, 0), ("compute", 1.0, "forward", 0, 0),
-        ("mark", "backward", 0, 0),
-        ("compute", 2.0, "backward", 0, 0),
-        ("icoll", 1, "Allreduce", (0, 1), 0, 8, -1, 0, 0),
-        ("compute", 2.0, "backward", 0, 0),
-        ("icoll", 2, "Allreduce", (0, 1), 1, 8, -1, 0, 0),
-        ("wait", (1,), {}, 0, 0),  # inside backward: blocked 0.5
-        ("compute", 1.0, "backward", 0, 0),
-        ("wait", (2,), {}, 0, 0),
-        ("mark", "synced", 0, 0),
+        Span("mark", 0, 0, name="step"), Span("compute", 0, 1, name="forward"),
+        Span("mark", 1, 1, name="backward"),
+        Span("compute", 1, 3, name="backward"),
+        Span("icoll", 3, 3, name="Allreduce", nbytes=8),
+        Span("compute", 3, 5, name="backward"),
+        Span("icoll", 5, 5, name="Allreduce", nbytes=8),
+        Span("wait", 5, 5.5),  # inside backward: blocked 0.5
+        Span("compute", 5.5, 6.5, name="backward"),
+        Span("wait", 6.5, 7),
+        Span("mark", 7, 7, name="synced"),
     ]
-    spans = ((0, 0), (0, 1), (1, 1), (1, 3), (3, 3), (3, 5), (5, 5), (5, 5.5), (5.5, 6.5),
-             (6.5, 7), (7, 7))
-    [w] = judging.windows(events, spans)
+    [w] = judging.windows(events)
     assert (w.begin, w.end, w.compute_s, w.compute_end) == (1, 7, 5.0, 6.5)
     assert w.launches == (3, 5)
     assert w.blocked_in_backward == pytest.approx(0.5)

@@ -1,10 +1,9 @@
 """Problem 06's cases: the model and data a case describes, the bucket rule, the hidden variants.
 
-A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that
-in backward, in proportion to their parameters), trained on synthetic regression batches sharded by
-rank. Every number of the variants comes from the session seed in a fixed order of draws, so
-``--seed`` replays a failure; each case's work per parameter makes backward compute about equal to
-its buckets' allreduce time on the platform.
+A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that in backward, in
+proportion to their parameters), trained on synthetic regression batches sharded by rank. Every number of the variants
+comes from the session seed in a fixed order of draws, so ``--seed`` replays a failure; each case's work per parameter
+makes backward compute about equal to its buckets' allreduce time on the platform.
 """
 
 from __future__ import annotations
@@ -54,14 +53,12 @@ class Net(torch.nn.Module):
 
     def __init__(self, widths: tuple[int, ...], side_after: int | None = None) -> None:
         super().__init__()
-        self.depth = len(widths) - 1
-        self.side_after = side_after
+        self.depth, self.side_after = len(widths) - 1, side_after
         for i in range(self.depth):
             setattr(self, f"fc{i}", torch.nn.Linear(widths[i], widths[i + 1]))
             if i == side_after:
                 self.side = torch.nn.Linear(widths[i + 1], 1)
-        self.comm = None  # set on the ranks: layers then declare their work
-        self.forward_s_per_param = 0.0
+        self.comm, self.forward_s_per_param = None, 0.0  # set on the ranks: layers then declare their work
 
     def _timed(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         y, comm = layer(x), self.comm
@@ -139,8 +136,7 @@ def caps_giving(nbytes: list[int], count: int) -> list[tuple[int, int]]:
     The count only changes where the cap crosses the size of a run of consecutive tensors."""
     sums = sorted({sum(nbytes[i:j]) for i in range(len(nbytes)) for j in range(i + 1, len(nbytes) + 1)})
     edges = sums + [2 * sums[-1] + 1]
-    return [(lo, hi) for lo, hi in itertools.pairwise(edges)
-            if len(plan_buckets(nbytes, lo)) == count]
+    return [(lo, hi) for lo, hi in itertools.pairwise(edges) if len(plan_buckets(nbytes, lo)) == count]
 
 
 def pick_cap(nbytes: list[int], count: int, rng: np.random.Generator) -> int:
@@ -172,8 +168,7 @@ def _timed(case: Case, t: CheckContext, ratio: float) -> Case:
     routes = [t.platform.route(r, (r + 1) % case.p) for r in range(case.p)]
     alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
     sizes = case.backward_sizes()
-    comm_s = sum(cost.ring_allreduce_time(case.p, sum(sizes[i] for i in b), alpha, beta)
-                 for b in case.buckets())
+    comm_s = sum(cost.ring_allreduce_time(case.p, sum(sizes[i] for i in b), alpha, beta) for b in case.buckets())
     params = sum(n for _, n, _ in layout(case))
     return replace(case, forward_s_per_param=ratio * comm_s / (2 * params))
 
@@ -186,19 +181,18 @@ def main_cases(t: CheckContext) -> list[Case]:
     def case(label: str, p: int, buckets: int | str) -> Case:
         widths = _widths(rng)
         sizes = _shape(widths).backward_sizes()
-        if buckets == "below":  # a cap below the largest tensor: that tensor is a bucket alone
-            cap = int(rng.integers(max(sizes) // 3, max(sizes) * 2 // 3))
-        else:
-            cap = pick_cap(sizes, int(buckets), rng)
-        plain = Case(label, p, widths, int(rng.integers(1 << 30)), cap, steps, lr, 0.0)
-        return _timed(plain, t, float(rng.uniform(0.9, 1.1)))
+        # "below": a cap below the largest tensor, so that tensor is a bucket alone
+        cap = (int(rng.integers(max(sizes) // 3, max(sizes) * 2 // 3)) if buckets == "below"
+               else pick_cap(sizes, int(buckets), rng))
+        return _timed(Case(label, p, widths, int(rng.integers(1 << 30)), cap, steps, lr, 0.0),
+                      t, float(rng.uniform(0.9, 1.1)))
 
     # Many layers of similar size and 6-8 buckets: the last bucket, which nothing can hide, is a
     # small part of the traffic. (Its seed is drawn before its cap: the order of the draws stays.)
     widths = _widths(rng, depth=(7, 9))
     count, seed = int(rng.integers(6, 9)), int(rng.integers(1 << 30))
-    plain = Case("the overlap case (p = 4)", 4, widths, seed,
-                 pick_cap(_shape(widths).backward_sizes(), count, rng), steps, lr, 0.0)
+    cap = pick_cap(_shape(widths).backward_sizes(), count, rng)
+    plain = Case("the overlap case (p = 4)", 4, widths, seed, cap, steps, lr, 0.0)
     overlap = _timed(plain, t, float(rng.uniform(0.95, 1.05)))
     one = case("one bucket (p = 2)", 2, 1)
     p = int(rng.choice([2, 3]))
@@ -224,7 +218,6 @@ def side_case(t: CheckContext) -> Case:
             break
     p = 2  # a launch of its own (a hang or an error ends it): kept small
     skipped = [s for s in range(steps) if not used[s]]
-    plain = replace(shape, label=f"a side head skipped in steps {skipped} (p = {p})", p=p,
-                    seed=int(rng.integers(1 << 30)), cap_bytes=cap, steps=steps, lr=0.05,
-                    side_used=tuple(used))
-    return _timed(plain, t, 1.0)
+    return _timed(replace(shape, label=f"a side head skipped in steps {skipped} (p = {p})", p=p,
+                          seed=int(rng.integers(1 << 30)), cap_bytes=cap, steps=steps, lr=0.05,
+                          side_used=tuple(used)), t, 1.0)

@@ -1,18 +1,12 @@
 """Checks for problem 06, DDP from scratch: buckets and overlap.
 
-The story: a small MLP, its init seeded differently on every rank, is handed to the learner's
-``DataParallel`` and trained with plain SGD for a few steps, every rank on its own shard of a
-synthetic regression batch; its layers declare their work on the virtual clock, so the replay
-shows whether the gradient allreduces run while backward computes. One launch runs four cases
-(caps giving one bucket, two, a cap below the largest tensor, and the overlap case: 6-8 buckets,
-backward about as long as the communication) and four checks read it: weights equal
-single-process SGD on the global batch (computed here, with torch); every rank started from rank
-0's weights and ends with the same ones; one allreduce per bucket per step; at least half of the
-communication hidden behind backward. Last, a model whose side head is skipped in some steps: the
-wrapper must cope or say clearly why not.
-
-Hidden variants (cases.py): layer widths, seeds, caps, rank counts, learning rate, step count and
-which steps skip the side head all come from the session seed.
+The story: a small MLP, its init seeded differently on every rank, is handed to the learner's ``DataParallel`` and
+trained with plain SGD for a few steps, every rank on its own shard of a synthetic regression batch; its layers declare
+their work on the virtual clock, so the replay shows whether the gradient allreduces run while backward computes. One
+launch runs four cases (caps giving one bucket, two, a cap below the largest tensor, and the overlap case: 6-8 buckets,
+backward about as long as the communication) for the first four checks; last, a model whose side head is skipped in
+some steps must be coped with or refused clearly. Widths, seeds, caps, rank counts, learning rate, step count and the
+skipped steps come from the session seed (cases.py).
 """
 
 from __future__ import annotations
@@ -35,11 +29,10 @@ def trained(t: CheckContext) -> Run:
 
 @CHECKS.check("weights after several steps equal single-process SGD on the global batch", points=4)
 def weights_match(t: CheckContext, trained: Run) -> None:
-    t.say(f"{len(trained.tasks)} cases, {trained.tasks[0].case.steps} SGD steps each, "
-          f"{cases.PER_RANK_BATCH} samples per rank per step; expected weights computed here by "
-          "one process on the global batch")
+    t.say(f"{len(trained.tasks)} cases, {trained.tasks[0].case.steps} SGD steps each, {cases.PER_RANK_BATCH} "
+          "samples per rank per step; expected weights computed here by one process on the global batch")
     for result in trained.cases():
-        problem = judging.diagnose_weights(result.case, result.values)
+        problem = judging.diagnose_weights(result)
         if problem:
             t.fail(problem)
         t.say(f"{result.case.label}: every rank matches (widths {list(result.case.widths)})")
@@ -57,8 +50,7 @@ def replicas_agree(t: CheckContext, trained: Run) -> None:
         for rank, res in enumerate(result.values[1:], start=1):
             t.expect(judging.close(res.final, first.final, rtol=1e-6, atol=1e-7),
                      f"rank {rank}'s weights after {case.steps} steps to equal rank 0's",
-                     f"{case.label}: they differ "
-                     f"({judging.worst_parameter(case, res.final, first.final)}): "
+                     f"{case.label}: they differ ({judging.worst_parameter(case, res.final, first.final)}): "
                      "the replicas drifted apart")
     t.say("every case: all ranks started from rank 0's weights and ended in agreement")
 
@@ -69,8 +61,8 @@ def one_collective_per_bucket(t: CheckContext, trained: Run) -> None:
         case, sizes, buckets = result.case, result.case.backward_sizes(), len(result.case.buckets())
         where = (f"{case.label}: cap {case.cap_bytes} bytes over {len(sizes)} gradients of "
                  f"{sum(sizes)} bytes in all makes {buckets} bucket(s)")
-        for rank, res in enumerate(result.values):
-            for step, count in enumerate(res.steps):
+        for rank in range(result.ranks):
+            for step, count in enumerate(result.task.phases(rank, "backward")):
                 wrong = judging.miscounted(where, buckets, sum(sizes), rank, step, count)
                 if wrong:
                     t.fail(wrong)
@@ -80,38 +72,35 @@ def one_collective_per_bucket(t: CheckContext, trained: Run) -> None:
 
 @CHECKS.check("at least half of the communication hidden behind backward compute", points=3)
 def overlap(t: CheckContext, trained: Run) -> None:
-    case, task_run = trained.tasks[-1].case, trained.tasks[-1]  # the overlap case comes last
-    played = task_run.replay()
-    per_rank = {r: judging.windows(task_run.traces[r], played.spans[r]) for r in task_run.traces}
+    task_run = trained.tasks[-1]  # the overlap case comes last
+    case, timeline = task_run.case, task_run.timeline()
+    per_rank = {r: judging.windows(timeline.events(r)) for r in timeline.ranks}
     nbuckets = len(case.buckets())
-    worst, worst_step, slowest = 1.0, 0, 0.0
+    worst, worst_step = 1.0, 0
     for step in range(case.steps):
         ws = [per_rank[r][step] for r in sorted(per_rank) if len(per_rank[r]) > step]
         if len(ws) < case.p:
             t.fail(f"{case.label}: step {step} did not reach the end of finish_gradient_sync on every rank")
         # The allreduces posted between the first rank's backward and the last rank's sync.
         begin, end = min(w.begin for w in ws), max(w.end for w in ws)
-        comm_s = judging.union_length([(f.posted, f.end) for f in played.flows
-                                       if f.op == "Allreduce" and begin <= f.posted <= end])
-        backward = (f"{case.label}, step {step}: backward computes "
-                    f"{max(w.compute_s for w in ws) * 1e6:.1f} us")
+        comm_s = judging.union_length([(m.posted, m.end) for m in timeline.messages
+                                       if m.op == "Allreduce" and begin <= m.posted <= end])
+        backward = f"{case.label}, step {step}: backward computes {max(w.compute_s for w in ws) * 1e6:.1f} us"
         if comm_s <= 0:
-            t.fail(f"{backward}, but no allreduce ran between loss.backward() and the end of "
-                   "finish_gradient_sync()")
+            t.fail(f"{backward}, but no allreduce ran between loss.backward() and the end of finish_gradient_sync()")
         exposed = max(w.end - w.begin - w.compute_s for w in ws)
         hidden = judging.hidden_fraction(exposed, comm_s)
-        slowest = max(slowest, max(w.end - w.begin for w in ws))
         if hidden < worst:
             worst, worst_step = hidden, step
         if hidden < judging.HIDDEN_TARGET:
             head = f"{backward} and the {nbuckets} buckets' allreduces take {comm_s * 1e6:.1f} us"
             t.fail(judging.too_little_hidden(head, ws[0], exposed, comm_s, hidden))
+    slowest = max(w.end - w.begin for ws in per_rank.values() for w in ws[:case.steps])
     bound = max(w.compute_s for ws in per_rank.values() for w in ws)
     t.performance(slowest, bound, task_run)
     t.metric("hidden_fraction", round(worst, 4))
-    t.say(f"{case.label}: {nbuckets} buckets; at worst {worst:.0%} of the communication hidden "
-          f"(step {worst_step}); backward + sync {slowest * 1e6:.1f} us against "
-          f"{bound * 1e6:.1f} us of backward compute")
+    t.say(f"{case.label}: {nbuckets} buckets; at worst {worst:.0%} of the communication hidden (step {worst_step}); "
+          f"backward + sync {slowest * 1e6:.1f} us against {bound * 1e6:.1f} us of backward compute")
 
 
 @CHECKS.check("a parameter without a gradient in a step: handled, or a clear error", points=2)
@@ -134,15 +123,14 @@ def unused_parameter(t: CheckContext) -> None:
         t.say(f"a clear error: {result.message.splitlines()[0]}")
         t.metric("outcome", "error")
         return
-    results = run.tasks[0].values
-    problem = judging.diagnose_weights(case, results)
+    problem = judging.diagnose_weights(run.cases()[0])
     if problem:
         total = sum(case.backward_sizes())
-        short = [(s, c.allreduce_bytes) for s, c in enumerate(results[0].steps)
-                 if c.allreduce_bytes < total]
+        carried = [c.op_bytes.get("Allreduce", 0) for c in run.tasks[0].phases(0, "backward")]
+        short = [(step, n) for step, n in enumerate(carried) if n < total]
         if short:
-            step, carried = short[0]
-            problem += (f"; in step {step} the allreduces carried only {carried} of the {total} "
+            step, n = short[0]
+            problem += (f"; in step {step} the allreduces carried only {n} of the {total} "
                         "bytes of gradients, so a bucket that never filled was never reduced")
         t.fail(f"{problem}; the side head had no gradient in steps {skipped}: silently wrong "
                "weights are the one outcome that is not allowed")

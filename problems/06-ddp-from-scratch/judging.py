@@ -1,18 +1,19 @@
-"""How problem 06 judges: the expected weights and the symptom that explains a difference; the
-collective counts; how much of one step's communication hid behind backward on the virtual clock.
+"""How problem 06 judges: the expected weights and the symptom that explains a difference; the collective counts of
+each step's phase (mark "backward" to mark "synced"); how much of one step's communication hid behind backward on the
+virtual clock.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from distlab.grading import first_mismatch
+from distlab.grading import CaseRun, Counts, Span, first_mismatch
 
 from .cases import Case, build_model, layout
-from .programs import RankResult, StepCount, flat_weights, single_process
+from .programs import flat_weights, single_process
 
 RTOL, ATOL = 2e-4, 2e-5  # float32 SGD: summation order differs between p ranks and one process
 HIDDEN_TARGET = 0.5  # the catalog's "at least half of the communication hidden"
@@ -37,16 +38,21 @@ def worst_parameter(case: Case, got: np.ndarray, want: np.ndarray) -> str:
     return f"largest difference {worst:.3g} in {name_of}"
 
 
-def diagnose_weights(case: Case, results: list[RankResult]) -> str | None:
+def collectives(step: Counts) -> int:
+    """Calls of built-in collectives (Allreduce, Iallreduce, Bcast, ...) in one step's phase."""
+    return sum(step.calls[op] for op in step.collectives_used())
+
+
+def diagnose_weights(result: CaseRun[Case]) -> str | None:
     """None if every rank's final weights are single-process SGD's (computed here, never on the
     ranks that run the learner's code); else the known mistake that explains the difference."""
-    want = single_process(case)
+    case, results, want = result.case, result.values, single_process(result.case)
     bad = [r for r, res in enumerate(results) if not close(res.final, want)]
     if not bad:
         return None
     rank = bad[0]
     head = f"{case.label}, after {case.steps} steps of SGD (lr {case.lr}): rank {rank}'s weights"
-    if all(s.collectives == 0 for res in results for s in res.steps):
+    if all(collectives(s) == 0 for r in range(len(results)) for s in result.task.phases(r, "backward")):
         return (f"{head} are not those of one process training on the global batch: no collective "
                 "ran in any step, so each rank followed its own shard's gradients only")
     start = start_weights(case)
@@ -55,75 +61,66 @@ def diagnose_weights(case: Case, results: list[RankResult]) -> str | None:
         return (f"{head} are wrong: rank {diverged[0]} still held its own initial weights when "
                 "DataParallel(...) returned; broadcast rank 0's weights to every rank first")
     got, total = results[rank].final, sum(case.backward_sizes())
-    for step, count in enumerate(results[rank].steps):
-        if count.allreduce_bytes > total:
-            return (f"{head} are wrong: its allreduces carried {count.allreduce_bytes} bytes in "
-                    f"step {step}, more than the {total} bytes of gradients; a bucket reduced "
-                    "twice comes out summed over the ranks twice")
+    for step, carried in enumerate(c.op_bytes.get("Allreduce", 0) for c in result.task.phases(rank, "backward")):
+        if carried > total:
+            return (f"{head} are wrong: its allreduces carried {carried} bytes in step {step}, more than the "
+                    f"{total} bytes of gradients; a bucket reduced twice comes out summed over the ranks twice")
     if case.p > 1 and close(got, single_process(case, lr_scale=case.p)):
         return (f"{head} moved {case.p} times too far each step: the gradients were summed over "
                 f"the ranks, not averaged (divide by the world size, p = {case.p})")
     return f"{head} differ from single-process SGD on the global batch ({worst_parameter(case, got, want)})"
 
 
-def miscounted(where: str, buckets: int, total: int, rank: int, step: int,
-               count: StepCount) -> str | None:
+def miscounted(where: str, buckets: int, total: int, rank: int, step: int, count: Counts) -> str | None:
     """None if ``rank`` made one allreduce per bucket in ``step``, carrying every gradient once."""
-    if count.collectives == buckets and count.allreduce_bytes == total:
+    made, carried = collectives(count), count.op_bytes.get("Allreduce", 0)
+    if made == buckets and carried == total:
         return None
     calls = ', '.join(f'{op} x{n}' for op, n in sorted(count.calls.items())) or 'none'
-    seen = (f"{where}, so {buckets} allreduce(s) per step; rank {rank} made {count.collectives} "
-            f"collective call(s) in step {step} ({calls}), carrying {count.allreduce_bytes} bytes")
-    if count.allreduce_bytes > total:
+    seen = (f"{where}, so {buckets} allreduce(s) per step; rank {rank} made {made} "
+            f"collective call(s) in step {step} ({calls}), carrying {carried} bytes")
+    if carried > total:
         return f"{seen}: more than the gradients hold, so a bucket was launched twice"
-    if count.allreduce_bytes < total:
+    if carried < total:
         return f"{seen}: fewer bytes than the gradients hold, so some gradients were never reduced"
-    return (f"{seen}: the gradients are cut into buckets differently; walk the parameters in "
-            "reverse order and start a new bucket only when the next gradient would take the "
-            "current one past the cap")
+    return (f"{seen}: the gradients are cut into buckets differently; walk the parameters in reverse order "
+            "and start a new bucket only when the next gradient would take the current one past the cap")
 
 
 # -- the overlap accounting, read from a rank's replayed events -----------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Window:
     """One rank's backward + gradient sync of one step, on the virtual clock."""
 
     begin: float  # mark "backward"
+    end: float  # mark "synced"
+    compute_s: float  # declared backward work inside
     compute_end: float  # when the last backward work ended
-    end: float = math.nan  # mark "synced"
-    compute_s: float = 0.0  # declared backward work inside
-    launches: tuple[float, ...] = ()  # when each allreduce was called
-    waits: list[tuple[float, float]] = field(default_factory=list)  # blocked: waits, Allreduce
-
-    @property
-    def blocked_in_backward(self) -> float:
-        return sum(max(0.0, min(b, self.compute_end) - a) for a, b in self.waits)
+    launches: tuple[float, ...]  # when each allreduce was called
+    blocked_in_backward: float  # in waits and blocking Allreduces, before compute_end
 
 
-def windows(events: list[tuple], spans: tuple[tuple[float, float], ...]) -> list[Window]:
+def window(begin: float, end: float, inside: list[Span]) -> Window:
+    """The window of the spans between a rank's marks "backward" (at ``begin``) and "synced"."""
+    compute = [s for s in inside if s.kind == "compute"]
+    compute_end = compute[-1].end if compute else begin
+    allreduces = [s for s in inside if s.kind in ("coll", "icoll") and s.name == "Allreduce"]
+    blocked = [s for s in inside if s.kind == "wait" or (s.kind == "coll" and s.name == "Allreduce")]
+    return Window(begin, end, sum(s.seconds for s in compute), compute_end, tuple(s.begin for s in allreduces),
+                  sum(max(0.0, min(s.end, compute_end) - s.begin) for s in blocked))
+
+
+def windows(events: list[Span]) -> list[Window]:
     """Per step, the window from mark "backward" to mark "synced" of one rank's replayed events."""
-    found, cur = [], None
-    for e, (t0, t1) in zip(events, spans):
-        kind = e[0]
-        if kind == "mark" and e[1] == "backward":
-            cur = Window(t0, t0)
-        elif cur is None:
-            continue
-        elif kind == "mark" and e[1] == "synced":
-            cur.end = t0
-            found.append(cur)
-            cur = None
-        elif kind == "compute":
-            cur.compute_s += t1 - t0
-            cur.compute_end = t1
-        elif (kind == "coll" and e[1] == "Allreduce") or (kind == "icoll" and e[2] == "Allreduce"):
-            cur.launches += (t0,)
-            if kind == "coll":
-                cur.waits.append((t0, t1))
-        elif kind == "wait":
-            cur.waits.append((t0, t1))
+    found, opened = [], None
+    for i, s in enumerate(events):
+        if s.kind == "mark" and s.name == "backward":
+            opened = i
+        elif opened is not None and s.kind == "mark" and s.name == "synced":
+            found.append(window(events[opened].begin, s.begin, events[opened + 1:i]))
+            opened = None
     return found
 
 
@@ -140,25 +137,20 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 def hidden_fraction(exposed_s: float, comm_s: float) -> float:
     """Share of the communication time that did not add to the step."""
-    if comm_s <= 0:
-        return 0.0
-    return min(max(1.0 - exposed_s / comm_s, 0.0), 1.0)
+    return min(max(1.0 - exposed_s / comm_s, 0.0), 1.0) if comm_s > 0 else 0.0
 
 
-def too_little_hidden(head: str, rank0: Window, exposed: float, comm_s: float,
-                      hidden: float) -> str:
+def too_little_hidden(head: str, rank0: Window, exposed: float, comm_s: float, hidden: float) -> str:
     """Why a step hid less than HIDDEN_TARGET of its communication, as rank 0's window shows it."""
-    seen = (f"expected at least {HIDDEN_TARGET:.0%} hidden; saw {head}; the ranks sat "
-            f"{exposed * 1e6:.1f} us in communication after or besides it, so only {hidden:.0%} "
-            "of it was hidden")
+    seen = (f"expected at least {HIDDEN_TARGET:.0%} hidden; saw {head}; the ranks sat {exposed * 1e6:.1f} us "
+            f"in communication after or besides it, so only {hidden:.0%} of it was hidden")
     if not any(x < rank0.compute_end - 1e-12 for x in rank0.launches):
         return (f"{seen}: every allreduce started only after backward had ended. Backward produces "
                 "the gradients of the last layer first: put them in the first bucket (reverse "
                 "parameter order) and start each bucket as soon as it is full")
     if rank0.blocked_in_backward > 0.5 * comm_s:
         return (f"{seen}: the allreduces start during backward, but rank 0 waited "
-                f"{rank0.blocked_in_backward * 1e6:.1f} us for them before backward ended (a "
-                "blocking Allreduce, or a Wait right after each launch), so backward stood still. "
-                "Start each bucket with comm.Iallreduce and wait for them all once, at the end of "
-                "backward (finish_gradient_sync)")
+                f"{rank0.blocked_in_backward * 1e6:.1f} us for them before backward ended (a blocking Allreduce, "
+                "or a Wait right after each launch), so backward stood still. Start each bucket with "
+                "comm.Iallreduce and wait for them all once, at the end of backward (finish_gradient_sync)")
     return seen

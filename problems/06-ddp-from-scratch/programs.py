@@ -1,13 +1,13 @@
-"""Problem 06's training loops: ``train``, what runs on every rank around the learner's
-DataParallel (counting each step's communication), and ``single_process``, rank 0's model trained
-by one process on the global batch: the supervisor's expected weights. They live side by side so
-that they read alike and share every helper.
+"""Problem 06's training loops: ``train``, what runs on every rank around the learner's DataParallel (each step's
+backward and gradient sync is the phase from mark "backward" to mark "synced"), and ``single_process``, rank 0's model
+trained by one process on the global batch: the supervisor's expected weights. They live side by side so that they read
+alike and share every helper.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,19 +17,11 @@ from distlab import MAX, SUM
 from .cases import PER_RANK_BATCH, Case, build_model, global_batch, loss_of
 
 
-@dataclass(frozen=True)
-class StepCount:
-    collectives: int  # calls of built-in collectives (Allreduce, Iallreduce, Bcast, ...)
-    calls: dict[str, int]
-    allreduce_bytes: int
-
-
 @dataclass
 class RankResult:
     start: np.ndarray  # flat weights right after DataParallel(...) returned
     final: np.ndarray  # flat weights after the last step
-    steps: list[StepCount] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
+    losses: list[float]
 
 
 def sgd_step(model: torch.nn.Module, lr: float) -> None:
@@ -52,27 +44,20 @@ def train(comm, solution, case: Case) -> RankResult:
     model = build_model(case, rank)
     model.comm, model.forward_s_per_param = comm, case.forward_s_per_param
     ddp = solution.DataParallel(comm, model, bucket_cap_bytes=case.cap_bytes)
-    result = RankResult(flat_weights(model), np.empty(0))
+    start, losses = flat_weights(model), []
+    shard = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
     for step in range(case.steps):
         x, y = global_batch(case, step)
-        shard = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
         comm.mark("step")
         model.zero_grad(set_to_none=True)  # as the optimizer does: a parameter left out has no grad
-        out, side_out = model(x[shard], use_side=case.uses_side(step))
-        loss = loss_of(out, side_out, y[shard])
-        before = comm.stats.snapshot()
+        loss = loss_of(*model(x[shard], use_side=case.uses_side(step)), y[shard])
         comm.mark("backward")
         loss.backward()
         ddp.finish_gradient_sync()
         comm.mark("synced")
-        delta = comm.stats.since(before)
-        used = delta.collectives_used()
-        result.steps.append(StepCount(sum(delta.calls[op] for op in used), dict(delta.calls),
-                                      int(delta.op_bytes.get("Allreduce", 0))))
-        result.losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()))
         sgd_step(model, case.lr)
-    result.final = flat_weights(model)
-    return result
+    return RankResult(start, flat_weights(model), losses)
 
 
 def single_process(case: Case, lr_scale: float = 1.0) -> np.ndarray:
@@ -82,15 +67,14 @@ def single_process(case: Case, lr_scale: float = 1.0) -> np.ndarray:
     for step in range(case.steps):
         x, y = global_batch(case, step)
         model.zero_grad(set_to_none=True)
-        out, side_out = model(x, use_side=case.uses_side(step))
-        loss_of(out, side_out, y).backward()
+        loss_of(*model(x, use_side=case.uses_side(step)), y).backward()
         sgd_step(model, case.lr * lr_scale)
     return flat_weights(model)
 
 
 def main(comm, solution, steps="40", cap_kib="64", width="128", lr="0.5"):
     """A free run (distlab run 06 --param cap_kib=16): trains the MLP on every rank; rank 0
-    reports the loss over the global batch, the collectives per step and whether replicas agree.
+    reports the loss over the global batch, the buckets by the card's rule and whether replicas agree.
 
     Each layer declares 1 ns of forward work per parameter (2 ns backward): change cap_kib and
     watch the step time (P50) in the metrics."""
@@ -111,5 +95,4 @@ def main(comm, solution, steps="40", cap_kib="64", width="128", lr="0.5"):
     k = max(1, min(5, case.steps // 4))
     return (f"{case.steps} steps on {p} ranks: global-batch loss {losses[:k].mean():.4f} (first "
             f"{k} steps) -> {losses[-k:].mean():.4f} (last {k}); {len(case.buckets())} bucket(s) "
-            f"by the card's rule, {result.steps[-1].collectives} collective(s) in the last step; "
-            f"weights {'agree' if same else 'DIFFER'} across ranks")
+            f"by the card's rule; weights {'agree' if same else 'DIFFER'} across ranks")
