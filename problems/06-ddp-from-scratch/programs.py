@@ -74,14 +74,18 @@ def single_process(case: Case, lr_scale: float = 1.0) -> np.ndarray:
 
 def main(comm, solution, steps="40", cap_kib="64", width="128", lr="0.5"):
     """A free run (distlab run 06 --param cap_kib=16): trains the MLP on every rank; rank 0
-    reports the loss over the global batch, the buckets by the card's rule and whether replicas agree.
+    reports the loss over the global batch, the buckets by the card's rule, the collectives per step
+    and whether replicas agree.
 
     Each layer declares 1 ns of forward work per parameter (2 ns backward): change cap_kib and
     watch the step time (P50) in the metrics."""
     p, rank, w = comm.Get_size(), comm.Get_rank(), int(width)
     case = Case("free run", p, (32, w, w, w, 8), 606, int(float(cap_kib) * 1024), int(steps),
                 float(lr), 1e-9)
+    before = comm.stats.snapshot()  # a free run may read the counters: it grades nothing
     result = train(comm, solution, case)
+    trained = comm.stats.since(before)
+    per_step = sum(trained.calls[op] for op in trained.collectives_used()) / max(case.steps, 1)
     # The loss over the global batch: the mean of the ranks' shard losses (equal shards).
     losses = np.array(result.losses)
     comm.Allreduce(comm.IN_PLACE, losses, SUM)
@@ -95,4 +99,4 @@ def main(comm, solution, steps="40", cap_kib="64", width="128", lr="0.5"):
     k = max(1, min(5, case.steps // 4))
     return (f"{case.steps} steps on {p} ranks: global-batch loss {losses[:k].mean():.4f} (first "
             f"{k} steps) -> {losses[-k:].mean():.4f} (last {k}); {len(case.buckets())} bucket(s) "
-            f"by the card's rule; weights {'agree' if same else 'DIFFER'} across ranks")
+            f"by the card's rule, {per_step:.1f} collective(s) per step; weights {'agree' if same else 'DIFFER'} across ranks")
