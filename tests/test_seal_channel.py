@@ -27,8 +27,17 @@ import seal_child
 from seal_child import CASES, boom, pattern
 
 import distlab
-from distlab.runtime.seal import AgentEnd, ArenaTooSmall, BadRequest, Call, LearnerEnd, Rejected
-from distlab.runtime.seal import LearnerFlooding, LearnerGone, Request
+from distlab.runtime.seal import (
+    AgentEnd,
+    ArenaTooSmall,
+    BadRequest,
+    Call,
+    LearnerEnd,
+    LearnerFlooding,
+    LearnerGone,
+    Rejected,
+    Request,
+)
 from distlab.runtime.seal.arena import CONTROL, Arena
 from distlab.runtime.seal.calls import CALLS
 from distlab.runtime.seal.doorbell import Doorbell
@@ -58,6 +67,12 @@ class Learner:
     def serve(self, timeout: float = 10) -> Request | Rejected:
         got = self.agent.serve(timeout)
         assert got is not None, f"no request within {timeout} s; {self.agent.where()}"
+        return got
+
+    def request(self, timeout: float = 10) -> Request:
+        """The next request, which must be a valid one."""
+        got = self.serve(timeout)
+        assert isinstance(got, Request), got
         return got
 
     def line(self, timeout: float = 10) -> dict[str, object]:
@@ -132,8 +147,7 @@ def test_round_trips_of_every_dtype_and_shape_fill_outputs_in_place(
         assert data.tobytes() == pattern(dtype, shape).tobytes()
         answer(child.agent, request)
     for _ in range(6):  # in place, a short receive, a failing send, mark, compute, now
-        request = child.serve()
-        assert isinstance(request, Request)
+        request = child.request()
         seen.append((request.name, request.ints, request.floats, request.text))
         answer(child.agent, request)
     assert seen[0][0] == "Allreduce" and seen[1] == ("Recv", (1, 5), (), "")
@@ -149,8 +163,7 @@ def test_thousands_of_calls_leave_no_rings_behind(learner: Callable[..., Learner
     honest learner for a flooder after a few hundred calls."""
     child = learner("many", "3000", spin_s=spin_s)
     for _ in range(3000):
-        request = child.serve()
-        assert isinstance(request, Request)
+        request = child.request()
         child.agent.reply(request, floats=(0.0,))
     assert child.line() == {"done": True}
 
@@ -193,8 +206,7 @@ def test_forged_requests_get_a_rejection_and_a_pickle_is_never_unpickled(
 def test_writes_into_the_arena_out_of_turn_change_nothing_of_the_call(
         learner: Callable[..., Learner]) -> None:
     child = learner("scribble")
-    request = child.serve()
-    assert isinstance(request, Request)
+    request = child.request()
     place = request.outputs[0]
     assert child.proc.stdin is not None
     child.proc.stdin.write(b"served\n")  # step 2: the learner writes 0xff over the whole arena
@@ -226,11 +238,11 @@ def test_a_learner_killed_mid_call_is_named_with_its_call_and_signal(
 
 def test_a_learner_that_exits_between_calls_or_closes_its_end(learner: Callable[..., Learner]) -> None:
     exits = learner("exit_between")
-    answer(exits.agent, exits.serve())  # type: ignore[arg-type]
+    answer(exits.agent, exits.request())
     with pytest.raises(LearnerGone, match=r"died after now \(exit status 3\)$"):
         exits.serve()
     closes = learner("close_end")
-    answer(closes.agent, closes.serve())  # type: ignore[arg-type]
+    answer(closes.agent, closes.request())
     with pytest.raises(LearnerGone) as gone:
         closes.serve()
     assert gone.value.closed and str(gone.value).endswith("closed its end of the channel after Barrier")
@@ -239,7 +251,7 @@ def test_a_learner_that_exits_between_calls_or_closes_its_end(learner: Callable[
 def test_a_learner_whose_child_holds_the_socket_is_still_seen_dead(learner: Callable[..., Learner]) -> None:
     """No EOF comes (the orphan holds the socket open): the pidfd tells."""
     child = learner("orphan_holds")
-    answer(child.agent, child.serve())  # type: ignore[arg-type]
+    answer(child.agent, child.request())
     orphan = int(str(child.line()["orphan"]))
     try:
         t0 = time.monotonic()
@@ -272,15 +284,14 @@ def test_the_arena_cannot_be_shrunk_or_grown_by_the_learner(learner: Callable[..
     child = learner("shrink", data_size=1 << 16)
     sizes = [child.line() for _ in range(3)]
     assert all("refused" in s for s in sizes), sizes
-    answer(child.agent, child.serve())  # type: ignore[arg-type]
+    answer(child.agent, child.request())
     assert child.line() == {"size": child.agent.arena.size, "now": [0.25]}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to nobody needs root")
 def test_a_learner_running_as_nobody_uses_the_inherited_arena(learner: Callable[..., Learner]) -> None:
     child = learner("nobody")
-    request = child.serve()
-    assert isinstance(request, Request)
+    request = child.request()
     child.agent.reply(request, outputs=[request.inputs[0] + 1])
     # uid 65534 mapped the arena from its descriptor; the agent's /proc fd path stays shut.
     assert child.line() == {"uid": 65534, "by_path": "refused", "ok": True}
