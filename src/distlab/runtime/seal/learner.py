@@ -74,6 +74,8 @@ class LearnerEnd:
                               texts[0] if texts else "")
         self.arena.write_block("request", call_id, framed(body))
         try:
+            # A full socket (ring() False) needs no retry: the agent has bytes to read, and
+            # looks at the block's call id after reading them.
             self._bell.ring()
         except ConnectionError:
             raise AgentGone("the agent closed the channel") from None
