@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "jobspec": {"comm"},  # outcomes carry the proxy's counters
     "rank": {"jobspec", "comm", "engines", "clock", "faults", "trace"},
     "supervisor": {"jobspec", "faults", "comm", "engines"},  # slots; monitoring's names
+    "seal": set(),  # the agent-learner channel: arena, wire, handshake; the rank will use it
 }
 # What the runtime may use from the rest of distlab (the bank: a rank under an external launcher
 # looks its problem up, runtime/rank/worker.py).

@@ -1,0 +1,89 @@
+"""The calls a learner process may ask of its agent: op codes and what each request may carry.
+
+One entry per method of the learner's ``comm`` (runtime/comm/proxy.py, collectives.py,
+requests.py), plus HELLO (the rank and size, asked once at start). This is the table the
+decoder holds every request against (wire.py); the bounds here are static (a rank below 2**20, a
+tag below 2**31), and whether a rank exists in this communicator stays the proxy's check, as today.
+
+A draft for the wiring step: the argument order follows mpi4py's, and what the agent answers
+(``ints`` of the reply) is noted per call. Nonblocking receives declare their buffer at Irecv
+(the agent receives into its own array of that shape) and pass it again as the output of the
+Wait or Test that completes them.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from .wire import Int, Signature
+
+MAX_RANK = 2**20 - 1
+MAX_TAG = 2**31 - 1
+MAX_REQUEST = 2**31 - 1
+REDUCE_OPS = ("SUM", "PROD", "MAX", "MIN")  # distlab.ops.BY_NAME's operators, by code
+
+DEST = Int("dest", 0, MAX_RANK)
+SOURCE = Int("source", -1, MAX_RANK)  # -1: ANY_SOURCE
+ROOT = Int("root", 0, MAX_RANK)
+SEND_TAG = Int("tag", 0, MAX_TAG)
+RECV_TAG = Int("tag", -1, MAX_TAG)  # -1: ANY_TAG
+REQUEST = Int("request", 0, MAX_REQUEST)
+REDUCE_OP = Int("op", 0, len(REDUCE_OPS) - 1)
+ONE, MAYBE = range(1, 2), range(0, 2)
+
+
+class Call(IntEnum):
+    HELLO = 1  # -> (rank, size)
+    SEND = 2
+    SSEND = 3
+    RECV = 4  # -> (source, tag, count)
+    ISEND = 5  # -> (request,)
+    IRECV = 6  # -> (request,)
+    SENDRECV = 7  # -> (source, tag, count)
+    WAIT = 8  # -> (source, tag, count)
+    TEST = 9  # -> (done, source, tag, count)
+    WAITALL = 10
+    BARRIER = 11
+    BCAST = 12
+    REDUCE = 13
+    ALLREDUCE = 14
+    IALLREDUCE = 15  # -> (request,)
+    REDUCE_SCATTER = 16
+    REDUCE_SCATTER_BLOCK = 17
+    ALLGATHER = 18
+    ABORT = 19
+    COMPUTE = 20  # ints: 0 for seconds, 1 for flops; floats: the amount; text: the label
+    MARK = 21
+    NOW = 22  # floats -> (virtual time,)
+
+
+CALLS: dict[int, Signature] = {
+    Call.HELLO: Signature("HELLO"),
+    Call.SEND: Signature("Send", (DEST, SEND_TAG), inputs=ONE),
+    Call.SSEND: Signature("Ssend", (DEST, SEND_TAG), inputs=ONE),
+    Call.RECV: Signature("Recv", (SOURCE, RECV_TAG), outputs=ONE),
+    Call.ISEND: Signature("Isend", (DEST, SEND_TAG), inputs=ONE),
+    Call.IRECV: Signature("Irecv", (SOURCE, RECV_TAG), outputs=ONE),
+    Call.SENDRECV: Signature(
+        "Sendrecv", (DEST, SEND_TAG, SOURCE, Int("recvtag", -1, MAX_TAG)), inputs=ONE, outputs=ONE
+    ),
+    Call.WAIT: Signature("Wait", (REQUEST,), outputs=MAYBE),
+    Call.TEST: Signature("Test", (REQUEST,), outputs=MAYBE),
+    Call.WAITALL: Signature("Waitall", more=REQUEST, outputs=range(0, 33)),
+    Call.BARRIER: Signature("Barrier"),
+    Call.BCAST: Signature("Bcast", (ROOT,), inputs=MAYBE, outputs=ONE),
+    Call.REDUCE: Signature("Reduce", (REDUCE_OP, ROOT), inputs=ONE, outputs=MAYBE),
+    Call.ALLREDUCE: Signature("Allreduce", (REDUCE_OP,), inputs=ONE, outputs=ONE),
+    Call.IALLREDUCE: Signature("Iallreduce", (REDUCE_OP,), inputs=ONE, outputs=ONE),
+    Call.REDUCE_SCATTER: Signature(
+        "Reduce_scatter", (REDUCE_OP,), more=Int("count", 0, 2**40), inputs=ONE, outputs=ONE
+    ),
+    Call.REDUCE_SCATTER_BLOCK: Signature(
+        "Reduce_scatter_block", (REDUCE_OP,), inputs=ONE, outputs=ONE
+    ),
+    Call.ALLGATHER: Signature("Allgather", inputs=ONE, outputs=ONE),
+    Call.ABORT: Signature("Abort", (Int("errorcode", -(2**31), 2**31 - 1),)),
+    Call.COMPUTE: Signature("compute", (Int("per", 0, 1),), floats=1, text=256),
+    Call.MARK: Signature("mark", text=256),
+    Call.NOW: Signature("now"),
+}

@@ -1,0 +1,133 @@
+"""The learner process's end of the seal: every call crosses to the agent and waits for it.
+
+    seal = LearnerEnd.open(handle)      # the string AgentEnd.handle() gave the child
+    reply = seal.call(Call.SENDRECV, (dest, 0, source, 0), inputs=(send,), outputs=(recv,))
+    # recv now holds what the agent received; reply.ints is (source, tag, count)
+
+``call`` lays the buffers out in the data region (64-byte aligned, in order; an output that is
+also an input shares its place), copies the inputs in, writes the request, rings, waits for the
+reply with the same call id, and copies each output back into the caller's array in place, as
+many bytes as the agent wrote. It raises ``CallRejected`` (the agent refused the request),
+``CallFailed`` (the call raised in the agent), ``AgentGone`` (the channel closed) and
+``ArenaTooSmall``. The learner trusts its agent: replies are read without suspicion.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Sequence
+
+import numpy as np
+
+from .arena import ALIGN, Arena
+from .calls import CALLS
+from .doorbell import Doorbell, Woke
+from .errors import AgentGone, ArenaTooSmall, CallFailed, CallRejected
+from .wire import (
+    DTYPE_CODE,
+    FAILED,
+    MAX_NDIM,
+    REJECTED,
+    Buffer,
+    Reply,
+    decode_reply,
+    encode_request,
+    framed,
+)
+
+Arg = int | float | str | np.integer | np.floating
+
+
+class LearnerEnd:
+    def __init__(self, arena: Arena, bell: Doorbell) -> None:
+        self.arena = arena
+        self._bell = bell
+        self._call_id = 0
+
+    @classmethod
+    def open(cls, handle: str) -> LearnerEnd:
+        """Opens the end described by ``AgentEnd.handle()``, from the inherited descriptors."""
+        try:
+            fields = dict(part.split("=", 1) for part in handle.split(","))
+            arena_fd, size, bell_fd = int(fields["arena"]), int(fields["size"]), int(fields["bell"])
+            spin_s = float(fields.get("spin", "0"))
+        except (KeyError, ValueError):
+            raise ValueError(f"not a seal handle: {handle!r}") from None
+        sock = socket.socket(fileno=bell_fd)
+        return cls(Arena.attach(arena_fd, size), Doorbell(sock, spin_s=spin_s))
+
+    def call(self, op: int, args: Sequence[Arg] = (), inputs: Sequence[np.ndarray] = (),
+             outputs: Sequence[np.ndarray] = (), timeout: float | None = None) -> Reply:
+        """One call through the agent. ``args``: ints (ranks, tags, codes), floats and at most
+        one text, each kind in order. Outputs are filled in place."""
+        ints = tuple(int(a) for a in args if isinstance(a, (int, np.integer)))
+        floats = tuple(float(a) for a in args if isinstance(a, (float, np.floating)))
+        texts = [a for a in args if isinstance(a, str)]
+        if len(texts) > 1 or len(ints) + len(floats) + len(texts) != len(args):
+            raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
+        in_places, out_places = self._layout(op, inputs, outputs)
+        for array, place in zip(inputs, in_places):
+            self.arena.put(place.offset, array)
+        self._call_id += 1
+        call_id = self._call_id
+        body = encode_request(call_id, op, ints, floats, in_places, out_places,
+                              texts[0] if texts else "")
+        self.arena.write_block("request", call_id, framed(body))
+        try:
+            # A full socket (ring() False) needs no retry: the agent has bytes to read, and
+            # looks at the block's call id after reading them.
+            self._bell.ring()
+        except ConnectionError:
+            raise AgentGone("the agent closed the channel") from None
+        woke = self._bell.wait(lambda: self.arena.block_id("reply") == call_id, timeout)
+        if woke is Woke.TIMEOUT:
+            raise TimeoutError(f"no reply from the agent within {timeout} s")
+        if woke is not Woke.READY:
+            raise AgentGone("the agent closed the channel")
+        reply = decode_reply(self.arena.read_block("reply"))
+        if reply.status == REJECTED:
+            raise CallRejected(reply.text)
+        if reply.status == FAILED:
+            kind, _, message = reply.text.partition("\n")
+            raise CallFailed(kind, message)
+        for array, place, nbytes in zip(outputs, out_places, reply.written):
+            self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
+        return reply
+
+    def _layout(self, op: int, inputs: Sequence[np.ndarray],
+                outputs: Sequence[np.ndarray]) -> tuple[tuple[Buffer, ...], tuple[Buffer, ...]]:
+        at = end = 0
+        places: dict[int, Buffer] = {}  # id(array) -> its place: an in-place call shares one
+        laid: list[Buffer] = []
+        for i, array in enumerate([*inputs, *outputs]):
+            _check_array(array, output=i >= len(inputs))
+            place = places.get(id(array))
+            if place is None:
+                place = Buffer(at, array.nbytes, array.dtype, tuple(array.shape))
+                places[id(array)] = place
+                end = at + array.nbytes
+                at += -(-array.nbytes // ALIGN) * ALIGN
+            laid.append(place)
+        if end > self.arena.data_size:
+            sig = CALLS.get(op)
+            raise ArenaTooSmall(f"{sig.name if sig else f'op {op}'}'s buffers", end,
+                                self.arena.data_size)
+        return tuple(laid[: len(inputs)]), tuple(laid[len(inputs) :])
+
+    def close(self) -> None:
+        self._bell.close()
+        self.arena.close()
+
+
+def _check_array(array: np.ndarray, output: bool) -> None:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"a buffer must be a NumPy array, not {type(array).__name__}")
+    if array.dtype.str not in DTYPE_CODE:
+        raise TypeError(f"a buffer of dtype {array.dtype} cannot cross the seal "
+                        f"(numbers in native little-endian order only)")
+    if not array.flags.c_contiguous:
+        raise ValueError("a buffer must be C-contiguous (a strided view cannot cross the seal)")
+    if array.ndim > MAX_NDIM:
+        raise ValueError(f"a buffer has at most {MAX_NDIM} dimensions, not {array.ndim}")
+    if output and not array.flags.writeable:
+        raise ValueError("an output buffer must be writable")
