@@ -45,8 +45,8 @@ def test_dev_lint_rejects_a_problem_that_reaches_into_the_runtime(
     assert clean.returncode == 0, clean.stdout + clean.stderr
     check = bank / "03-ring-allreduce" / "check.py"
     lines = check.read_text().splitlines()
-    lines.insert(1 + lines.index("from __future__ import annotations"),
-                 "from distlab.runtime.supervisor import launch")
+    first_import = next(i for i, line in enumerate(lines) if line.startswith(("import ", "from ")))
+    lines.insert(first_import, "from distlab.runtime.supervisor import launch")
     check.write_text("\n".join(lines) + "\n")
     lint = run_cli("dev", "lint", "--problems", "03", "--no-run")
     assert lint.returncode == 1
