@@ -106,6 +106,8 @@ class FailedTask:
         raise RunFailed(self._failure, first_report=first)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe for these: not a read
+            raise AttributeError(name)
         self.fail()
 
 

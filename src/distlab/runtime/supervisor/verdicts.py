@@ -14,7 +14,7 @@ from pathlib import Path
 from ..comm import rankstate
 from ..jobspec import Job, RankOutcome, TaskOutcome, log_path
 from . import mpi_monitoring, waitfor
-from .crashes import crash_cause, first_death, launcher_tail, stacks
+from .crashes import Death, crash_cause, first_death, launcher_tail, stacks
 from .process_faults import FaultState
 from .processes import rank_pids, signal_quietly
 from .start import Processes
@@ -78,6 +78,8 @@ def conclude(
         result.logs = _logs(job_dir, job.world_size)
         return result
     death = first_death(job, job_dir, procs, set(outcomes)) if action in ("error", "crashed") else None
+    if death is None and action == "error" and _peers_lost(outcomes):
+        death = _death_behind_lost_peers(job, job_dir, procs, outcomes)
     if death is not None and (action == "crashed" or _peers_lost(outcomes)):
         # The others failed because this rank was gone: it is the one to name.
         others = [r for r in range(job.world_size) if r != death.rank and r not in outcomes]
@@ -207,6 +209,22 @@ def _alive(states: list[rankstate.RankState], faults: FaultState | None) -> list
     if faults is None:
         return states
     return [s for s in states if s.rank not in faults.killed]
+
+
+def _death_behind_lost_peers(job: Job, job_dir: Path, procs: Processes,
+                             outcomes: dict[int, RankOutcome]) -> Death | None:
+    """The rank whose death the lost connections report, given a moment to show: a process that
+    calls os._exit closes its sockets before it is gone, so its peers can report first."""
+    until = time.monotonic() + LOST_PEER_GRACE_S
+    while time.monotonic() < until:
+        time.sleep(0.05)
+        death = first_death(job, job_dir, procs, set(outcomes))
+        if death is not None:
+            return death
+    return None
+
+
+LOST_PEER_GRACE_S = 2.0
 
 
 def _peers_lost(outcomes: dict[int, RankOutcome]) -> bool:
