@@ -87,8 +87,10 @@ def free_run_bounds(entry: Entry, platform: Platform, options: RunOptions) -> di
     ``bounds(platform, ranks, **params) -> {metric: value}`` (for example ``{"virtual_s": ...}``,
     the closed form's time on this platform), with the parameters ``main`` takes (the same
     defaults). {} when the problem defines none."""
-    module = import_program_module(*problem_programs(entry.path))
-    bounds = getattr(module, "bounds", None)
+    file, name = problem_programs(entry.path)
+    if "\ndef bounds(" not in file.read_text():
+        return {}  # not imported for nothing: a problem's programs.py may import torch
+    bounds = getattr(import_program_module(file, name), "bounds", None)
     if bounds is None:
         return {}
     try:
