@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..runtime.comm.stats import COLLECTIVES, CommStats
+from ..runtime.comm.stats import CommStats, Readings
 from ..runtime.trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ MessageKey = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
-class Counts:
-    """One rank's calls and payload bytes over a task or a phase. Peers are world ranks."""
+class Counts(Readings):
+    """One rank's calls and payload bytes over a task or a phase. Peers are world ranks; the
+    totals (messages_sent, bytes_sent, bytes_received, collectives_used()) come from Readings."""
 
     calls: Mapping[str, int] = field(default_factory=dict)  # API calls, by name ("Sendrecv", ...)
     op_bytes: Mapping[str, int] = field(default_factory=dict)  # their buffer bytes, by name
@@ -46,21 +47,6 @@ class Counts:
         return cls(dict(stats.calls), dict(stats.op_bytes), dict(stats.sent_msgs),
                    dict(stats.sent_bytes), dict(stats.recv_msgs), dict(stats.recv_bytes))
 
-    @property
-    def messages_sent(self) -> int:
-        return sum(self.sent_msgs.values())
-
-    @property
-    def bytes_sent(self) -> int:
-        return sum(self.sent_bytes.values())
-
-    @property
-    def bytes_received(self) -> int:
-        return sum(self.recv_bytes.values())
-
-    def collectives_used(self) -> list[str]:
-        """The built-in collectives called, by name, sorted."""
-        return sorted(op for op, n in self.calls.items() if n and op in COLLECTIVES)
 
 
 def counts_of(task_run: TaskRun, rank: int, phase: str | None = None, nth: int = 0) -> Counts:

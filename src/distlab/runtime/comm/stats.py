@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 POINT_TO_POINT = frozenset({"Send", "Recv", "Isend", "Irecv", "Sendrecv"})
 COLLECTIVES = frozenset(
@@ -15,8 +15,32 @@ COLLECTIVES = frozenset(
 COUNTERS = ("calls", "op_bytes", "sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes")
 
 
+class Readings:
+    """The totals read off a rank's counters; shared by ``CommStats`` and grading's ``Counts``."""
+
+    calls: Mapping[str, int]
+    sent_msgs: Mapping[int, int]
+    sent_bytes: Mapping[int, int]
+    recv_bytes: Mapping[int, int]
+
+    @property
+    def messages_sent(self) -> int:
+        return sum(self.sent_msgs.values())
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.sent_bytes.values())
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(self.recv_bytes.values())
+
+    def collectives_used(self) -> list[str]:
+        return sorted(op for op, n in self.calls.items() if n and op in COLLECTIVES)
+
+
 @dataclass
-class CommStats:
+class CommStats(Readings):
     """Counters of one rank. Peers are world ranks; bytes are payload bytes."""
 
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -37,21 +61,6 @@ class CommStats:
     def count_recv(self, peer: int, nbytes: int) -> None:
         self.recv_msgs[peer] += 1
         self.recv_bytes[peer] += nbytes
-
-    @property
-    def messages_sent(self) -> int:
-        return sum(self.sent_msgs.values())
-
-    @property
-    def bytes_sent(self) -> int:
-        return sum(self.sent_bytes.values())
-
-    @property
-    def bytes_received(self) -> int:
-        return sum(self.recv_bytes.values())
-
-    def collectives_used(self) -> list[str]:
-        return sorted(op for op, n in self.calls.items() if n and op in COLLECTIVES)
 
     def snapshot(self) -> "CommStats":
         copy = CommStats()
