@@ -19,6 +19,7 @@ from distlab.runtime.jobspec import Job, Limits, Task, program_module_name
 from distlab.runtime.supervisor import LaunchResult, launch
 
 PROGRAMS = Path(__file__).resolve().parent / "programs.py"
+SEAL = False  # tests/test_launcher_sealed.py runs these tests again with learner processes
 
 
 def make_job(
@@ -39,6 +40,7 @@ def make_job(
         world_size=max(t.ranks for t in tasks),
         limits=limits,
         supervisor_pid=__import__("os").getpid(),
+        seal=SEAL,
     )
 
 

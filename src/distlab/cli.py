@@ -195,6 +195,10 @@ def check(
     clock: str = typer.Option(
         "virtual", help="grade performance on the virtual clock, or on wall time (real clusters)"
     ),
+    seal: str = typer.Option(
+        "off", help="on: the learner's code runs in a process of its own per rank, out of the "
+        "grader's reach (not yet the default: see docs/architecture.md, The seal)"
+    ),
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
@@ -204,13 +208,13 @@ def check(
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    clock = opts.clock(clock)
+    clock, sealed = opts.clock(clock), opts.seal(seal)
     # Refused now, not after the checks: the results must have somewhere to go, and never over
     # the learner's progress or their own file.
     json_out = opts.json_path(json_out, keep={
         "your progress file": ws.progress_file, "the solution file being checked": path,
     })
-    options = Options(backend, seed, time_limit, platform, faults, clock)
+    options = Options(backend, seed, time_limit, platform, faults, clock, seal=sealed)
     results = _check_and_record(entry, path, options, verbose, own=solution is None)
     if json_out:
         results_io.write(results, json_out)

@@ -40,6 +40,17 @@ def clock(value: str) -> str:
     return value
 
 
+SEALS = ("on", "off")
+
+
+def seal(value: str) -> bool:
+    """--seal: run the learner's code in a process of its own per rank (on), or in the rank (off:
+    the learner's process then holds the counters the grade reads, which only advise)."""
+    if value not in SEALS:
+        raise UsageError(f"unknown seal {value!r}: use on or off")
+    return value == "on"
+
+
 def seed(value: int | None) -> int | None:
     """--seed: the variants' and the fault plans' seed, 0..2**63-1 (it must fit a signed int64)."""
     if value is None:

@@ -59,6 +59,8 @@ class RunOptions:
     limits: Limits = Limits()
     # Count what MPI carries below the proxy (Open MPI's monitoring), for exam grading; MPI only.
     mpi_monitoring: bool = False
+    # Learner code in a process of its own per rank (runtime/seal/): what check and exam grade.
+    seal: bool = False
 
 
 def run_options(
@@ -76,6 +78,7 @@ def run_options(
     default_deadline_s: float = 60.0,
     limits: Limits = Limits(),
     mpi_monitoring: bool = False,
+    seal: bool = False,
 ) -> RunOptions:
     """The options of a run, checked: raises UsageError (or the platform's and the fault plan's
     own errors, which name the file and the entry) before any process starts.
@@ -95,7 +98,7 @@ def run_options(
     if plan is not None and world is not None:
         plan = plan.validate_for(world)
     return RunOptions(backend, resolved, clock, plan, deadline_s or default_deadline_s, limits,
-                      mpi_monitoring and backend == "mpi")
+                      mpi_monitoring and backend == "mpi", seal)
 
 
 @dataclass
@@ -182,6 +185,7 @@ def run(
         program_module=program.module, platform=platform,
         limits=memory_budget(options.limits, max(task.ranks for task in tasks)),
         faults=options.faults, online_clock=online_clock, mpi_monitoring=options.mpi_monitoring,
+        seal=options.seal,
     )
     result = launch(job, deadline_s=deadline_s or options.deadline_s, stall_s=stall_s)
     if not result.ok:

@@ -50,6 +50,7 @@ class Options:
     clock: str = "virtual"  # or "wall"
     # Count what MPI carries below the proxy (Open MPI's monitoring), for exam grading; MPI only.
     mpi_monitoring: bool = False
+    seal: bool = False  # learner code in a process of its own per rank (runtime/seal/)
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -94,6 +95,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         allowed_backends=card.backends, problem=entry.number, clock=options.clock,
         faults=options.faults, seed=seed, deadline_s=options.deadline_s,
         default_deadline_s=float(card.time_limit_s), mpi_monitoring=options.mpi_monitoring,
+        seal=options.seal,
     )
     session = Session(solution, seed, reporter, run_opts, card.platform)
     for index, spec in enumerate(checklist.checks, start=1):

@@ -77,6 +77,9 @@ class Job:
     # catch code that goes around the proxy. Exam grading only: it moves the harness onto
     # duplicated communicators and counts every message handed to MPI.
     mpi_monitoring: bool = False
+    # Run the learner's code in a process of its own, a child of the rank, which reaches the
+    # engine, the counters and the clock only through the seal (runtime/seal/).
+    seal: bool = False
 
 
 def make_job(
@@ -211,3 +214,8 @@ def stack_path(job_dir: Path, rank: int) -> Path:
 
 def pid_path(job_dir: Path, rank: int) -> Path:
     return job_dir / f"pid-{rank}"
+
+
+def learner_pid_path(job_dir: Path, rank: int) -> Path:
+    """The pid of a sealed rank's learner process, written by its agent."""
+    return job_dir / f"learner-pid-{rank}"

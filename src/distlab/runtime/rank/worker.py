@@ -25,14 +25,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from ..clock.online import Timekeeper
 from ..comm.proxy import Comm
 from ..comm.rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
-from ..comm.requests import LearnerAbort
 from ..comm.stats import CommStats
 from ..engines.base import Engine
 from ..engines.counted import harness_engine
@@ -40,7 +38,6 @@ from ..faults.decide import MessageFaults, ProcessFaults
 from ..jobspec import (
     JOB_FILE,
     Job,
-    RankError,
     RankOutcome,
     TaskOutcome,
     import_program_module,
@@ -54,8 +51,11 @@ from ..jobspec import (
 )
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
-from .guards import EngineMisuse, forbid_finalize, require_completed
-from .learner import SolutionLoadError, format_for, innermost_frame_in, load_module
+from ..seal.errors import LearnerGone
+from ..seal.process import LearnerProcess, mirror_death
+from .failures import error_from
+from .guards import forbid_finalize, require_completed
+from .learner import load_module
 
 
 def detect_backend() -> tuple[str, int, int]:
@@ -104,43 +104,23 @@ def _redirect_output(path: Path) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _error_from(exc: BaseException, solution: Path | None, task_index: int, job: Job) -> RankError:
-    if isinstance(exc, SolutionLoadError):
-        return RankError("import", exc.summary, exc.where, exc.detail, task_index)
-    if isinstance(exc, LearnerAbort):
-        kind, summary = "abort", str(exc)
-    elif isinstance(exc, EngineMisuse):
-        kind, summary = "misuse", str(exc)
-    elif isinstance(exc, SystemExit):
-        kind, summary = "exit", f"the solution called sys.exit({exc.code!r})"
-    elif isinstance(exc, MemoryError):
-        kind = "memory"
-        summary = f"memory limit exceeded: the rank may use {job.limits.address_space_mb} MiB"
-    elif isinstance(exc, rank_limits.CpuLimitExceeded):
-        kind = "cpu"
-        summary = f"CPU time limit exceeded: the rank may use {job.limits.cpu_seconds} s of CPU"
-    elif isinstance(exc, OSError) and exc.errno == 27:  # EFBIG
-        kind = "file-size"
-        summary = f"file size limit exceeded: files may grow to {job.limits.file_size_mb} MiB"
-    else:
-        kind, summary = "exception", f"{type(exc).__name__}: {exc}"
-    where = innermost_frame_in(exc.__traceback__, solution) if solution else ""
-    detail = format_for(exc, solution) if solution else traceback.format_exc()
-    return RankError(kind, summary, where, detail, task_index)
-
-
 def run_job(job_dir: Path) -> int:
     with open(job_dir / JOB_FILE, "rb") as f:
         job: Job = pickle.load(f)
     backend, rank, size = detect_backend()
     pid_path(job_dir, rank).write_text(str(os.getpid()))
     _redirect_output(log_path(job_dir, rank))
+    # Sealed, the stack file is the learner process's (its lines are the ones worth showing);
+    # the agent's own stack goes beside it.
     stack_file = open(stack_path(job_dir, rank), "w")
-    faulthandler.enable(file=stack_file, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    agent_stack = open(stack_path(job_dir, rank).with_suffix(".agent.txt"), "w") if job.seal else stack_file
+    faulthandler.enable(file=agent_stack, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=agent_stack, all_threads=True, chain=False)
     if job.supervisor_pid:
         threading.Thread(target=_watch_supervisor, args=(job.supervisor_pid,), daemon=True).start()
     slot = RankSlot(job_dir / f"state-{rank}.bin")
+    # Started before the engine joins: it loads the program and the learner's file meanwhile.
+    learner = LearnerProcess.start(job, job_dir, rank, stack_file) if job.seal else None
 
     engine = make_engine(job.backend)
     handed = None
@@ -152,19 +132,29 @@ def run_job(job_dir: Path) -> int:
     solution_path = Path(job.solution_file) if job.solution_file else None
     task_index = 0
     try:
-        program = _load_program(Path(job.program_file), job.program_module, job.program)
-        tasks = pickle.loads(job.tasks_blob)
-        forbid_finalize(backend)
-        solution = load_module(solution_path, "solution") if solution_path else None
-        rank_limits.apply(job.limits)
+        if learner is None:
+            program = _load_program(Path(job.program_file), job.program_module, job.program)
+            forbid_finalize(backend)
+            solution = load_module(solution_path, "solution") if solution_path else None
+            rank_limits.apply(job.limits)
+            run = _in_process(program, solution)
+        else:
+            run = learner.run_task
+        tasks = pickle.loads(job.tasks_blob)  # its cases are classes of the program's package
         for task_index, task in enumerate(tasks):
             slot.task = task_index
-            outcome.tasks.append(_run_task(engine, slot, job, task, program, solution))
+            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run))
+        if learner is not None:
+            learner.finish()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
+        if isinstance(exc, LearnerGone) and not exc.closed:
+            mirror_death(exc)  # no outcome: the supervisor names the death, as for one process
+        if learner is not None:
+            learner.kill()
         if handed is not None:
             outcome.handed = handed.as_dict()
         slot.set(FAILED)
-        outcome.error = _error_from(exc, solution_path, task_index, job)
+        outcome.error = error_from(exc, solution_path, task_index, job.limits)
         write_pickle_atomically(outcome_path(job_dir, rank), outcome)
         sys.stdout.flush()
         os._exit(1)  # the supervisor ends the peers; MPI_Finalize would wait for them
@@ -179,6 +169,17 @@ def run_job(job_dir: Path) -> int:
         sys.stdout.flush()
         os._exit(0)
     return 0
+
+
+# How a task's program runs: (comm, task index, task) -> its return value.
+TaskRunner = Callable[[Comm, int, Any], Any]
+
+
+def _in_process(program: Callable[..., Any], solution: Any) -> TaskRunner:
+    """Unsealed: the program and the learner's code run in this process, on the proxy itself."""
+    def run(comm: Comm, index: int, task: Any) -> Any:
+        return program(comm, solution, *task.args, **task.kwargs)
+    return run
 
 
 def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]:
@@ -196,7 +197,7 @@ def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]
 
 
 def _run_task(
-    engine: Engine, slot: RankSlot, job: Job, task: Any, program: Callable[..., Any], solution: Any
+    engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner
 ) -> TaskOutcome | None:
     members = list(range(task.ranks))
     # Both splits are collective over every rank of the job, members or not.
@@ -228,7 +229,7 @@ def _run_task(
             ),
         )
         start = time.perf_counter()
-        value = program(comm, solution, *task.args, **task.kwargs)
+        value = run(comm, index, task)
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events, comm.marked)

@@ -61,6 +61,7 @@ class Request(NamedTuple):
     text: str
     inputs: tuple[np.ndarray, ...]
     outputs: tuple[Buffer, ...]  # where the reply's arrays go, as validated
+    input_places: tuple[Buffer, ...] = ()  # where the inputs were: an output at one is in place
 
 
 class Rejected(NamedTuple):
@@ -131,7 +132,7 @@ class AgentEnd:
         inputs = tuple(self.arena.take(b.offset, b.dtype, b.shape) for b in decoded.inputs)
         self.in_call = decoded.name
         return Request(call_id, decoded.op, decoded.name, decoded.ints, decoded.floats,
-                       decoded.text, inputs, decoded.outputs)
+                       decoded.text, inputs, decoded.outputs, decoded.inputs)
 
     def reply(self, request: Request, ints: Sequence[int] = (), floats: Sequence[float] = (),
               outputs: Sequence[np.ndarray | None] = ()) -> None:

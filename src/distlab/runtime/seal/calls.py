@@ -9,6 +9,11 @@ A draft for the wiring step: the argument order follows mpi4py's, and what the a
 (``ints`` of the reply) is noted per call. Nonblocking receives declare their buffer at Irecv
 (the agent receives into its own array of that shape) and pass it again as the output of the
 Wait or Test that completes them.
+
+The last three calls are the task protocol (runtime/seal/service.py): the learner process asks
+for the next task of the batch, fetches its arguments (pickled by the agent, which the learner
+trusts) in parts of at most the arena's size, and hands back its result in parts: kind 0 is the
+program's return value, kind 1 a failure (values.py says how each is encoded and read).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class Call(IntEnum):
     COMPUTE = 20  # ints: 0 for seconds, 1 for flops; floats: the amount; text: the label
     MARK = 21
     NOW = 22  # floats -> (virtual time,)
+    NEXT_TASK = 23  # -> (task index or -1 when the batch is done, bytes of its arguments)
+    TASK_ARGS = 24  # ints: (offset,); output: the next part of the task's pickled arguments
+    RESULT = 25  # ints: (kind, last part); input: a part of the task's result (values.py)
 
 
 CALLS: dict[int, Signature] = {
@@ -69,7 +77,7 @@ CALLS: dict[int, Signature] = {
     ),
     Call.WAIT: Signature("Wait", (REQUEST,), outputs=MAYBE),
     Call.TEST: Signature("Test", (REQUEST,), outputs=MAYBE),
-    Call.WAITALL: Signature("Waitall", more=REQUEST, outputs=range(0, 33)),
+    Call.WAITALL: Signature("Waitall", more=REQUEST, outputs=range(0, 33)),  # wire.py's 32 buffers
     Call.BARRIER: Signature("Barrier"),
     Call.BCAST: Signature("Bcast", (ROOT,), inputs=MAYBE, outputs=ONE),
     Call.REDUCE: Signature("Reduce", (REDUCE_OP, ROOT), inputs=ONE, outputs=MAYBE),
@@ -86,4 +94,7 @@ CALLS: dict[int, Signature] = {
     Call.COMPUTE: Signature("compute", (Int("per", 0, 1),), floats=1, text=256),
     Call.MARK: Signature("mark", text=256),
     Call.NOW: Signature("now"),
+    Call.NEXT_TASK: Signature("next task"),
+    Call.TASK_ARGS: Signature("task arguments", (Int("offset", 0, 2**40),), outputs=ONE),
+    Call.RESULT: Signature("result", (Int("kind", 0, 1), Int("last", 0, 1)), inputs=ONE),
 }

@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from ..jobspec import pid_path
+from ..jobspec import learner_pid_path, pid_path
 
 
 def session_members(sid: int) -> list[int]:
@@ -62,11 +62,13 @@ def signal_quietly(pid: int, signum: int) -> None:
 
 
 def rank_pids(job_dir: Path, world: int) -> list[int]:
-    """The pids the ranks wrote, of those that got that far."""
+    """The pids the ranks wrote, of those that got that far, and of their learner processes
+    (sealed ranks: the learner's stack is the one a rank's stack file shows)."""
     pids = []
     for rank in range(world):
-        try:
-            pids.append(int(pid_path(job_dir, rank).read_text()))
-        except (OSError, ValueError):
-            pass
+        for path in (pid_path(job_dir, rank), learner_pid_path(job_dir, rank)):
+            try:
+                pids.append(int(path.read_text()))
+            except (OSError, ValueError):
+                pass
     return pids

@@ -1,0 +1,190 @@
+"""The learner process of a sealed rank: the problem's rank program and the learner's file, nothing else.
+
+Started by the rank's agent (runtime/seal/process.py) as
+``python -m distlab.runtime.seal.child HANDLE SPEC``: HANDLE opens its end of the seal, SPEC (JSON)
+names the program and the solution file and gives the resource limits. It never joins the
+engine: mpi4py, if learner code imports it, is told not to initialize MPI, and the launcher's
+variables are not in this process's environment. It asks the agent for each task of the batch,
+runs ``program(comm, solution, *args, **kwargs)`` with a ``SealedComm``, and hands back the
+value (or the failure, in the words a rank's outcome uses) until the agent says the batch is done.
+
+It dies with its agent (PR_SET_PDEATHSIG), runs in a PID namespace of its own (every process it
+starts dies with it: ``own_pid_namespace``), and writes its stack to the rank's stack file, which
+the agent opened for it, when the supervisor asks (SIGUSR1) or on a fatal signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import pickle
+import signal
+import struct
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ..jobspec import Limits, import_program_module, is_problem_module
+from ..rank import limits as rank_limits
+from ..rank.failures import error_from
+from ..rank.guards import forbid_finalize
+from ..rank.learner import load_module
+from .calls import Call
+from .client import SealedComm
+from .learner import LearnerEnd
+from .values import encode_failure, encode_value
+
+PR_SET_PDEATHSIG = 1
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+VALUE, FAILURE = 0, 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent: int) -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the agent died before the request took hold
+        os._exit(70)
+
+
+def own_pid_namespace() -> str:
+    """Runs the rest of this program in a new PID namespace, so that every process the learner's
+    code starts, in any session, dies with it: when a namespace's first process ends, the kernel
+    kills the rest. Returns which isolation holds.
+
+    Three processes: this one stays outside as the waiter (the agent's child); the namespace's
+    first process only reaps; the learner is its child. The learner must not be the first: a
+    namespace's first process ignores the signals it sends itself, so its ``os.abort()`` would
+    read as a segmentation fault. The waiter forwards SIGUSR1 (the supervisor asking for a stack)
+    and ends as the learner ended, exit status or signal, so the agent sees one child. Root makes
+    the namespace directly; another user needs a user namespace around it, where the kernel allows
+    one; else nothing is isolated and the result says so."""
+    flags = CLONE_NEWPID if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWPID
+    if _libc.unshare(flags) != 0:
+        return "none"
+    status_r, status_w = os.pipe()  # the learner's wait status, from the first process
+    first = os.fork()
+    if first == 0:
+        os.close(status_r)
+        # Should the waiter die before this holds, the learner's next call finds the agent gone
+        # (the waiter dies only with the agent) and the learner ends, and with it the namespace.
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        learner = os.fork()
+        if learner == 0:
+            os.close(status_w)
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            return "pid namespace" if flags == CLONE_NEWPID else "user and pid namespace"
+        _reap_until(learner, status_w)
+    os.close(status_w)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(first, signum))
+    _, first_status = os.waitpid(first, 0)
+    raw = os.read(status_r, 4)
+    _end_as(struct.unpack("<i", raw)[0] if len(raw) == 4 else first_status)
+
+
+def _reap_until(learner: int, status_w: int) -> NoReturn:
+    """The namespace's first process: reaps every orphan until the learner ends, hands its wait
+    status to the waiter, and leaves (the kernel then kills whatever the learner left)."""
+    signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(learner, signum))
+    while True:
+        pid, status = os.wait()
+        if pid == learner:
+            os.write(status_w, struct.pack("<i", status))
+            os._exit(0)
+
+
+def _end_as(status: int) -> NoReturn:
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def keep_mpi_uninitialized() -> None:
+    """``from mpi4py import MPI`` in learner code must not start an MPI process of its own: the
+    constants (MPI.SUM, MPI.DOUBLE, MPI.IN_PLACE) work without MPI_Init."""
+    try:
+        import mpi4py
+    except ImportError:
+        return
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+
+
+def load_program(spec: dict[str, Any]) -> Any:
+    path, module_name, name = Path(spec["program_file"]), spec["program_module"], spec["program"]
+    module = (import_program_module(path, module_name) if is_problem_module(module_name)
+              else load_module(path, module_name))
+    program = getattr(module, name, None)
+    if not callable(program):
+        raise AttributeError(f"{path} has no program function {name!r}")
+    return program
+
+
+def send_result(end: LearnerEnd, kind: int, data: bytes) -> None:
+    step = end.arena.data_size
+    for start in range(0, max(len(data), 1), step):
+        part = np.frombuffer(data[start:start + step], dtype=np.uint8)
+        end.call(Call.RESULT, (kind, int(start + step >= len(data))), inputs=(part,))
+
+
+def fetch_args(end: LearnerEnd, nbytes: int) -> Any:
+    data = bytearray()
+    while len(data) < nbytes:
+        part = np.empty(min(nbytes - len(data), end.arena.data_size), dtype=np.uint8)
+        reply = end.call(Call.TASK_ARGS, (len(data),), outputs=(part,))
+        data += part[: reply.ints[0]].tobytes()
+    return pickle.loads(bytes(data))  # written by the agent, which this process trusts
+
+
+def failure(exc: BaseException, solution: Path | None, task_index: int, limits: Limits) -> bytes:
+    error = error_from(exc, solution, task_index, limits)
+    return encode_failure(error.kind, error.summary, error.where, error.traceback)
+
+
+def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
+    limits = Limits(*spec["limits"])
+    solution_path = Path(spec["solution_file"]) if spec["solution_file"] else None
+    try:
+        program = load_program(spec)
+        forbid_finalize(spec["backend"])
+        solution = load_module(solution_path, "solution") if solution_path else None
+        rank_limits.apply(limits)
+    except BaseException as exc:  # noqa: BLE001 - reported as the rank's failure
+        send_result(end, FAILURE, failure(exc, solution_path, 0, limits))
+        return
+    while True:
+        index, nbytes, rank, size = end.call(Call.NEXT_TASK).ints
+        if index < 0:
+            return
+        args, kwargs = fetch_args(end, nbytes)
+        try:
+            value = program(SealedComm(end, rank, size), solution, *args, **kwargs)
+            data, kind = encode_value(value), VALUE
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported
+            data, kind = failure(exc, solution_path, index, limits), FAILURE
+        send_result(end, kind, data)
+        if kind == FAILURE:
+            return
+
+
+def main(argv: list[str]) -> int:
+    handle, spec = argv[0], json.loads(argv[1])
+    die_with_parent(int(spec["agent_pid"]))
+    own_pid_namespace()
+    stack = os.fdopen(int(spec["stack_fd"]), "w")
+    faulthandler.enable(file=stack, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
+    keep_mpi_uninitialized()
+    end = LearnerEnd.open(handle)
+    serve_tasks(end, spec)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # nothing to tear down; interpreter shutdown with torch loaded takes seconds
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,278 @@
+"""The learner process's ``comm``: mpi4py's buffer API, each call made by the rank's agent.
+
+``SealedComm`` has the methods of the proxy (runtime/comm/proxy.py, collectives.py), the
+lowercase object calls (the same ``ObjectCalls``, built on these buffer calls) and ``now``,
+``compute`` and ``mark``; it holds no engine, no counters, no clock and no fault plan. A call
+turns its buffers into NumPy arrays here, with the proxy's own buffer checks (so a strided view or
+a wrong datatype gets the same message), sends the request through the seal, and fills the
+output buffers in place from the reply. Ranks and roots are checked here too, against the size
+the agent announced, because the wire's bounds would otherwise turn a learner's wrong rank into
+a rejected request. Everything else (sizes, dtypes, the engine's own errors) is the proxy's work
+in the agent, and comes back as the same exception type and message.
+
+Nonblocking calls leave their buffer with the request: an Irecv or Iallreduce is answered into the
+learner's array when the Wait, Test or Waitall that completes it replies, which MPI allows (a
+receive buffer is undefined until then).
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import ops
+from ..comm.objects import ObjectCalls
+from ..comm.requests import IN_PLACE, LearnerAbort, _buffer, _fill_status
+from ..engines.base import ANY_SOURCE, ANY_TAG
+from .calls import MAX_TAG, REDUCE_OPS, Call
+from .errors import CallFailed, CallRejected, SealError
+from .learner import LearnerEnd
+from .wire import MAX_BUFFERS, Reply
+
+_OP_CODE = {name: code for code, name in enumerate(REDUCE_OPS)}
+
+
+class TamperSuspected(SealError):
+    """The agent refused a request this client built: something rewrote the client or the arena."""
+
+
+class SealedComm(ObjectCalls):
+    ANY_SOURCE = ANY_SOURCE
+    ANY_TAG = ANY_TAG
+    IN_PLACE = IN_PLACE
+
+    def __init__(self, end: LearnerEnd, rank: int, size: int) -> None:
+        self._end = end
+        self._rank = rank
+        self._size = size
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._size
+
+    @property
+    def stats(self) -> Any:
+        raise AttributeError("comm.stats: under the seal the counters are kept by the rank's agent, "
+                             "out of the learner process's reach (distlab run --seal off shows them)")
+
+    # -- what problem code declares -----------------------------------------------------------
+
+    def compute(self, seconds: float | None = None, flops: float | None = None, label: str = "") -> None:
+        if (seconds is None) == (flops is None):
+            raise TypeError("compute() takes seconds= or flops=, exactly one")
+        per, amount = (0, seconds) if seconds is not None else (1, flops)
+        self._call(Call.COMPUTE, (per, float(amount), str(label)))  # type: ignore[arg-type]
+
+    def now(self) -> float:
+        return self._call(Call.NOW).floats[0]
+
+    def mark(self, name: str) -> None:
+        self._call(Call.MARK, (str(name),))
+
+    # -- point to point ---------------------------------------------------------------------
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._call(Call.SEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),))
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._call(Call.SSEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),))
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,  # noqa: N802
+             status: Any = None) -> None:
+        array = _buffer(buf, "Recv buffer")
+        reply = self._call(Call.RECV, (self._peer(source, "source", True), _tag(tag, True)),
+                           outputs=(array,))
+        _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> SealedRequest:  # noqa: N802
+        array = _buffer(buf, "Isend buffer")
+        reply = self._call(Call.ISEND, (self._peer(dest, "dest"), _tag(tag)), (array,))
+        return SealedRequest(self, reply.ints[0], None)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> SealedRequest:  # noqa: N802
+        array = _buffer(buf, "Irecv buffer")
+        reply = self._call(Call.IRECV, (self._peer(source, "source", True), _tag(tag, True)),
+                           outputs=(array,))
+        return SealedRequest(self, reply.ints[0], array)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,  # noqa: N802
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> None:
+        if recvbuf is None:
+            raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
+        send, recv = _buffer(sendbuf, "Sendrecv sendbuf"), _buffer(recvbuf, "Sendrecv recvbuf")
+        args = (self._peer(dest, "dest"), _tag(sendtag), self._peer(source, "source", True),
+                _tag(recvtag, True))
+        reply = self._call(Call.SENDRECV, args, (send,), (recv,))
+        _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def Barrier(self) -> None:  # noqa: N802
+        self._call(Call.BARRIER)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        array, root = _buffer(buf, "Bcast buffer"), self._peer(root, "root")
+        self._call(Call.BCAST, (root,), (array,) if self._rank == root else (), (array,))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
+        root = self._peer(root, "root")
+        send = _buffer(recvbuf if _in_place(sendbuf) else sendbuf, "Reduce sendbuf")
+        outputs = (_buffer(recvbuf, "Reduce recvbuf"),) if recvbuf is not None else ()
+        self._call(Call.REDUCE, (_op(op), root), (send,), outputs)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+        send, recv = self._pair(sendbuf, recvbuf, "Allreduce")
+        self._call(Call.ALLREDUCE, (_op(op),), (send,), (recv,))
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> SealedRequest:  # noqa: N802
+        send, recv = self._pair(sendbuf, recvbuf, "Iallreduce")
+        reply = self._call(Call.IALLREDUCE, (_op(op),), (send,), (recv,))
+        return SealedRequest(self, reply.ints[0], recv)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
+                       recvcounts: Sequence[int] | None = None, op: Any = ops.SUM) -> None:
+        send = _buffer(sendbuf, "Reduce_scatter sendbuf")
+        recv = _buffer(recvbuf, "Reduce_scatter recvbuf")
+        counts = tuple(int(c) for c in recvcounts) if recvcounts is not None else ()
+        self._call(Call.REDUCE_SCATTER, (_op(op), *counts), (send,), (recv,))
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+        send = _buffer(sendbuf, "Reduce_scatter sendbuf")
+        recv = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
+        self._call(Call.REDUCE_SCATTER_BLOCK, (_op(op),), (send,), (recv,))
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send = _buffer(sendbuf, "Allgather sendbuf")
+        self._call(Call.ALLGATHER, (), (send,), (_buffer(recvbuf, "Allgather recvbuf"),))
+
+    def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
+        raise LearnerAbort(int(errorcode))
+
+    # -- the crossing -----------------------------------------------------------------------
+
+    def _pair(self, sendbuf: Any, recvbuf: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """The send and receive arrays; IN_PLACE is the receive array twice (one arena place)."""
+        recv = _buffer(recvbuf, f"{what} recvbuf")
+        return (recv if _in_place(sendbuf) else _buffer(sendbuf, f"{what} sendbuf")), recv
+
+    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        if wildcard and peer == ANY_SOURCE:
+            return ANY_SOURCE
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
+            raise ValueError(
+                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
+            )
+        return int(peer)
+
+    def _call(self, op: int, args: Sequence[Any] = (), inputs: Sequence[np.ndarray] = (),
+              outputs: Sequence[np.ndarray] = ()) -> Reply:
+        try:
+            return self._end.call(op, args, inputs, outputs)
+        except CallFailed as failed:
+            raise _as_raised(failed) from None
+        except CallRejected as rejected:
+            raise TamperSuspected(f"the rank's agent refused a request: {rejected}") from None
+
+
+class SealedRequest:
+    """A pending Isend, Irecv or Iallreduce, as mpi4py's ``MPI.Request``; the agent holds the
+    real one under ``handle``."""
+
+    def __init__(self, comm: SealedComm, handle: int, buffer: np.ndarray | None) -> None:
+        self._comm = comm
+        self._handle = handle
+        self._buffer = buffer  # filled when the request completes
+        self._status: tuple[int, int, int] | None = None
+
+    def Wait(self, status: Any = None) -> None:  # noqa: N802
+        if self._status is None:
+            reply = self._comm._call(Call.WAIT, (self._handle,), outputs=self._outputs())
+            self._status = (reply.ints[0], reply.ints[1], reply.ints[2])
+        _fill_status(status, *self._status)
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802
+        if self._status is None:
+            reply = self._comm._call(Call.TEST, (self._handle,), outputs=self._outputs())
+            if reply.ints[0]:
+                self._status = (reply.ints[1], reply.ints[2], reply.ints[3])
+        if self._status is not None:
+            _fill_status(status, *self._status)
+        return self._status is not None
+
+    def wait(self, status: Any = None) -> None:
+        self.Wait(status)
+
+    def test(self, status: Any = None) -> tuple[bool, None]:
+        return self.Test(status), None
+
+    def _outputs(self) -> tuple[np.ndarray, ...]:
+        return (self._buffer,) if self._buffer is not None else ()
+
+    @staticmethod
+    def Waitall(requests: Sequence[SealedRequest], statuses: Any = None) -> None:  # noqa: N802
+        pending = [r for r in requests if r._status is None]
+        # wire.py carries at most MAX_BUFFERS buffers a call: more receives wait in rounds.
+        while pending:
+            batch: list[SealedRequest] = []
+            outputs: list[np.ndarray] = []
+            while pending and len(outputs) + len(pending[0]._outputs()) <= MAX_BUFFERS:
+                request = pending.pop(0)
+                batch.append(request)
+                outputs.extend(request._outputs())
+            comm = batch[0]._comm
+            comm._call(Call.WAITALL, tuple(r._handle for r in batch), outputs=outputs)
+            for request in batch:
+                request._status = (-1, -1, 0)
+
+
+def _in_place(buf: Any) -> bool:
+    if buf is IN_PLACE:
+        return True
+    if type(buf).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        return buf is MPI.IN_PLACE
+    return False
+
+
+def _op(op: Any) -> int:
+    return _OP_CODE[ops.resolve(op).name]
+
+
+def _tag(tag: Any, wildcard: bool = False) -> int:
+    value = int(tag)
+    if wildcard and value == ANY_TAG:
+        return value
+    if not 0 <= value <= MAX_TAG:
+        raise ValueError(f"tag {value} is outside 0..{MAX_TAG}")
+    return value
+
+
+_NAMED_ERRORS: dict[str, type[BaseException]] = {}
+
+
+def _as_raised(failed: CallFailed) -> BaseException:
+    """The exception the call raised in the agent, as the learner's code would have seen it: the
+    built-in type of that name, or a RuntimeError subclass of that name (an engine's own error),
+    so that "RuntimeError: Connection reset by peer" reads the same sealed or not."""
+    kind = getattr(builtins, failed.kind, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(failed.message)
+    named = _NAMED_ERRORS.get(failed.kind)
+    if named is None:
+        named = _NAMED_ERRORS[failed.kind] = type(failed.kind, (RuntimeError,), {})
+    return named(failed.message)

@@ -1,0 +1,124 @@
+"""The agent's handle on its learner process: start it, hand it tasks, read its results, end it.
+
+    learner = LearnerProcess.start(job, job_dir, rank, stack_file)   # before the engine joins
+    value = learner.run_task(comm, index, task)     # the program's return value, read safely
+    learner.finish()                                # the batch is done: the child exits
+
+``run_task`` raises ``ReportedFailure`` when the learner's code failed (its own words: kind,
+summary, the line in the learner's file), ``LearnerGone`` when the process died or closed the
+channel, and ``ReportedFailure`` of kind "tampered" when the learner sent a request its client
+never builds or a result the agent will not rebuild. ``mirror_death`` then ends the agent the way
+the learner ended (the same exit status or signal), so that the supervisor's account of a crash
+("rank 1 died: exit status 3", a segmentation fault and its stack) reads as it does unsealed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from ..comm.proxy import Comm
+from ..jobspec import Job, RankError, learner_pid_path, problem_package
+from ..rank.failures import ReportedFailure
+from .agent import AgentEnd
+from .errors import LearnerGone
+from .service import FAILURE, Service
+from .values import UnsafeValue, read_failure, read_value
+
+ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
+# The launcher's and the engines' variables: without them the learner cannot join the job.
+_ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCHELASTIC_", "GROUP_", "LOCAL_", "ROLE_", "RANK", "WORLD_SIZE")
+
+
+class LearnerProcess:
+    def __init__(self, agent: AgentEnd, child: subprocess.Popen[bytes], packages: tuple[str, ...]) -> None:
+        self._agent = agent
+        self._child = child
+        self._service = Service(agent)
+        self._packages = packages
+
+    @classmethod
+    def start(cls, job: Job, job_dir: Path, rank: int, stack_file: IO[str]) -> LearnerProcess:
+        agent = AgentEnd.create(ARENA_BYTES)
+        spec = {
+            "program_file": job.program_file, "program_module": job.program_module,
+            "program": job.program, "solution_file": job.solution_file, "backend": job.backend,
+            "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb],
+            "agent_pid": os.getpid(), "stack_fd": stack_file.fileno(),
+        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
+        child = subprocess.Popen(
+            [sys.executable, "-m", "distlab.runtime.seal.child", agent.handle(), json.dumps(spec)],
+            pass_fds=(*agent.child_fds, stack_file.fileno()), env=env,
+        )
+        agent.watch(child.pid)
+        learner_pid_path(job_dir, rank).write_text(str(child.pid))
+        package = job.program_module.rpartition(".")[0] or job.program_module
+        if package != job.program_module:
+            problem_package(Path(job.program_file).parent)  # its classes, for read_value
+        return cls(agent, child, (package,))
+
+    def run_task(self, comm: Comm, index: int, task: Any) -> Any:
+        result = self._service.run_task(comm, index, pickle.dumps((task.args, task.kwargs)))
+        assert result is not None
+        self._refuse_tampering(index)
+        if result.kind == FAILURE:
+            raise ReportedFailure(_failure(result.data, index))
+        try:
+            return read_value(result.data, self._packages)
+        except UnsafeValue as exc:
+            raise ReportedFailure(RankError("tampered", f"the solution tampered with its result: {exc}",
+                                            "", "", index)) from None
+
+    def _refuse_tampering(self, index: int) -> None:
+        if self._service.tampered:
+            reason = self._service.tampered[0]
+            raise ReportedFailure(RankError(
+                "tampered", f"the solution tampered with the channel to its rank's agent: {reason}",
+                "", "", index))
+
+    def finish(self, timeout_s: float = 10.0) -> None:
+        """Tells the learner the batch is done and reaps it (killed if it does not leave)."""
+        self._service.run_task(None, -1, b"")
+        try:
+            self._child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._agent.close()
+
+    def kill(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+
+
+def _failure(data: bytes, index: int) -> RankError:
+    try:
+        f = read_failure(data)
+    except UnsafeValue as exc:
+        return RankError("tampered", f"the solution tampered with its failure report: {exc}", "", "", index)
+    return RankError(f["kind"], f["summary"], f["where"], f["traceback"], index)
+
+
+def mirror_death(gone: LearnerGone) -> None:
+    """Ends this process as the learner process ended: its exit status, or its signal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    status = gone.status
+    if status.startswith("exit status "):
+        os._exit(int(status.rsplit(" ", 1)[1]))
+    if status.startswith("killed by SIG"):
+        signum = signal.Signals[status.removeprefix("killed by ")]
+        import faulthandler
+
+        faulthandler.disable()  # the learner's stack is the one in the stack file
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(1)

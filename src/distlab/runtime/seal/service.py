@@ -1,0 +1,222 @@
+"""The agent's side of a sealed task: each request of the learner process made on the real proxy.
+
+``Service.run_task`` hands the learner process one task (its index and pickled arguments), then
+serves its calls on the rank's proxy ``Comm`` (runtime/comm/proxy.py), which counts, clocks,
+faults, traces and watches them exactly as when learner code called it directly, until the
+learner hands back its result. The agent's arrays are its own: inputs are copies out of the
+arena, outputs are allocated here (or are the input itself when the learner laid both in one
+place, which is how an in-place call crosses) and copied back with the reply.
+
+A request that fails validation is answered with a rejection by the seal and remembered here as
+``tampered``: the learner's own client never sends one. Requests the proxy raises on are answered
+with the exception, for the learner's code to see as it would have.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ... import ops
+from ..comm.proxy import Comm
+from ..comm.requests import Request as ProxyRequest
+from ..comm.requests import Status
+from .agent import AgentEnd, Rejected, Request
+from .calls import REDUCE_OPS, Call
+
+VALUE, FAILURE = 0, 1  # the kinds of a RESULT (calls.py)
+
+
+class TaskResult:
+    def __init__(self, kind: int, data: bytes) -> None:
+        self.kind = kind
+        self.data = data
+
+
+class Service:
+    def __init__(self, agent: AgentEnd) -> None:
+        self._agent = agent
+        self.tampered: list[str] = []  # why each rejected request was rejected
+        self._comm: Comm | None = None
+        self._handles: dict[int, tuple[ProxyRequest, np.ndarray | None]] = {}
+        self._next_handle = 1
+        self._parts: list[bytes] = []
+        self._dispatch: dict[int, Callable[[Comm, Request], None]] = {
+            Call.SEND: self._send, Call.SSEND: self._send,
+            Call.RECV: self._recv, Call.ISEND: self._isend, Call.IRECV: self._irecv,
+            Call.SENDRECV: self._sendrecv, Call.WAIT: self._wait, Call.TEST: self._test,
+            Call.WAITALL: self._waitall, Call.BARRIER: self._barrier, Call.BCAST: self._bcast,
+            Call.REDUCE: self._reduce, Call.ALLREDUCE: self._allreduce,
+            Call.IALLREDUCE: self._iallreduce, Call.REDUCE_SCATTER: self._reduce_scatter,
+            Call.REDUCE_SCATTER_BLOCK: self._reduce_scatter_block,
+            Call.ALLGATHER: self._allgather, Call.COMPUTE: self._compute, Call.MARK: self._mark,
+            Call.NOW: self._now,
+        }
+
+    def run_task(self, comm: Comm | None, index: int, args: bytes) -> TaskResult | None:
+        """Serves the learner process until it hands back the result of task ``index`` (or of
+        its start-up, when it failed before asking for a task). With ``index`` -1 it tells the
+        learner that the batch is done, and returns None."""
+        self._comm, self._handles, self._parts = comm, {}, []
+        agent = self._agent
+        while True:
+            request = agent.serve()
+            if isinstance(request, Rejected):
+                self.tampered.append(request.reason)
+                continue
+            assert request is not None  # serve() without a timeout
+            if request.op == Call.NEXT_TASK:
+                rank, size = (comm.rank, comm.size) if comm is not None else (0, 0)
+                agent.reply(request, ints=(index, len(args), rank, size))
+                if index < 0:
+                    return None
+            elif request.op == Call.TASK_ARGS:
+                part = request.outputs[0]
+                start = request.ints[0]
+                chunk = np.frombuffer(args[start:start + part.nbytes], dtype=np.uint8)
+                agent.reply(request, ints=(chunk.size,), outputs=(chunk,))
+            elif request.op == Call.RESULT:
+                self._parts.append(request.inputs[0].tobytes())
+                agent.reply(request)
+                if request.ints[1]:
+                    return TaskResult(request.ints[0], b"".join(self._parts))
+            elif comm is None:
+                agent.fail(request, RuntimeError(f"{request.name} outside a task"))
+            else:
+                self._serve_call(comm, request)
+
+    def _serve_call(self, comm: Comm, request: Request) -> None:
+        try:
+            self._dispatch[request.op](comm, request)
+        except Exception as exc:  # the call's own error: the learner's code sees it raised
+            self._agent.fail(request, exc)
+
+    # -- one handler per op: the proxy's call with the agent's arrays --------------------------
+
+    def _outputs(self, request: Request) -> list[np.ndarray]:
+        """An array per output place: the input laid at the same place (an in-place call), or a
+        new one of the place's dtype and shape."""
+        same = {p: a for p, a in zip(request.input_places, request.inputs) if p.nbytes}
+        return [same[p] if p in same else np.empty(p.shape, p.dtype) for p in request.outputs]
+
+    def _send(self, comm: Comm, request: Request) -> None:
+        dest, tag = request.ints
+        (comm.Ssend if request.op == Call.SSEND else comm.Send)(request.inputs[0], dest, tag)
+        self._agent.reply(request)
+
+    def _recv(self, comm: Comm, request: Request) -> None:
+        (buf,), status = self._outputs(request), Status()
+        comm.Recv(buf, request.ints[0], request.ints[1], status)
+        self._agent.reply(request, ints=(status.source, status.tag, status.count), outputs=(buf,))
+
+    def _sendrecv(self, comm: Comm, request: Request) -> None:
+        dest, sendtag, source, recvtag = request.ints
+        (buf,), status = self._outputs(request), Status()
+        comm.Sendrecv(request.inputs[0], dest, sendtag, buf, source, recvtag, status)
+        self._agent.reply(request, ints=(status.source, status.tag, status.count), outputs=(buf,))
+
+    def _keep(self, handle: ProxyRequest, buffer: np.ndarray | None) -> int:
+        number = self._next_handle
+        self._next_handle += 1
+        self._handles[number] = (handle, buffer)
+        return number
+
+    def _isend(self, comm: Comm, request: Request) -> None:
+        handle = comm.Isend(request.inputs[0], request.ints[0], request.ints[1])
+        self._agent.reply(request, ints=(self._keep(handle, None),))
+
+    def _irecv(self, comm: Comm, request: Request) -> None:
+        (buf,) = self._outputs(request)
+        handle = comm.Irecv(buf, request.ints[0], request.ints[1])
+        self._agent.reply(request, ints=(self._keep(handle, buf),))
+
+    def _iallreduce(self, comm: Comm, request: Request) -> None:
+        send, (recv,) = request.inputs[0], self._outputs(request)
+        handle = comm.Iallreduce(send, recv, _op(request))
+        self._agent.reply(request, ints=(self._keep(handle, recv),))
+
+    def _request(self, number: int) -> tuple[ProxyRequest, np.ndarray | None]:
+        if number not in self._handles:
+            raise ValueError(f"request {number} is not pending (already completed, or never made)")
+        return self._handles[number]
+
+    def _wait(self, comm: Comm, request: Request) -> None:
+        handle, buf = self._request(request.ints[0])
+        status = Status()
+        handle.Wait(status)
+        del self._handles[request.ints[0]]
+        self._agent.reply(request, ints=(status.source, status.tag, status.count),
+                          outputs=(buf,) if buf is not None and request.outputs else ())
+
+    def _test(self, comm: Comm, request: Request) -> None:
+        handle, buf = self._request(request.ints[0])
+        status = Status()
+        done = handle.Test(status)
+        if done:
+            del self._handles[request.ints[0]]
+        out = (buf,) if done and buf is not None and request.outputs else ()
+        self._agent.reply(request, ints=(int(done), status.source, status.tag, status.count),
+                          outputs=out)
+
+    def _waitall(self, comm: Comm, request: Request) -> None:
+        pairs = [self._request(number) for number in request.ints]
+        ProxyRequest.Waitall([handle for handle, _ in pairs])
+        for number in request.ints:
+            self._handles.pop(number, None)
+        self._agent.reply(request, outputs=[buf for _, buf in pairs if buf is not None])
+
+    def _barrier(self, comm: Comm, request: Request) -> None:
+        comm.Barrier()
+        self._agent.reply(request)
+
+    def _bcast(self, comm: Comm, request: Request) -> None:
+        (buf,) = self._outputs(request)
+        comm.Bcast(buf, request.ints[0])
+        self._agent.reply(request, outputs=(buf,))
+
+    def _reduce(self, comm: Comm, request: Request) -> None:
+        outputs = self._outputs(request)
+        recv = outputs[0] if outputs else None
+        comm.Reduce(request.inputs[0], recv, _op(request), request.ints[1])
+        self._agent.reply(request, outputs=outputs)
+
+    def _allreduce(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        comm.Allreduce(request.inputs[0], recv, _op(request))
+        self._agent.reply(request, outputs=(recv,))
+
+    def _reduce_scatter(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        counts = list(request.ints[1:]) or None
+        comm.Reduce_scatter(request.inputs[0], recv, counts, _op(request))
+        self._agent.reply(request, outputs=(recv,))
+
+    def _reduce_scatter_block(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        comm.Reduce_scatter_block(request.inputs[0], recv, _op(request))
+        self._agent.reply(request, outputs=(recv,))
+
+    def _allgather(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        comm.Allgather(request.inputs[0], recv)
+        self._agent.reply(request, outputs=(recv,))
+
+    def _compute(self, comm: Comm, request: Request) -> None:
+        amount = request.floats[0]
+        if request.ints[0] == 0:
+            comm.compute(seconds=amount, label=request.text)
+        else:
+            comm.compute(flops=amount, label=request.text)
+        self._agent.reply(request)
+
+    def _mark(self, comm: Comm, request: Request) -> None:
+        comm.mark(request.text)
+        self._agent.reply(request)
+
+    def _now(self, comm: Comm, request: Request) -> None:
+        self._agent.reply(request, floats=(comm.now(),))
+
+
+def _op(request: Request) -> ops.Op:
+    return ops.BY_NAME[REDUCE_OPS[request.ints[0]]]

@@ -1,0 +1,96 @@
+"""What a task's result looks like on its way out of the learner process, and how the agent reads it.
+
+The rank program runs in the learner process, so its return value (the evidence a check verifies)
+comes from a process the learner controls. It travels as a pickle, because programs return
+arrays, dataclasses and named tuples of their problem; but an ordinary ``pickle.loads`` runs any
+callable the bytes name, which would hand the learner the agent (and, through the outcome file,
+the supervisor). ``read_value`` therefore unpickles with ``find_class`` limited to a list:
+containers and numbers of the standard library, NumPy's arrays, dtypes and scalars, CPU torch
+tensors (rebuilt by torch's own loader, which is weights-only), and the classes of the problem's
+own package (written by the problem's author, not the learner). Anything else is refused with the
+name it asked for, which the verdict reports as tampering or as an unsupported value.
+
+A failure travels as JSON of four strings (kind, summary, where, traceback): text the learner
+could forge, but only to fail its own check.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from typing import Any
+
+# (module, name) pairs any value may use. NumPy 2 pickles under numpy._core, NumPy 1 under
+# numpy.core: both are listed.
+_SAFE: frozenset[tuple[str, str]] = frozenset(
+    [("builtins", name) for name in ("complex", "set", "frozenset", "bytearray", "slice", "range",
+                                      "int", "float", "str", "bytes", "list", "dict", "tuple",
+                                      "bool", "object")]
+    + [("collections", name) for name in ("OrderedDict", "deque", "defaultdict")]
+    + [("copyreg", "_reconstructor")]
+    + [(core, name) for core in ("numpy.core.multiarray", "numpy._core.multiarray")
+       for name in ("_reconstruct", "scalar")]
+    + [(numeric, "_frombuffer") for numeric in ("numpy.core.numeric", "numpy._core.numeric")]
+    + [("numpy", "ndarray"), ("numpy", "dtype")]
+    + [("torch._utils", "_rebuild_tensor_v2"), ("torch.storage", "_load_from_bytes"),
+       ("torch", "Size"), ("torch", "float16"), ("torch", "float32"), ("torch", "float64"),
+       ("torch", "bfloat16"), ("torch", "int64"), ("torch", "int32")]
+)
+
+
+class UnsafeValue(Exception):
+    """The result asked for a class or function outside the list: ``name`` says which."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"the rank program's result names {name}, which the harness does not rebuild "
+            "(only numbers, containers, NumPy arrays, CPU tensors and the problem's own classes)"
+        )
+        self.name = name
+
+
+class _ListedOnly(pickle.Unpickler):
+    def __init__(self, data: bytes, packages: tuple[str, ...]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._packages = packages
+
+    def find_class(self, module: str, name: str) -> Any:
+        listed = (module, name) in _SAFE or module.startswith("numpy.dtypes")
+        own = any(module == p or module.startswith(p + ".") for p in self._packages)
+        if not (listed or own) or name.startswith("_") and not listed:
+            raise UnsafeValue(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def encode_value(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=5)
+
+
+def read_value(data: bytes, packages: tuple[str, ...]) -> Any:
+    """The value ``data`` holds, rebuilt from listed classes only (``UnsafeValue`` otherwise);
+    ``packages``: the module names whose classes the problem's values may be (its package)."""
+    try:
+        return _ListedOnly(data, packages).load()
+    except UnsafeValue:
+        raise
+    except Exception as exc:  # a truncated or garbled pickle: the learner process wrote it
+        raise UnsafeValue(f"a malformed pickle ({type(exc).__name__}: {exc})") from None
+
+
+FAILURE_FIELDS = ("kind", "summary", "where", "traceback")
+
+
+def encode_failure(kind: str, summary: str, where: str, traceback: str) -> bytes:
+    return json.dumps(dict(zip(FAILURE_FIELDS, (kind, summary, where, traceback)))).encode()
+
+
+def read_failure(data: bytes) -> dict[str, str]:
+    """The four fields of a failure, each a string (anything else is the learner's forgery)."""
+    try:
+        fields = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise UnsafeValue("a failure report that is not JSON") from None
+    if not isinstance(fields, dict) or any(not isinstance(fields.get(k), str) for k in FAILURE_FIELDS):
+        raise UnsafeValue("a failure report without its four text fields")
+    return {k: fields[k] for k in FAILURE_FIELDS}
