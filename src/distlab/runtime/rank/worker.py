@@ -49,10 +49,10 @@ from ..jobspec import (
     stack_path,
     write_pickle_atomically,
 )
-from ..trace.events import TraceRecorder
-from . import limits as rank_limits
 from ..seal.errors import LearnerGone
 from ..seal.process import LearnerProcess, mirror_death
+from ..trace.events import TraceRecorder
+from . import limits as rank_limits
 from .failures import error_from
 from .guards import forbid_finalize, require_completed
 from .learner import load_module
