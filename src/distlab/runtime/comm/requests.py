@@ -197,6 +197,10 @@ class Request:
 
     @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:  # noqa: N802
+        if requests and not isinstance(requests[0], Request):
+            # Learner code calls distlab.Request.Waitall; sealed, its requests are the client's
+            # (runtime/seal/client.py), which wait through the agent.
+            return type(requests[0]).Waitall(requests, statuses)  # type: ignore[no-any-return]
         pending = [r for r in requests if not r._completed]
         if not pending:
             return

@@ -8,8 +8,8 @@ variables are not in this process's environment. It asks the agent for each task
 runs ``program(comm, solution, *args, **kwargs)`` with a ``SealedComm``, and hands back the
 value (or the failure, in the words a rank's outcome uses) until the agent says the batch is done.
 
-It dies with its agent (PR_SET_PDEATHSIG), runs in a PID namespace of its own (every process it
-starts dies with it: ``own_pid_namespace``), and writes its stack to the rank's stack file, which
+It dies with its agent (PR_SET_PDEATHSIG), runs in the sandbox of sandbox.py (its own PID
+namespace: every process it starts dies with it; ``enter_sandbox``), and writes its stack to the rank's stack file, which
 the agent opened for it, when the supervisor asks (SIGUSR1) or on a fatal signal.
 """
 
@@ -33,13 +33,14 @@ from ..rank import limits as rank_limits
 from ..rank.failures import error_from
 from ..rank.guards import forbid_finalize
 from ..rank.learner import load_module
+from . import sandbox
 from .calls import Call
 from .client import SealedComm
 from .learner import LearnerEnd
 from .values import encode_failure, encode_value
 
 PR_SET_PDEATHSIG = 1
-CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+WORKDIR = "/tmp/learner"  # on the learner's own /tmp (sandbox.py), where its files go
 VALUE, FAILURE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -50,21 +51,19 @@ def die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def own_pid_namespace() -> str:
-    """Runs the rest of this program in a new PID namespace, so that every process the learner's
-    code starts, in any session, dies with it: when a namespace's first process ends, the kernel
-    kills the rest. Returns which isolation holds.
+def enter_sandbox(hidden: list[str], kept: list[str]) -> str:
+    """Runs the rest of this program as the learner, in the sandbox of sandbox.py; returns which
+    isolation holds. In a PID namespace of its own, every process the learner's code starts, in
+    any session, dies with it: when a namespace's first process ends, the kernel kills the rest.
 
     Three processes: this one stays outside as the waiter (the agent's child); the namespace's
     first process only reaps; the learner is its child. The learner must not be the first: a
     namespace's first process ignores the signals it sends itself, so its ``os.abort()`` would
     read as a segmentation fault. The waiter forwards SIGUSR1 (the supervisor asking for a stack)
-    and ends as the learner ended, exit status or signal, so the agent sees one child. Root makes
-    the namespace directly; another user needs a user namespace around it, where the kernel allows
-    one; else nothing is isolated and the result says so."""
-    flags = CLONE_NEWPID if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWPID
-    if _libc.unshare(flags) != 0:
-        return "none"
+    and ends as the learner ended, exit status or signal, so the agent sees one child."""
+    isolation = sandbox.isolate(hidden, kept)
+    if isolation == sandbox.NONE:
+        return isolation
     status_r, status_w = os.pipe()  # the learner's wait status, from the first process
     first = os.fork()
     if first == 0:
@@ -72,11 +71,17 @@ def own_pid_namespace() -> str:
         # Should the waiter die before this holds, the learner's next call finds the agent gone
         # (the waiter dies only with the agent) and the learner ends, and with it the namespace.
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if isolation == sandbox.FULL:
+            sandbox.mount_proc()
         learner = os.fork()
         if learner == 0:
             os.close(status_w)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            return "pid namespace" if flags == CLONE_NEWPID else "user and pid namespace"
+            os.makedirs(WORKDIR, exist_ok=True)
+            os.chdir(WORKDIR)
+            if isolation == sandbox.FULL:
+                sandbox.drop_privileges()
+            return isolation
         _reap_until(learner, status_w)
     os.close(status_w)
     signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(first, signum))
@@ -174,7 +179,7 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     handle, spec = argv[0], json.loads(argv[1])
     die_with_parent(int(spec["agent_pid"]))
-    own_pid_namespace()
+    enter_sandbox(spec["hidden"], spec["kept"])
     stack = os.fdopen(int(spec["stack_fd"]), "w")
     faulthandler.enable(file=stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..comm.proxy import Comm
+from ...errors import UsageError
 from ..jobspec import Job, RankError, learner_pid_path, problem_package
 from ..rank.failures import ReportedFailure
 from .agent import AgentEnd
@@ -52,8 +53,11 @@ class LearnerProcess:
             "program": job.program, "solution_file": job.solution_file, "backend": job.backend,
             "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb],
             "agent_pid": os.getpid(), "stack_fd": stack_file.fileno(),
+            "hidden": hidden_paths(job, job_dir),
+            "kept": [p for p in (job.solution_file, str(Path(job.program_file).parent)) if p],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
+        env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
         child = subprocess.Popen(
             [sys.executable, "-m", "distlab.runtime.seal.child", agent.handle(), json.dumps(spec)],
             pass_fds=(*agent.child_fds, stack_file.fileno()), env=env,
@@ -97,6 +101,26 @@ class LearnerProcess:
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()
+
+
+def hidden_paths(job: Job, job_dir: Path) -> list[str]:
+    """What the learner process must not read: the job folder (the tasks' hidden cases, the fault
+    plan, every rank's files), and the checks, judges and reference solutions of the shipped bank
+    and of the program's own (a problem's programs.py and cases.py stay: its rank programs run
+    there). The solution being checked stays readable, even when it is a reference."""
+    from ...bank import default_problems_dir  # the bank module is the CLI's; imported when needed
+
+    banks = {Path(job.program_file).resolve().parent.parent}
+    try:
+        banks.add(default_problems_dir().resolve())
+    except UsageError:
+        pass  # no shipped bank (an installed distlab run from elsewhere): the program's only
+    solution = Path(job.solution_file).resolve() if job.solution_file else None
+    hidden = [str(job_dir)]
+    for bank in sorted(banks):
+        for name in ("check.py", "judging.py", "reference.py"):
+            hidden += [str(p) for p in sorted(bank.glob(f"*/{name}")) if p.resolve() != solution]
+    return hidden
 
 
 def _failure(data: bytes, index: int) -> RankError:

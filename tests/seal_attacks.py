@@ -1,0 +1,64 @@
+"""Solutions that attack the seal, for tests/test_seal_attacks.py: each a function ``work(comm, *args)``
+run by tests/programs.py's ``call_solution`` in a sealed rank's learner process."""
+
+import gc
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+# What the learner process must hold no instance of: the engine, the proxy and its counters, the
+# clock and its platform, the fault plan, the rank's state slot.
+HARNESS_TYPES = {"Comm", "CommStats", "Timekeeper", "Platform", "FaultPlan", "MessageFaults",
+                 "ProcessFaults", "RankSlot", "MpiEngine", "GlooEngine", "TraceRecorder", "Job"}
+
+
+def _refused(action):
+    try:
+        action()
+    except (OSError, AttributeError) as exc:
+        return type(exc).__name__
+    return "allowed"
+
+
+def facts(comm, bank_reference, package_file, port):
+    """What this process can see and do, as plain values."""
+    from mpi4py import MPI
+
+    return {
+        "harness objects": sorted({type(o).__name__ for o in gc.get_objects()} & HARNESS_TYPES),
+        "mpi initialized": MPI.Is_initialized(),
+        "engine variables": sorted(k for k in os.environ if k.startswith(("OMPI_", "PMIX_", "MASTER_"))),
+        "parent pid": os.getppid(),
+        "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "tmp": sorted(os.listdir("/tmp")),
+        "reference bytes": len(open(bank_reference).read()),
+        "write into distlab": _refused(lambda: open(package_file, "a").close()),
+        "connect to the host": _refused(lambda: socket.create_connection(("127.0.0.1", port), 1)),
+        "comm.stats": _refused(lambda: comm.stats),
+        "own folder writable": _refused(lambda: open("mine.txt", "w").close()) == "allowed",
+    }
+
+
+def forge_request(comm):
+    """Writes a request into the arena behind the client's back, then calls as usual."""
+    end = comm._end
+    end._call_id += 1
+    end.arena.write_block("request", end._call_id, b"\0" * 64)
+    end._bell.ring()
+    comm.Barrier()
+
+
+def leave_a_child(comm, marker):
+    """Starts a process in a session of its own, which would outlive an unsealed rank."""
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"],
+                     start_new_session=True)
+    comm.Barrier()
+
+
+def total_of(comm):
+    got = np.zeros(1)
+    comm.Allreduce(np.ones(1), got)
+    return float(got[0])

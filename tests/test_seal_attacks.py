@@ -1,0 +1,80 @@
+"""The seal holds: a sealed rank's learner process cannot reach the grader's truth (issue 10).
+
+Each test runs a small attack (tests/seal_attacks.py) in sealed ranks through the launcher and
+shows what it gets: nothing of the harness in its memory, no engine to join, no view of the job
+folder, the references, other processes or the network, no write outside its own folder; a
+forged request read as tampering; a detached child gone with the run.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import test_launcher
+from test_launcher import run
+
+import distlab
+from distlab.runtime.jobspec import Task
+
+ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
+REFERENCE = Path(__file__).resolve().parents[1] / "problems" / "03-ring-allreduce" / "reference.py"
+
+
+@pytest.fixture(autouse=True)
+def sealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_launcher, "SEAL", True)
+
+
+def attack(name: str, *args: object, ranks: int = 2, backend: str = "mpi"):  # type: ignore[no-untyped-def]
+    job = test_launcher.make_job("call_solution", [Task(ranks=ranks, args=(name, *args))], ATTACKS,
+                                 backend=backend)
+    return run(job, deadline_s=30)
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_the_learner_process_holds_nothing_of_the_harness_and_sees_only_itself(backend: str) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        result = attack("facts", str(REFERENCE), distlab.__file__, listener.getsockname()[1],
+                        backend=backend)
+    finally:
+        listener.close()
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        seen = outcome.value
+        assert seen["harness objects"] == []
+        assert seen["mpi initialized"] is False and seen["engine variables"] == []
+        assert seen["parent pid"] == 1  # the namespace's reaper: the agent is outside it
+        assert len(seen["processes"]) <= 3, seen["processes"]
+        assert seen["tmp"] == ["learner"]  # no job folder, no other rank's files
+        assert seen["reference bytes"] == 0 and REFERENCE.stat().st_size > 0
+        assert seen["write into distlab"] == "OSError"
+        assert seen["connect to the host"] == "OSError"
+        assert seen["comm.stats"] == "AttributeError"
+        assert seen["own folder writable"] is True
+
+
+def test_a_forged_request_is_named_as_tampering() -> None:
+    result = attack("forge_request")
+    assert result.status == "error", result.message
+    assert "tampered with the channel to its rank's agent" in result.message
+
+
+def test_a_detached_child_of_the_learner_does_not_outlive_the_run() -> None:
+    marker = f"distlab-seal-test-{uuid.uuid4().hex}"
+    result = attack("leave_a_child", marker)
+    assert result.ok, result.message
+    survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert survivors == []
+
+
+def test_counters_stay_the_agent_s() -> None:
+    result = attack("total_of", ranks=3)
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        assert outcome.value == 3.0
+        assert outcome.stats.calls["Allreduce"] == 1
