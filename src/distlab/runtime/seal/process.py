@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from ..comm.proxy import Comm
 from ...errors import UsageError
+from ..comm.proxy import Comm
 from ..jobspec import Job, RankError, learner_pid_path, problem_package
 from ..rank.failures import ReportedFailure
 from .agent import AgentEnd
@@ -108,7 +108,9 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
     plan, every rank's files), and the checks, judges and reference solutions of the shipped bank
     and of the program's own (a problem's programs.py and cases.py stay: its rank programs run
     there). The solution being checked stays readable, even when it is a reference."""
-    from ...bank import default_problems_dir  # the bank module is the CLI's; imported when needed
+    from ...bank import (
+        default_problems_dir,  # the bank module is the CLI's; imported when needed
+    )
 
     banks = {Path(job.program_file).resolve().parent.parent}
     try:
