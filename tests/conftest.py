@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,8 @@ def run_cli(
 # own jobs (not those of another test run on the same machine).
 TEST_TAG = f"DISTLAB_TEST_TAG=pytest-{os.getpid()}"
 os.environ["DISTLAB_TEST_TAG"] = TEST_TAG.split("=", 1)[1]
+# The exams the tests open are signed with a key of the test session's, not the account's.
+os.environ["DISTLAB_EXAM_KEY"] = str(Path(tempfile.mkdtemp(prefix="distlab-exam-key-")) / "exam-key")
 
 
 def job_processes() -> list[str]:

@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import PROBLEMS, run_cli
 
 from distlab.errors import UsageError
 from distlab.exam import bypasses, parse_duration
-
-from conftest import PROBLEMS, run_cli
 
 REFERENCE = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
 
@@ -28,6 +27,7 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
     results = json.loads((folder / "results.json").read_text())
     assert results["schema"] == "distlab.exam/1"
     assert results["score"] == results["max_score"] == 12
+    assert results["seal"] == "on" and results["tampered"] == ""
     problem = results["problems"][0]
     assert problem["seed"] == seed and problem["late"] is False and problem["bypass"] == []
     # Open MPI's own counters saw nothing the proxy did not carry.
@@ -52,6 +52,26 @@ def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(t
     assert problem["late"] is True and problem["bypass"] == ["mpi4py"] and problem["score"] == 0
     page = (folder / "report.html").read_text()
     assert "changed after the deadline" in page and "imports mpi4py directly" in page
+
+
+def test_an_edited_exam_file_is_graded_as_tampered(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder)).returncode == 0
+    state = json.loads((folder / "exam.json").read_text())
+    state["seeds"]["03"] = 7  # a seed whose variants the candidate has seen
+    (folder / "exam.json").write_text(json.dumps(state))
+    (folder / "work" / "03-ring-allreduce.py").write_text(REFERENCE)
+    graded = run_cli("exam", "--out", str(folder), "--submit")
+    assert graded.returncode == 0, graded.stdout
+    assert graded.stdout.index("tampered: ") < graded.stdout.find("score "), graded.stdout
+    results = json.loads((folder / "results.json").read_text())
+    assert "was edited after the exam opened" in results["tampered"]
+    assert results["score"] == 0 and results["problems"][0]["passed"] is False
+
+
+def test_an_exam_refuses_to_grade_unsealed_unless_told(tmp_path: Path) -> None:
+    out = run_cli("exam", "--out", str(tmp_path / "x"), "--submit", "--seal", "off")
+    assert out.returncode == 2 and "--allow-unsealed" in out.stdout + out.stderr
 
 
 def test_exam_usage_errors_are_sentences(tmp_path: Path) -> None:
@@ -92,7 +112,8 @@ def test_a_disguised_bypass_is_caught_by_mpi_counters_and_scores_zero(tmp_path: 
     folder = tmp_path / "exam"
     assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder)).returncode == 0
     (folder / "work" / "03-ring-allreduce.py").write_text(DISGUISED_BYPASS)
-    graded = run_cli("exam", "--out", str(folder), "--submit")
+    # Unsealed, the candidate's code can reach MPI: Open MPI's own counters are the defence.
+    graded = run_cli("exam", "--out", str(folder), "--submit", "--seal", "off", "--allow-unsealed")
     assert graded.returncode == 0, graded.stdout
     problem = json.loads((folder / "results.json").read_text())["problems"][0]
     assert problem["bypass"] == [] and problem["late"] is False  # the scan saw nothing

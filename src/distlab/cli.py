@@ -313,13 +313,21 @@ def exam(
     problems: Optional[str] = typer.Option(None, help="comma-separated problem numbers, to open an exam"),
     time_limit: Optional[str] = typer.Option(None, "--time", help="duration, e.g. 90m or 1h30m"),
     submit: bool = typer.Option(False, "--submit", help="grade the exam in --out"),
+    seal: str = typer.Option("on", help="on: the candidate's code runs sealed, out of the grader's reach"),
+    allow_unsealed: bool = typer.Option(
+        False, "--allow-unsealed", help="grade with --seal off all the same (the results say so)"
+    ),
 ) -> None:
     """A timed assessment: open it (--problems, --time), then grade it (--submit)."""
     from . import exam as exams
 
     bank = _bank()
+    sealed = opts.seal(seal)
+    if not sealed and not allow_unsealed:
+        raise UsageError("an exam grades sealed: with --seal off the candidate's code shares its "
+                         "process with what grades it; add --allow-unsealed to grade so anyway")
     if submit:
-        summary = exams.submit(bank, out, console)
+        summary = exams.submit(bank, out, console, seal=sealed)
         console.print(escape(f"exam score {summary['score']}/{summary['max_score']}: "
                              f"{out / 'results.json'} and {out / 'report.html'}"))
         return

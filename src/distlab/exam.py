@@ -36,6 +36,7 @@ from typing import Any
 
 from rich.console import Console
 
+from . import examkey
 from .bank import Bank
 from .errors import StateError, UsageError
 from .grading.console import ConsoleReporter
@@ -62,17 +63,22 @@ class Exam:
     started_at: float
     deadline: float
     folder: Path
+    tampered: str = ""  # why exam.json cannot be trusted (its signature does not hold), or ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"format_version": 1, "problems": self.problems, "seeds": self.seeds,
-                "started_at": self.started_at, "deadline": self.deadline}
+        fields: dict[str, Any] = {"format_version": 1, "problems": self.problems, "seeds": self.seeds,
+                                  "started_at": self.started_at, "deadline": self.deadline}
+        return {**fields, "signature": examkey.sign(fields)}
 
     @classmethod
     def load(cls, folder: Path) -> "Exam":
         try:
             data = json.loads((folder / EXAM_FILE).read_text())
+            tampered = "" if examkey.verify(data) else (
+                f"{folder / EXAM_FILE} does not carry this installation's signature: it was edited "
+                "after the exam opened (or opened elsewhere)")
             return cls(list(data["problems"]), {k: int(v) for k, v in data["seeds"].items()},
-                       float(data["started_at"]), float(data["deadline"]), folder)
+                       float(data["started_at"]), float(data["deadline"]), folder, tampered)
         except FileNotFoundError:
             raise UsageError(f"{folder} holds no exam: open one with --problems and --time") from None
         except (ValueError, KeyError, TypeError) as exc:
@@ -123,8 +129,15 @@ def traffic_flag(below_proxy: dict[str, Any] | None) -> str:
     return f"bypassed the communicator: {below_proxy['sentence']}"
 
 
-def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
+def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dict[str, Any]:
+    """Grades the exam in ``folder``; ``seal`` False (the CLI's ``--seal off --allow-unsealed``)
+    runs the candidate's code in the ranks themselves, where it could reach what grades it."""
     exam = Exam.load(folder)
+    if exam.tampered:
+        console.print(f"tampered: {exam.tampered}; every problem scores 0", markup=False, highlight=False)
+    # Out of the candidate's sealed code's sight: the exam's state, its results, the signing key.
+    private = (str(folder / EXAM_FILE), str(folder / "results.json"), str(folder / "report.html"),
+               str(examkey.key_path()))
     submitted_at = time.time()
     documents = []
     for number in exam.problems:
@@ -139,14 +152,15 @@ def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
             console.print(f"{number}: {work.name} was changed after the deadline "
                           f"({_iso(work.stat().st_mtime)}, deadline {_iso(exam.deadline)}): "
                           "it is checked, and scored 0", markup=False, highlight=False)
-        options = Options(seed=exam.seeds[number], mpi_monitoring=True)
+        options = Options(seed=exam.seeds[number], mpi_monitoring=True, seal=seal, private=private)
         results = check_problem(entry, kept, options, ConsoleReporter(console))
         doc = results.to_json()
         doc["file_sha256"] = digest
         doc["late"] = late
         doc["bypass"] = bypasses(kept)
         doc["bypass_traffic"] = traffic_flag(doc.get("below_proxy"))
-        if late or doc["bypass"] or doc["bypass_traffic"]:
+        doc["tampered"] = exam.tampered
+        if late or doc["bypass"] or doc["bypass_traffic"] or exam.tampered:
             doc["score"] = 0
             doc["passed"] = False
         documents.append(doc)
@@ -155,6 +169,8 @@ def submit(bank: Bank, folder: Path, console: Console) -> dict[str, Any]:
         "started_at": _iso(exam.started_at),
         "deadline": _iso(exam.deadline),
         "submitted_at": _iso(submitted_at),
+        "seal": "on" if seal else "off (the candidate's code shared its process with the counters)",
+        "tampered": exam.tampered,
         "score": sum(d["score"] for d in documents),
         "max_score": sum(d["max_score"] for d in documents),
         "problems": documents,

@@ -61,6 +61,7 @@ class RunOptions:
     mpi_monitoring: bool = False
     # Learner code in a process of its own per rank (runtime/seal/): what check and exam grade.
     seal: bool = False
+    private: tuple[str, ...] = ()  # paths sealed learner code must not see (the exam's own state)
 
 
 def run_options(
@@ -79,6 +80,7 @@ def run_options(
     limits: Limits = Limits(),
     mpi_monitoring: bool = False,
     seal: bool = False,
+    private: tuple[str, ...] = (),
 ) -> RunOptions:
     """The options of a run, checked: raises UsageError (or the platform's and the fault plan's
     own errors, which name the file and the entry) before any process starts.
@@ -98,7 +100,7 @@ def run_options(
     if plan is not None and world is not None:
         plan = plan.validate_for(world)
     return RunOptions(backend, resolved, clock, plan, deadline_s or default_deadline_s, limits,
-                      mpi_monitoring and backend == "mpi", seal)
+                      mpi_monitoring and backend == "mpi", seal, private)
 
 
 @dataclass
@@ -185,7 +187,7 @@ def run(
         program_module=program.module, platform=platform,
         limits=memory_budget(options.limits, max(task.ranks for task in tasks)),
         faults=options.faults, online_clock=online_clock, mpi_monitoring=options.mpi_monitoring,
-        seal=options.seal,
+        seal=options.seal, private=options.private,
     )
     result = launch(job, deadline_s=deadline_s or options.deadline_s, stall_s=stall_s)
     if not result.ok:

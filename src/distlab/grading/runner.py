@@ -51,6 +51,7 @@ class Options:
     # Count what MPI carries below the proxy (Open MPI's monitoring), for exam grading; MPI only.
     mpi_monitoring: bool = False
     seal: bool = False  # learner code in a process of its own per rank (runtime/seal/)
+    private: tuple[str, ...] = ()  # paths sealed code must not see (the exam's state)
 
 
 def load_checklist(entry: Entry) -> Checklist:
@@ -95,7 +96,7 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
         allowed_backends=card.backends, problem=entry.number, clock=options.clock,
         faults=options.faults, seed=seed, deadline_s=options.deadline_s,
         default_deadline_s=float(card.time_limit_s), mpi_monitoring=options.mpi_monitoring,
-        seal=options.seal,
+        seal=options.seal, private=options.private,
     )
     session = Session(solution, seed, reporter, run_opts, card.platform)
     for index, spec in enumerate(checklist.checks, start=1):

@@ -80,6 +80,7 @@ class Job:
     # Run the learner's code in a process of its own, a child of the rank, which reaches the
     # engine, the counters and the clock only through the seal (runtime/seal/).
     seal: bool = False
+    private: tuple[str, ...] = ()  # paths the learner process must not see, beyond the job's own
 
 
 def make_job(

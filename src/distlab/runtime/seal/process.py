@@ -118,7 +118,7 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
     except UsageError:
         pass  # no shipped bank (an installed distlab run from elsewhere): the program's only
     solution = Path(job.solution_file).resolve() if job.solution_file else None
-    hidden = [str(job_dir)]
+    hidden = [str(job_dir), *job.private]
     for bank in sorted(banks):
         for name in ("check.py", "judging.py", "reference.py"):
             hidden += [str(p) for p in sorted(bank.glob(f"*/{name}")) if p.resolve() != solution]
