@@ -65,3 +65,16 @@ def test_the_figures_table_folds_on_an_80_column_terminal_and_cuts_no_figure() -
     for header in ("benchmark", "measured", "baseline", "ratio", "overhead", "target"):
         assert header in text, text
     assert "14.20 ms" in text and "1.14x" in text and "12.3 us" in text, text
+
+
+def test_the_seal_s_message_cost_is_measured_sealed_and_unsealed() -> None:
+    from distlab.bench.seal_cost import SealTimings, per_message_s
+    from distlab.bench.suite import seal_figures
+
+    plain, sealed = per_message_s(8, 20, seal=False), per_message_s(8, 20, seal=True)
+    assert _is_positive_number(plain) and _is_positive_number(sealed)
+    rows = seal_figures(SealTimings(sealed, plain, 2 * sealed, 2 * plain, 3.0, 2.0))
+    assert [r.name for r in rows] == ["sealed message 8 B", "sealed message 1 MiB",
+                                      "check 03 reference, sealed"]
+    assert rows[0].judged == (sealed - plain) * 1e6 and rows[0].limit == 30.0
+    assert rows[2].judged == 1.5 and rows[2].met is True  # 3.0 s sealed against 2.0 s: the limit

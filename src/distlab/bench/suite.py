@@ -7,6 +7,8 @@
 3. The wall time of ``distlab check 03 --solution reference`` (target: <= 10 s).
 4. What the proxy's Python costs per Sendrecv with no transport underneath, hot and after a
    cache-clearing copy (``proxy_cost.py``): report-only rows that explain figure 2.
+5. What the seal costs (``seal_cost.py``): an 8-byte and a 1 MiB message sealed against unsealed
+   (target: <= 30 us added per small message), and check 03 sealed against unsealed (<= 1.5x).
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.bench.mpi_ranks``, which
 writes raw timings as JSON; this module derives ratios, judges targets, prints a table and saves
@@ -37,7 +39,7 @@ from ..errors import HarnessError
 from ..runtime.supervisor import mpi_env, mpiexec_failed_to_start, mpiexec_path
 from ..runtime.supervisor.processes import kill_session
 from ..terminal import folding
-from . import proxy_cost
+from . import proxy_cost, seal_cost
 from .timings import (
     PINGPONG_BYTES,
     RANKS,
@@ -131,9 +133,9 @@ def run_mpi_timings(out: Path, quick: bool, attempts: int = 3) -> MpiTimings:
     return MpiTimings.read(out)
 
 
-def time_check_03() -> float:
-    """Wall time of ``distlab check 03 --solution reference`` in a fresh workspace."""
-    command = [sys.executable, "-m", "distlab.cli", "check", "03", "--solution", "reference"]
+def time_check_03(extra: tuple[str, ...] = ()) -> float:
+    """Wall time of ``distlab check 03 --solution reference [extra]`` in a fresh workspace."""
+    command = [sys.executable, "-m", "distlab.cli", "check", "03", "--solution", "reference", *extra]
     with tempfile.TemporaryDirectory(prefix="distlab-bench-ws-") as workspace:
         env = dict(os.environ, DISTLAB_WORKSPACE=workspace)
         start = time.perf_counter()
@@ -262,6 +264,18 @@ def proxy_cost_figures(cost: proxy_cost.ProxyCost) -> list[Figure]:
     return rows
 
 
+def seal_figures(t: seal_cost.SealTimings) -> list[Figure]:
+    """A message and check 03, sealed against unsealed (seal_cost.py)."""
+    def message(name: str, sealed: float, plain: float, limit: float | None) -> Figure:
+        return Figure(name, sealed, "unsealed", plain, (sealed - plain) * 1e6, "us", limit)
+    return [
+        message("sealed message 8 B", t.small_sealed_s, t.small_plain_s, seal_cost.SEALED_SMALL_LIMIT_US),
+        message("sealed message 1 MiB", t.large_sealed_s, t.large_plain_s, None),
+        Figure("check 03 reference, sealed", t.check_sealed_s, "unsealed", t.check_plain_s,
+               t.check_sealed_s / t.check_plain_s, "x", seal_cost.SEALED_CHECK_LIMIT_X),
+    ]
+
+
 def figures_from(
     timings: MpiTimings, check_s: float, run32_s: float,
     cost: proxy_cost.ProxyCost | None = None,
@@ -366,7 +380,9 @@ def run_benchmarks(console: Console, quick: bool = False) -> None:
     run32_s = time_free_run_32()
     console.print("[dim]timing the proxy's own Python...[/]")
     cost = proxy_cost.measure(rounds=3 if quick else 7)
-    figures = figures_from(timings, check_s, run32_s, cost)
+    console.print("[dim]timing the seal: a message and check 03, sealed and not...[/]")
+    sealed = seal_figures(seal_cost.measure(quick, time_check_03))
+    figures = [*figures_from(timings, check_s, run32_s, cost), *sealed]
     console.print(figures_table(figures, f"distlab bench{' --quick' if quick else ''}"))
     met = [f.met is True for f in figures if f.limit is not None]
     # Other work on the machine skews every figure: the load says how much to trust this run.

@@ -1,0 +1,58 @@
+"""What the seal costs (runtime/seal/): a message sealed against unsealed, and check 03's wall time.
+
+The per-message figures come from two launches of the same 2-rank ping-pong
+(``seal_ranks.pingpong``) through distlab's launcher, one with learner processes and one without,
+timed where the calls are made; a message of 8 bytes shows the crossing's fixed cost (target: at
+most 30 us added), one of 1 MiB the copies in and out of the arena. Check 03's wall time is
+``distlab check 03 --solution reference`` with and without ``--seal on`` (target: at most 1.5x).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import HarnessError
+from ..runtime.jobspec import Task, make_job
+from ..runtime.supervisor import launch
+
+SMALL_BYTES, LARGE_BYTES = 8, 1 << 20
+SEALED_SMALL_LIMIT_US = 30.0  # added per 8-byte message
+SEALED_CHECK_LIMIT_X = 1.5  # check 03 sealed / unsealed
+
+
+def per_message_s(nbytes: int, rounds: int, seal: bool) -> float:
+    """Seconds per message of the ping-pong, the slower rank's median."""
+    program = Path(__file__).with_name("seal_ranks.py")
+    job = make_job(program, "pingpong", [Task(ranks=2, args=(nbytes, rounds))], "mpi",
+                   program_module="distlab_bench_seal_ranks", seal=seal)
+    result = launch(job, deadline_s=120)
+    if not result.ok:
+        raise HarnessError(f"the seal's ping-pong failed ({'sealed' if seal else 'unsealed'}): "
+                           f"{result.message}")
+    return max(outcome.value for outcome in result.task_outcomes(0))
+
+
+@dataclass(frozen=True)
+class SealTimings:
+    """Seconds per message (small, large) and check 03's wall time, each sealed and not."""
+
+    small_sealed_s: float
+    small_plain_s: float
+    large_sealed_s: float
+    large_plain_s: float
+    check_sealed_s: float
+    check_plain_s: float
+
+
+def measure(quick: bool, time_check: Callable[[tuple[str, ...]], float]) -> SealTimings:
+    """Every figure side by side, unsealed first (the baseline of the same run)."""
+    small_rounds, large_rounds = (300, 20) if quick else (2000, 100)
+    small = [per_message_s(SMALL_BYTES, small_rounds, seal) for seal in (True, False)]
+    large = [per_message_s(LARGE_BYTES, large_rounds, seal) for seal in (True, False)]
+    runs = 1 if quick else 3
+    checks = [statistics.median(time_check(extra) for _ in range(runs))
+              for extra in (("--seal", "on"), ())]
+    return SealTimings(*small, *large, *checks)
