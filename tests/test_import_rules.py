@@ -22,9 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     "clock": {"trace", "engines"},  # the replay reads events; the online clock sends stamps
     "comm": {"engines", "faults", "clock", "trace"},  # the proxy and its layers
     "jobspec": {"comm"},  # outcomes carry the proxy's counters
-    "rank": {"jobspec", "comm", "engines", "clock", "faults", "trace"},
+    "rank": {"jobspec", "comm", "engines", "clock", "faults", "trace", "seal"},
     "supervisor": {"jobspec", "faults", "comm", "engines"},  # slots; monitoring's names
-    "seal": set(),  # the agent-learner channel: arena, wire, handshake; the rank will use it
+    # The agent-learner channel, the learner's client comm (mpi4py's API: comm's requests and
+    # object calls) and the agent's service of it on the proxy.
+    "seal": {"comm", "engines"},
 }
 # What the runtime may use from the rest of distlab (the bank: a rank under an external launcher
 # looks its problem up, runtime/rank/worker.py).

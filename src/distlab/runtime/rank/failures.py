@@ -1,7 +1,7 @@
 """How an exception that ends a rank's work becomes the ``RankError`` its outcome reports.
 
 Used by the rank (runtime/rank/worker.py) and, under the seal, by the learner process
-(runtime/seal/child.py), which reports its failure to the agent in these same words.
+(runtime/rank/learner_main.py), which reports its failure to the agent in these same words.
 """
 
 from __future__ import annotations

@@ -50,12 +50,12 @@ from ..jobspec import (
     write_pickle_atomically,
 )
 from ..seal.errors import LearnerGone
-from ..seal.process import LearnerProcess, mirror_death
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
 from .failures import error_from
 from .guards import forbid_finalize, require_completed
 from .learner import load_module
+from .sealed import LearnerProcess, mirror_death
 
 
 def detect_backend() -> tuple[str, int, int]:

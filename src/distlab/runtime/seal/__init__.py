@@ -1,8 +1,9 @@
 """The seal: the channel between a rank's agent process and its learner process (issue 10).
 
-Not wired into the ranks yet: today a rank is still one process (runtime/rank/worker.py). The
-agent (the engine, the proxy, the counters, the clock, the faults, the trace) will run the
-learner's code in a child process whose ``comm`` is a thin client; each call crosses here.
+Sealed (``--seal on``), a rank is two processes (runtime/rank/sealed.py starts the second): the
+agent holds the engine, the proxy, the counters, the clock, the faults and the trace; the learner
+process runs the problem's rank program and the learner's file, with a thin client ``comm``,
+in a sandbox. Each call crosses here.
 
 ``arena.py``    one shared memory region per rank (a sealed memfd, inherited by the child)
 ``wire.py``     the request encoding the agent validates field by field; never a pickle
@@ -10,16 +11,18 @@ learner's code in a child process whose ``comm`` is a thin client; each call cro
 ``doorbell.py`` the handshake: a Unix socketpair, one byte per request and per reply
 ``agent.py``    ``AgentEnd``: serve one validated request, reply with output buffers
 ``learner.py``  ``LearnerEnd``: call(op, args, inputs, outputs), outputs filled in place
+``client.py``   ``SealedComm``: mpi4py's API in the learner process, every call through the seal
+``service.py``  the agent's side of a task: each request made on the real proxy
+``values.py``   a task's result on its way out, read back with listed classes only
+``sandbox.py``  what the learner process can see and do: namespaces, read-only files, no caps
 
 Figures (scripts/seal_handshake.py, this 2-core VM, under the heavy-run lock; medians): an empty
-call crosses in 180-210 us, a 1 MiB buffer in and out in 470-560 us; the handshake's own round
-trip is about 60 us, and the Python of both ends about 22-54 us. doorbell.py has the table and
-why the rest goes to waking a sleeping CPU. Issue 10's target (30 us added per small call) is
+call crosses in 180-210 us, a 1 MiB buffer in and out in 470-560 us; ``distlab bench`` measures a
+message and check 03 sealed against unsealed. Issue 10's target (30 us added per small call) is
 not met here by a blocking handshake.
 
-Not yet: the wiring (worker.py starting the learner process, the client ``comm``, the verdicts);
-arena slots that outlive a call (an Irecv's buffer until its Wait: calls.py passes it again);
-torch tensors and bfloat16 (NumPy's little-endian numbers only); Waitall beyond 64 requests.
+Not yet: torch tensors of bfloat16 (NumPy's little-endian numbers only); more than 32 receive
+buffers in one Waitall (they wait in rounds).
 """
 
 from .agent import AgentEnd, Rejected, Request

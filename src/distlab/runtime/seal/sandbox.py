@@ -1,6 +1,6 @@
 """What the learner process can see and do: namespaces, a read-only filesystem, no capabilities.
 
-Three steps, one per process of runtime/seal/child.py (the waiter, the namespace's first process,
+Three steps, one per process of runtime/rank/learner_main.py (the waiter, the namespace's first process,
 the learner):
 
 ``isolate(hidden)``  (the waiter, still root) new mount, PID, network and IPC namespaces; every

@@ -1,14 +1,14 @@
 """The learner process of a sealed rank: the problem's rank program and the learner's file, nothing else.
 
-Started by the rank's agent (runtime/seal/process.py) as
-``python -m distlab.runtime.seal.child HANDLE SPEC``: HANDLE opens its end of the seal, SPEC (JSON)
+Started by the rank's agent (runtime/rank/sealed.py) as
+``python -m distlab.runtime.rank.learner_main HANDLE SPEC``: HANDLE opens its end of the seal, SPEC (JSON)
 names the program and the solution file and gives the resource limits. It never joins the
 engine: mpi4py, if learner code imports it, is told not to initialize MPI, and the launcher's
 variables are not in this process's environment. It asks the agent for each task of the batch,
 runs ``program(comm, solution, *args, **kwargs)`` with a ``SealedComm``, and hands back the
 value (or the failure, in the words a rank's outcome uses) until the agent says the batch is done.
 
-It dies with its agent (PR_SET_PDEATHSIG), runs in the sandbox of sandbox.py (its own PID
+It dies with its agent (PR_SET_PDEATHSIG), runs in the sandbox of runtime/seal/sandbox.py (its own PID
 namespace: every process it starts dies with it; ``enter_sandbox``), and writes its stack to the rank's stack file, which
 the agent opened for it, when the supervisor asks (SIGUSR1) or on a fatal signal.
 """
@@ -29,15 +29,15 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..jobspec import Limits, import_program_module, is_problem_module
-from ..rank import limits as rank_limits
-from ..rank.failures import error_from
-from ..rank.guards import forbid_finalize
-from ..rank.learner import load_module
-from . import sandbox
-from .calls import Call
-from .client import SealedComm
-from .learner import LearnerEnd
-from .values import encode_failure, encode_value
+from ..seal import sandbox
+from ..seal.calls import Call
+from ..seal.client import SealedComm
+from ..seal.learner import LearnerEnd
+from ..seal.values import encode_failure, encode_value
+from . import limits as rank_limits
+from .failures import error_from
+from .guards import forbid_finalize
+from .learner import load_module
 
 PR_SET_PDEATHSIG = 1
 WORKDIR = "/tmp/learner"  # on the learner's own /tmp (sandbox.py), where its files go

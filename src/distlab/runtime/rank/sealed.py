@@ -26,11 +26,11 @@ from typing import IO, Any
 from ...errors import UsageError
 from ..comm.proxy import Comm
 from ..jobspec import Job, RankError, learner_pid_path, problem_package
-from ..rank.failures import ReportedFailure
-from .agent import AgentEnd
-from .errors import LearnerGone
-from .service import FAILURE, Service
-from .values import UnsafeValue, read_failure, read_value
+from ..seal.agent import AgentEnd
+from ..seal.errors import LearnerGone
+from ..seal.service import FAILURE, Service
+from ..seal.values import UnsafeValue, read_failure, read_value
+from .failures import ReportedFailure
 
 ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
 # The launcher's and the engines' variables: without them the learner cannot join the job.
@@ -59,7 +59,7 @@ class LearnerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
         child = subprocess.Popen(
-            [sys.executable, "-m", "distlab.runtime.seal.child", agent.handle(), json.dumps(spec)],
+            [sys.executable, "-m", "distlab.runtime.rank.learner_main", agent.handle(), json.dumps(spec)],
             pass_fds=(*agent.child_fds, stack_file.fileno()), env=env,
         )
         agent.watch(child.pid)
