@@ -184,3 +184,32 @@ def test_wrong_values_land_twice_the_tolerance_away_on_every_seed() -> None:
                     closest[name] = min(closest[name], seen) if seen >= 0 else closest[name]
     assert all(np.isfinite(list(closest.values()))), closest  # every mistake showed somewhere
     print({name: round(x, 1) for name, x in closest.items()})
+
+
+def wrong_volumes(case: Case) -> dict[str, float]:
+    """Bytes sent by the busiest rank of the common allreduces that are not bandwidth-optimal."""
+    p, whole = case.p, case.n * np.dtype(case.dtype).itemsize
+    return {
+        "the whole buffer at every ring step": 2 * (p - 1) * whole,
+        "a reduce to rank 0, then its broadcast, by sends": (p - 1) * whole,
+        "the ring's reduce-scatter, then whole buffers gathered": (p - 1) / p * whole + (p - 1) * whole,
+        "every buffer to every rank, each summing all": (p - 1) * whole,
+    }
+
+
+def test_wrong_volumes_land_twice_the_slack_over_the_bound_on_every_seed() -> None:
+    """The bytes check allows the ring bound plus a slack: on every seed, each volume above lands
+    at least twice the slack over the bound on some case of the check (p = 2 sends n either way
+    for the last three: not a mistake there), and the largest correct one stays within."""
+    for seed in SEEDS:
+        groups, timed = programs.draw(seed)
+        cases = [c for group in groups for c in group if c.p > 1 and c.n] + timed
+        margins: dict[str, float] = {}
+        for c in cases:
+            bound, slack = judging.byte_bound(c)
+            ceil_chunks = 2 * (c.p - 1) * -(-c.n // c.p) * np.dtype(c.dtype).itemsize  # uneven chunks, all at their largest
+            assert ceil_chunks <= bound + slack, (seed, c)
+            for name, volume in wrong_volumes(c).items():
+                margins[name] = max(margins.get(name, 0.0), (volume - bound) / slack)
+        for name, margin in margins.items():
+            assert margin >= 2, f"seed {seed}: {name} only {margin:.2f} slacks over the bound"

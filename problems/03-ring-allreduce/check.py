@@ -8,7 +8,7 @@ import numpy as np
 from distlab import grading
 from distlab.grading import CheckContext, Checklist, Run, Task, faults
 
-from .judging import diagnose
+from .judging import byte_bound, diagnose
 from .programs import Case, Timed, draw, run_cases
 
 CHECKS = Checklist()
@@ -56,17 +56,13 @@ def bytes_within_ring_bound(t: CheckContext, every_case: Run) -> None:
     for case, counts in case_counts(every_case):
         if case.p == 1 or case.n == 0:
             continue
-        itemsize = np.dtype(case.dtype).itemsize
-        bound = 2 * (case.p - 1) / case.p * case.n * itemsize
-        # Chunks of ceil(n/p) elements may exceed n/p by one element on each of 2(p-1) sends; and
-        # 64 bytes per rank of headroom besides.
-        slack = 2 * (case.p - 1) * itemsize + 64
+        bound, slack = byte_bound(case)
         sent = [count.bytes_sent for count in counts]
         for rank, nbytes in enumerate(sent):
             t.expect(nbytes <= bound + slack, f"at most {bound + slack:.0f} bytes from each rank (the ring bound)",
                      f"{case.label()}: rank {rank} sent {nbytes} bytes ({nbytes / max(bound, 1):.2f}x the bound)")
         # Any correct allreduce moves every element at least 2(p-1) times in all.
-        floor = 2 * (case.p - 1) * case.n * itemsize
+        floor = 2 * (case.p - 1) * case.n * np.dtype(case.dtype).itemsize
         t.expect(sum(sent) >= floor, f"at least {floor} bytes in all (each element reduced and spread)",
                  f"{case.label()}: {sum(sent)} bytes sent by all ranks together")
         if case.shape == "large":

@@ -16,6 +16,13 @@ def tolerance(case: Case) -> dict[str, float]:
     return {"rtol": RTOL[case.dtype], "atol": RTOL[case.dtype] * case.p}
 
 
+def byte_bound(case: Case) -> tuple[float, int]:
+    """The ring's bytes per rank, 2(p-1)/p * n * itemsize, and the slack allowed over it: chunks of
+    ceil(n/p) may exceed n/p by one element on each of 2(p-1) sends; 64 bytes of headroom besides."""
+    itemsize = np.dtype(case.dtype).itemsize
+    return 2 * (case.p - 1) / case.p * case.n * itemsize, 2 * (case.p - 1) * itemsize + 64
+
+
 def inputs(case: Case, indices: np.ndarray) -> np.ndarray:
     """Every rank's input at ``indices``: one row per rank."""
     return np.stack([case.input(rank)[indices] for rank in range(case.p)])
