@@ -52,12 +52,15 @@ def answers(case: Case) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         "in_float32": np.broadcast_to(prefixes("float32")[-1], (p, n)) if case.dtype == "float64" else full,
         # op.Reduce_local(mine, received): nothing is added, the allgather spreads the raw chunks
         "folded_backwards": np.broadcast_to(rows[(c - 1) % p, every], (p, n)),
+        # mine += received: the op ignored, MAX comes out as the SUM
+        "op_ignored": np.broadcast_to(rows.sum(axis=0), (p, n)) if case.op == "MAX" else full,
         # p - 2 allgather steps: chunk rank + 2 stays as the reduce-scatter left it
         "allgather_a_step_short": np.where(c == (np.arange(p)[:, None] + 2) % p, partial, full),
     }
 
 
-WRONG = ["no_reduction", "no_allgather", "tail_unreduced", "in_float32", "folded_backwards", "allgather_a_step_short"]
+WRONG = ["no_reduction", "no_allgather", "tail_unreduced", "in_float32", "folded_backwards", "allgather_a_step_short",
+         "op_ignored"]
 
 
 def results(case: Case, answer: np.ndarray, returned: str = "NoneType") -> list[CaseResult]:
@@ -77,30 +80,34 @@ def first_message(case: Case, answer: np.ndarray, returned: str = "NoneType", se
 PHRASES = {
     "tail": "never reduced", "allgather": "allgather phase is missing", "ulps": "a few ulps",
     "in place": "in place", "copy": "on a copy of buf", "own input": "no reduction reached",
-    "backwards": "folds into its second argument", "step": "a ring step is missing",
+    "backwards": "folds into its second argument", "step": "a ring step is missing", "op": "the op was ignored",
 }
 
 
 def case(p: int, n: int, dtype: str = "float64", op: str = "SUM", shape: str = "a unit test") -> Case:
-    return Case(p, n, dtype, op, 12345 + p * 1000 + n, shape, 0)
+    return Case(p, n, dtype, op, 12345 + p * 1000 + n + (op == "MAX"), shape, 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 @pytest.mark.parametrize("p, n", [(2, 1), (3, 2), (5, 3), (4, 27), (8, 61), (3, 2 * 4096 + 2)])
-def test_each_wrong_answer_is_named_by_its_own_diagnosis(p: int, n: int, dtype: str) -> None:
-    c = case(p, n, dtype)
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_each_wrong_answer_is_named_by_its_own_diagnosis(p: int, n: int, dtype: str, op: str) -> None:
+    c = case(p, n, dtype, op)
     want, got = answers(c)
     assert first_message(c, got["right"]) is None
     named = {
-        "no_allgather": "allgather", "folded_backwards": "backwards",
-        "allgather_a_step_short": "allgather", "in_float32": "ulps",
+        "no_allgather": "allgather", "allgather_a_step_short": "allgather", "in_float32": "ulps",
         "no_reduction": "own input",  # with no message sent: the rank never took part
         "tail_unreduced": "tail",  # (n < p: no tail, this answer is right)
+        "op_ignored": "op",  # (SUM: right)
     }
+    if op == "SUM":  # with MAX, a single input is what every partial reduction is
+        named["folded_backwards"] = "backwards"
     for wrong, phrase in named.items():
         message = first_message(c, got[wrong], sent=0 if wrong == "no_reduction" else 2)
-        if all(judging.grading.agreement(row, want, **judging.tolerance(c)).all() for row in got[wrong]):
-            assert message is None, (wrong, message)  # not shown by this case (rounding, n = 1)
+        if all(judging.grading.agreement(r.sample, want[c.kept(rank)], **judging.tolerance(c)).all()
+               for rank, r in enumerate(results(c, got[wrong]))):
+            assert message is None, (wrong, message)  # not shown in what the ranks send back
             continue
         assert message is not None and PHRASES[phrase] in message, (wrong, message)
         for other, text in PHRASES.items():
