@@ -176,7 +176,7 @@ def test_alternative_solution_passes(name: str, checked: Callable[..., Checked])
 
 def test_a_barrier_between_steps_is_allowed_and_only_costs_time(checked: Callable[..., Checked]) -> None:
     # Barrier moves no data: the values and the point-to-point check pass, the Barrier calls are
-    # counted. Its time: at seed 4242, about 1.04x the bound at p = 4 and 1.11x at p = 8, so the
+    # counted. Its time (seed 7): 1.04x the bound at p = 4 and 1.11x at p = 8 (14 Barriers), so the
     # 5% time check fails it, and says why.
     run = checked(*fixture_args("alt_barrier.py"))
     assert_clean(run)
