@@ -55,8 +55,18 @@ def cases_for(p: int, rng: np.random.Generator) -> list[Case]:
             for n, shape in lengths for dtype in ("float32", "float64", "int64") for op in OPS]
 
 
-# One case on one rank: the result at the case's kept indices, and the type name of what allreduce
-# returned ("NoneType" when it followed the rules).
+def draw(seed: int) -> tuple[list[list[Case]], list[Timed]]:
+    """The variant of ``seed``: the cases of each rank count (the card's and a hidden one), and
+    one timed case for each of three rank counts."""
+    rng = np.random.default_rng([seed, 3])
+    groups = [cases_for(p, rng) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
+    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM", int(rng.integers(1 << 31)), "large", 0)
+             for p in (4, 8, int(rng.choice([3, 5, 6, 7])))]
+    return groups, timed
+
+
+# One case on one rank: the result at the case's kept indices, and what allreduce returned: "buf"
+# (buf itself or a view of it), else its type's name ("NoneType" when it returned nothing).
 CaseResult = NamedTuple("CaseResult", [("sample", np.ndarray), ("returned", str)])
 
 
@@ -67,7 +77,8 @@ def run_cases(comm, solution, cases: list[Case]) -> list[CaseResult]:
         buf = case.input(rank)
         comm.mark("case")
         returned = solution.allreduce(comm, buf, OPS[case.op])
-        results.append(CaseResult(buf[case.kept(rank)].copy(), type(returned).__name__))
+        view = isinstance(returned, np.ndarray) and np.may_share_memory(returned, buf)
+        results.append(CaseResult(buf[case.kept(rank)].copy(), "buf" if view else type(returned).__name__))
     return results
 
 
