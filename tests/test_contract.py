@@ -69,10 +69,10 @@ def bank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def check(bank: Path, solution: str | Path, seed: int = 5) -> Any:
+def check(bank: Path, solution: str | Path, seed: int = 5, seal: bool = False) -> Any:
     entry = Bank(bank).problem("01")
     path = entry.path / f"{solution}.py" if isinstance(solution, str) else solution
-    return check_problem(entry, path, Options(seed=seed, deadline_s=20), Quiet())
+    return check_problem(entry, path, Options(seed=seed, deadline_s=20, seal=seal), Quiet())
 
 
 def verdicts(results: Any) -> list[tuple[str, str]]:
@@ -185,3 +185,16 @@ def test_first_mismatch_locates_the_first_wrong_element() -> None:
     assert first_mismatch(ints + 1, ints, rtol=0.5, atol=2) is not None  # integers compare exactly
     shape = first_mismatch(np.zeros(3), np.zeros(4))
     assert shape is not None and shape.describe() == "holds (3,) elements, expected (4,)"
+
+
+def test_sealed_checks_give_the_verdicts_of_unsealed_ones(bank: Path, tmp_path: Path) -> None:
+    """The learner's code in a process of its own per rank (runtime/seal/): every check's status
+    and message as unsealed, for a passing and a deadlocking solution (the problems' own verdicts,
+    sealed, are compared fixture by fixture by the verdict snapshot: see the closing notes)."""
+    (tmp_path / "stuck.py").write_text(DEADLOCK)
+    for solution in ("reference", tmp_path / "stuck.py"):
+        plain, sealed = check(bank, solution), check(bank, solution, seal=True)
+        assert verdicts(sealed) == verdicts(plain), solution
+        assert sealed.to_json()["seal"] == "on" and plain.to_json()["seal"] == "off"
+        assert "unsealed" in plain.footer and "unsealed" not in sealed.footer
+    assert job_processes() == []

@@ -146,6 +146,10 @@ def _check_and_record(entry: Entry, path: Path, options: "Any", verbose: bool, o
     from .grading.runner import check_problem
 
     ws = Workspace()
+    if verbose and options.seal:
+        from .runtime.seal.sandbox import expected
+
+        console.print(escape(f"seal: the learner's code runs in {expected()}"), style="dim")
     results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
     results_io.write(results, ws.results_path(entry))
     if own and path == ws.solution_path(entry):

@@ -51,6 +51,9 @@ class Results:
     summary: dict[str, Any] | None = None  # metrics of the run behind the headline figure
     # Exam grading only: traffic Open MPI counted that the proxy did not (mpi_monitoring.py).
     below_proxy: dict[str, Any] | None = None
+    # The learner's code ran sealed (runtime/seal/): unsealed, it shared its process with the
+    # counters the grade reads, which then only advise.
+    sealed: bool = False
 
     @property
     def score(self) -> int:
@@ -88,6 +91,7 @@ class Results:
             },
             "summary": self.summary,
             "footer": self.footer,
+            "seal": "on" if self.sealed else "off",
             "checks": [asdict(c) for c in self.checks],
         }
         if self.below_proxy is not None:

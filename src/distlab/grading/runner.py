@@ -75,7 +75,8 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     seed = options.seed if options.seed is not None else secrets.randbelow(10**6)
     started = time.monotonic()
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [])
+    results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [],
+                      sealed=options.seal)
     reporter.begin(entry, solution, options.backend, seed)
 
     checklist = load_checklist(entry)
@@ -168,6 +169,7 @@ def _finish(results: Results, started: float, reporter: Reporter) -> Results:
         f"{verdict} {results.problem} · {results.wall_s:.1f} s · ranks={ranks} · "
         f"msgs={results.messages} · bytes={_human_bytes(results.bytes)} · {virtual}"
         f"score {results.score}/{results.max_score} · seed {results.seed}"
+        + ("" if results.sealed else " · unsealed: its counters only advise (--seal on)")
     )
     reporter.end(results)
     return results

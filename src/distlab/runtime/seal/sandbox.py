@@ -47,6 +47,17 @@ PID_ONLY = "own user and PID namespaces only (not root: the filesystem, network 
 NONE = "none (no namespace could be made: processes the learner starts may outlive the check)"
 
 
+def expected() -> str:
+    """Which isolation ``isolate`` will give on this machine, said before any rank starts."""
+    if os.geteuid() == 0:
+        return FULL
+    try:
+        allowed = int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0
+    except (OSError, ValueError):
+        allowed = False
+    return PID_ONLY if allowed else NONE
+
+
 class SandboxError(OSError):
     """A step of the sandbox failed where it should not (root, and the kernel has the feature)."""
 
