@@ -62,3 +62,13 @@ def total_of(comm):
     got = np.zeros(1)
     comm.Allreduce(np.ones(1), got)
     return float(got[0])
+
+
+def die_in_recv(comm):
+    """Rank 1 dies while blocked in a Recv (a timer ends its process)."""
+    import threading
+
+    if comm.Get_rank() == 1:
+        threading.Timer(0.5, os._exit, [3]).start()
+        comm.Recv(np.empty(1), source=0)
+    comm.Barrier()

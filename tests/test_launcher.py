@@ -156,6 +156,8 @@ def test_the_rank_that_died_first_is_named_with_how_and_where(tmp_path: Path, ba
                  deadline_s=30)
     assert exited.status == "crashed" and exited.failing_rank == 1, exited.message
     assert exited.message.startswith("rank 1 exited with status 3 before reporting"), exited.message
+    # Sealed, its agent saw where its learner process was.
+    assert ("its learner process died before its first call" in exited.message) == SEAL, exited.message
     assert "Connection reset" not in exited.message
     crashed = run(make_job("call_solution", [Task(ranks=4, args=("crash",))], solution, backend=backend),
                   deadline_s=30)

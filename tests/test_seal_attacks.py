@@ -78,3 +78,10 @@ def test_counters_stay_the_agent_s() -> None:
     for outcome in result.task_outcomes(0):
         assert outcome.value == 3.0
         assert outcome.stats.calls["Allreduce"] == 1
+
+
+def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call() -> None:
+    result = attack("die_in_recv")
+    assert result.status == "crashed" and result.failing_rank == 1, result.message
+    assert result.message.startswith("rank 1 exited with status 3 before reporting"), result.message
+    assert "its learner process died in Recv" in result.message

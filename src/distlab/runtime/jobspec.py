@@ -217,6 +217,11 @@ def pid_path(job_dir: Path, rank: int) -> Path:
     return job_dir / f"pid-{rank}"
 
 
+def learner_gone_path(job_dir: Path, rank: int) -> Path:
+    """Where a sealed rank's learner process was when it died ("in Sendrecv"), by its agent."""
+    return job_dir / f"learner-gone-{rank}"
+
+
 def learner_pid_path(job_dir: Path, rank: int) -> Path:
     """The pid of a sealed rank's learner process, written by its agent."""
     return job_dir / f"learner-pid-{rank}"

@@ -17,15 +17,23 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any
 
 from ...errors import UsageError
 from ..comm.proxy import Comm
-from ..jobspec import Job, RankError, learner_pid_path, problem_package
+from ..jobspec import (
+    Job,
+    RankError,
+    learner_gone_path,
+    learner_pid_path,
+    problem_package,
+)
 from ..seal.agent import AgentEnd
 from ..seal.errors import LearnerGone
 from ..seal.service import FAILURE, Service
@@ -39,11 +47,30 @@ _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR",
 
 
 class LearnerProcess:
-    def __init__(self, agent: AgentEnd, child: subprocess.Popen[bytes], packages: tuple[str, ...]) -> None:
+    def __init__(self, agent: AgentEnd, child: subprocess.Popen[bytes], packages: tuple[str, ...],
+                 gone_note: Path) -> None:
         self._agent = agent
         self._child = child
         self._service = Service(agent)
         self._packages = packages
+        self._gone_note = gone_note
+        self._finishing = threading.Event()
+        # The agent may be blocked in the engine on the learner's behalf (a Recv whose sender
+        # never comes) when the learner dies: a watcher ends the agent then, as the learner ended.
+        threading.Thread(target=self._watch, args=(os.pidfd_open(child.pid),), daemon=True).start()
+
+    def _watch(self, pidfd: int) -> None:
+        select.select([pidfd], [], [])
+        if self._finishing.is_set():
+            return
+        status = self._agent.learner_status()
+        if status and status != "exit status 0":
+            self.died(LearnerGone(self._agent.where(), status))
+
+    def died(self, gone: LearnerGone) -> None:
+        """Ends the agent as the learner process ended, saying where it was (the supervisor reads it)."""
+        self._gone_note.write_text(where_it_died(gone))
+        mirror_death(gone)
 
     @classmethod
     def start(cls, job: Job, job_dir: Path, rank: int, stack_file: IO[str]) -> LearnerProcess:
@@ -67,7 +94,7 @@ class LearnerProcess:
         package = job.program_module.rpartition(".")[0] or job.program_module
         if package != job.program_module:
             problem_package(Path(job.program_file).parent)  # its classes, for read_value
-        return cls(agent, child, (package,))
+        return cls(agent, child, (package,), learner_gone_path(job_dir, rank))
 
     def run_task(self, comm: Comm, index: int, task: Any) -> Any:
         result = self._service.run_task(comm, index, pickle.dumps((task.args, task.kwargs)))
@@ -90,6 +117,7 @@ class LearnerProcess:
 
     def finish(self, timeout_s: float = 10.0) -> None:
         """Tells the learner the batch is done and reaps it (killed if it does not leave)."""
+        self._finishing.set()
         self._service.run_task(None, -1, b"")
         try:
             self._child.wait(timeout_s)
@@ -98,6 +126,7 @@ class LearnerProcess:
         self._agent.close()
 
     def kill(self) -> None:
+        self._finishing.set()
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()
@@ -131,6 +160,14 @@ def _failure(data: bytes, index: int) -> RankError:
     except UnsafeValue as exc:
         return RankError("tampered", f"the solution tampered with its failure report: {exc}", "", "", index)
     return RankError(f["kind"], f["summary"], f["where"], f["traceback"], index)
+
+
+def where_it_died(gone: LearnerGone) -> str:
+    """Where the learner process was, in the words of the learner's code: a call of the task
+    protocol (calls.py) is the harness's, so after it the learner had made no call of its own."""
+    if gone.where in ("after next task", "after task arguments", "after result"):
+        return "before its first call"
+    return gone.where
 
 
 def mirror_death(gone: LearnerGone) -> None:

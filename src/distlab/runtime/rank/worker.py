@@ -55,7 +55,7 @@ from . import limits as rank_limits
 from .failures import error_from
 from .guards import forbid_finalize, require_completed
 from .learner import load_module
-from .sealed import LearnerProcess, mirror_death
+from .sealed import LearnerProcess
 
 
 def detect_backend() -> tuple[str, int, int]:
@@ -147,8 +147,8 @@ def run_job(job_dir: Path) -> int:
         if learner is not None:
             learner.finish()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
-        if isinstance(exc, LearnerGone) and not exc.closed:
-            mirror_death(exc)  # no outcome: the supervisor names the death, as for one process
+        if isinstance(exc, LearnerGone) and not exc.closed and learner is not None:
+            learner.died(exc)  # no outcome: the supervisor names the death, as for one process
         if learner is not None:
             learner.kill()
         if handed is not None:

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..jobspec import Job, outcome_path, stack_path
+from ..jobspec import Job, learner_gone_path, outcome_path, stack_path
 from .start import Processes
 
 # Open MPI 5 (prterun): "Process name: [prterun-host-123@1,2]" then "Exit code: 3" for a non-zero
@@ -28,13 +28,23 @@ class Death:
     rank: int
     exit_code: int | None = None
     signum: int | None = None
+    learner_where: str = ""  # sealed: where its learner process was ("in Sendrecv"), as its agent saw
 
     def describe(self) -> str:
+        where = f"; its learner process died {self.learner_where}" if self.learner_where else ""
         if self.signum is not None:
             name = _SIGNAL_WORDS.get(self.signum) or signal.Signals(self.signum).name
-            return f"rank {self.rank} died of {name} (signal {self.signum}) before reporting"
+            return f"rank {self.rank} died of {name} (signal {self.signum}) before reporting{where}"
         return (f"rank {self.rank} exited with status {self.exit_code} before reporting "
-                "(os._exit, or an exit in native code)")
+                f"(os._exit, or an exit in native code){where}")
+
+    def located(self, job_dir: Path) -> "Death":
+        """This death with where its learner process was, when a sealed rank's agent wrote it."""
+        try:
+            where = learner_gone_path(job_dir, self.rank).read_text().strip()[:200]
+        except OSError:
+            return self
+        return Death(self.rank, self.exit_code, self.signum, where)
 
 
 _SIGNAL_WORDS: dict[int, str] = {
@@ -52,13 +62,14 @@ def first_death(job: Job, job_dir: Path, procs: Processes, reported: set[int]) -
             # A rank that failed writes its outcome and then exits: one that did so since the
             # last poll has a file to show for it, and is not the one that died.
             if rank not in reported and code not in (None, 0) and not outcome_path(job_dir, rank).exists():
-                return Death(rank, signum=-code) if code < 0 else Death(rank, exit_code=code)
+                death = Death(rank, signum=-code) if code < 0 else Death(rank, exit_code=code)
+                return death.located(job_dir)
         return None
     log = launcher_log(job_dir)
     found = [(m.start(), Death(int(m[1]), exit_code=int(m[2]))) for m in _MPI_EXIT.finditer(log)]
     found += [(m.start(), Death(int(m[1]), signum=int(m[2]))) for m in _MPI_SIGNAL.finditer(log)]
     found = [(at, death) for at, death in found if death.rank not in reported]
-    return min(found, key=lambda pair: pair[0])[1] if found else None
+    return min(found, key=lambda pair: pair[0])[1].located(job_dir) if found else None
 
 
 def crash_cause(job_dir: Path, missing: list[int], procs: Processes) -> str:
