@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import PROBLEMS, run_cli
+from conftest import FIXTURES, PROBLEMS, run_cli
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
 
 from distlab.runtime.jobspec import problem_package
@@ -65,7 +65,27 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
     "serial_server.py": (TIME, ["waited for each other's compute",
                                 "wait for that worker's push before it serves the next"],
                          [MODEL, PAIRS, BYTES, BALANCE, LATE]),
+    "stale_pull.py": (MODEL, ["began its gradient of step 0 with", "not yet waited", "(a stale read)",
+                              "Wait for every pull before batch.gradient reads w"], [BYTES, BALANCE]),
+    "sum_never_reset.py": (MODEL, ["sums of the pushes and counts were never reset between steps",
+                                   "set them to zero at the start of every step"], [BYTES, BALANCE]),
 }
+
+# Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
+NAMES_ITS_BUG = {
+    "it mixed two steps": "mixes_steps.py",
+    "pushes the whole gradient to every server": "whole_gradient.py",
+    "MEAN gradient was averaged over the W": "mean_of_means.py",
+    "split the key range into S nearly equal parts": "all_on_server0.py",
+    "waited for each other's compute": "serial_server.py",
+    "(a stale read)": "stale_pull.py",
+    "were never reset between steps": "sum_never_reset.py",
+}
+
+
+def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
+    fixtures = {path.with_suffix(".py").name for path in (FIXTURES / "01").iterdir()}
+    assert set(BUGGY) == fixtures - {"alt_pull_requests.py"} == set(NAMES_ITS_BUG.values())
 
 
 @pytest.mark.slow
@@ -83,6 +103,8 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     for name_start in passing:
         assert run.check(name_start)["status"] == "passed", run.check(name_start)["message"]
     assert f"distlab check 01 --seed {SEED}" in run.flat  # the replay hint
+    for phrase, owner in NAMES_ITS_BUG.items():
+        assert (phrase in run.messages()) == (owner == name), (phrase, run.messages())
     if name == "mean_of_means.py":
         # The same mistake under the late worker is named as itself, not as mixed steps.
         assert "mixed" not in run.check(LATE)["message"]
@@ -210,6 +232,49 @@ def test_averaging_mistakes_are_recognised() -> None:
     broken[200] += 1.0
     message, named = judging.diagnose_model(case, broken, layout)
     assert not named and "key 200" in message and "only server(s) 1" in message
+
+
+def test_sums_never_reset_are_named_and_only_they() -> None:
+    case = small_case()
+    layout = [(0, 151), (151, 301)]
+    for carried, phrase in (("counts too", "sums of the pushes and counts were never reset"),
+                            ("sums", "sums of the pushes were never reset")):
+        message, named = judging.diagnose_model(case, cases.sgd(case, carried=carried), layout)
+        assert named and phrase in message, message
+    # step 0 is the same either way; after it the running sums differ from the step's gradient
+    assert judging.close(cases.trajectory(case, 1, carried="sums")[-1], cases.trajectory(case, 1)[-1])
+    for what, weights in judging.averaging_mistakes(case):  # no look-alike among the averaging mistakes
+        assert "never reset" not in judging.diagnose_model(case, cases.sgd(case, weights), layout)[0], what
+
+
+class _Timeline:
+    """A worker's calls in program order, as grading's Timeline gives them."""
+
+    def __init__(self, spans: list[Any]) -> None:
+        self.spans = spans
+
+    def events(self, rank: int) -> list[Any]:
+        return self.spans
+
+
+def test_stale_read_fires_only_on_a_gradient_before_its_pulls_completed() -> None:
+    from distlab.grading.views import Span
+
+    def recv(server: int) -> Span:
+        return Span("recv", 0.0, 0.0, peer=server)
+
+    def wait(*servers: int) -> Span:
+        return Span("wait", 0.0, 0.0, received=tuple((0, s, 5, 0, 0) for s in servers))
+
+    compute, send = Span("compute", 0.0, 1.0, name="gradient"), Span("send", 0.0, 0.0, peer=0)
+    right = [recv(0), recv(1), wait(0, 1), compute, send, send, wait(), recv(0), recv(1), wait(0, 1), compute]
+    assert judging.stale_read(_Timeline(right), 5, servers=2) is None
+    blocking = [recv(0), wait(0), recv(1), wait(1), compute]  # Recv: a receive and its wait at once
+    assert judging.stale_read(_Timeline(blocking), 5, servers=2) is None
+    early = [recv(0), recv(1), wait(0, 1), compute, send, recv(0), recv(1), compute, wait(0, 1)]
+    message = judging.stale_read(_Timeline(early), 5, servers=2)
+    assert message is not None and "worker rank 5 began its gradient of step 1 with 2 receive(s)" in message
+    assert "(a stale read)" in message
 
 
 def test_the_data_is_the_same_in_every_process() -> None:

@@ -108,16 +108,20 @@ def global_batch(case: Case) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(X), np.concatenate(y)
 
 
-def trajectory(case: Case, steps: int, weights: np.ndarray | None = None) -> list[np.ndarray]:
+def trajectory(case: Case, steps: int, weights: np.ndarray | None = None, carried: str = "") -> list[np.ndarray]:
     """The models after 0 .. steps steps of gradient descent on the global batch, each worker's summed
-    gradient weighted by ``weights`` (by default 1/B: the mean over all B examples)."""
+    gradient weighted by ``weights`` (by default 1/B: the mean over all B examples). ``carried``, a
+    server whose sums are never reset: "sums" (step k applies the gradients of steps 0 .. k) or
+    "counts too" (over the examples of k + 1 steps)."""
     X, y = global_batch(case)
     per_example = np.repeat(np.full(case.workers, 1.0 / len(y)) if weights is None else weights, case.batches)
-    models = [initial_weights(case)]
-    for _ in range(steps):
-        models.append(models[-1] - case.lr * (X.T @ (per_example * (sigmoid(X @ models[-1]) - y))))
+    models, summed = [initial_weights(case)], np.zeros(case.keys)
+    for k in range(steps):
+        gradient = X.T @ (per_example * (sigmoid(X @ models[-1]) - y))
+        summed = summed + gradient if carried else gradient
+        models.append(models[-1] - case.lr * summed / (k + 1 if carried == "counts too" else 1))
     return models
 
 
-def sgd(case: Case, weights: np.ndarray | None = None) -> np.ndarray:
-    return trajectory(case, case.steps, weights)[-1]  # what the servers must hold at the end
+def sgd(case: Case, weights: np.ndarray | None = None, carried: str = "") -> np.ndarray:
+    return trajectory(case, case.steps, weights, carried)[-1]  # what the servers must hold at the end

@@ -84,6 +84,9 @@ def diagnose_model(case: Case, got: np.ndarray, layout: list[tuple[int, int]]) -
     named += [(f"equals gradient descent after {k} steps, not {case.steps}", model)
               for k, model in enumerate(models) if k != case.steps]
     named += [(f"is wrong: {what}", cases.sgd(case, weights)) for what, weights in averaging_mistakes(case)]
+    named += [(f"is wrong: the servers' sums of the pushes{also} were never reset between steps, so step k "
+               "applied the gradients of steps 0 .. k added up: set them to zero at the start of every step",
+               cases.sgd(case, carried=carried)) for carried, also in (("counts too", " and counts"), ("sums", ""))]
     for what, model in named:
         if close(got, model):
             return f"{head} {what}", True
@@ -114,7 +117,27 @@ def model_problem(run: CaseRun) -> str | None:
         found = first_out_of_step(server_timeline(run.task, case, s), case.worker_ranks)
         if found is not None:
             return f"{message}; server {s} {found}: it mixed two steps; {IN_STEP}"
+    for w in case.worker_ranks:  # the servers kept in step: did a worker read a pull before it landed?
+        if (found := stale_read(run.task.timeline(), w, case.servers)) is not None:
+            return f"{message}; {found}"
     return message
+
+
+def stale_read(timeline: Any, worker: int, servers: int) -> str | None:
+    """In words, the first gradient a worker began with receives from the servers still pending."""
+    pending, step = 0, 0
+    for span in timeline.events(worker):
+        if span.kind == "recv" and span.peer is not None and span.peer < servers:
+            pending += 1
+        elif span.kind == "wait":
+            pending -= sum(1 for key in span.received if key[1] < servers)
+        elif span.kind == "compute":
+            if pending > 0:
+                return (f"worker rank {worker} began its gradient of step {step} with {pending} receive(s) from "
+                        "the servers posted and not yet waited: it read the model out of buffers those receives "
+                        "had not filled (a stale read); Wait for every pull before batch.gradient reads w")
+            step += 1
+    return None
 
 
 def server_timeline(task_run: TaskRun, case: Case, server: int) -> list[tuple[str, int]]:
