@@ -313,3 +313,50 @@ def test_auc() -> None:
     assert programs.auc(y, np.array([0.1, 0.2, 0.3, 0.4])) == 1.0
     assert programs.auc(y, np.array([0.4, 0.3, 0.2, 0.1])) == 0.0
     assert programs.auc(y, np.zeros(4)) == 0.5
+
+
+# -- margins: the common wrong answers stand at least twice each tolerance away -------------------
+
+MARGIN_SEEDS = range(2000)
+
+
+def test_bytes_margin_an_extra_pull_stands_twice_the_tolerance_away() -> None:
+    """Per worker and step, the reference moves 1 + S / 2D models (one count per slice), a worker
+    with pull requests 1 + S / D; one pull more after the last step makes 1 + 1 / 2K, a second pull
+    per step 1.5: the first two well inside the tolerance, the others at least twice it away."""
+    tolerance = judging.BYTES_TOLERANCE
+    for seed in MARGIN_SEEDS:
+        for case in cases.sweep(seed):
+            assert case.servers / case.keys <= tolerance / 2
+            assert 1 / (2 * case.steps) >= 2 * tolerance, case  # K <= 12
+            if case.servers > 1:  # the whole gradient to every server: (S + 1) / 2 models
+                assert (case.servers + 1) / 2 - 1 >= 2 * tolerance
+
+
+def test_time_margin_a_serial_server_stands_twice_the_tolerance_away() -> None:
+    """Serving one worker at a time (serial_server), each worker's pull, compute and push come one
+    after another: at least W x (2 shard messages + compute) per step, on the card's platform more
+    than twice the check's allowance (10% + one latency per rank) over the bound."""
+    from distlab.platforms import resolve
+
+    laptop = resolve("laptop")
+    for seed in MARGIN_SEEDS:
+        (case,) = [c for c in cases.sweep(seed) if isinstance(c, cases.Timed)]
+        b, route = judging.step_bound(case, laptop), laptop.route(0, case.servers)
+        shard = route.alpha_s + -(-case.keys // case.servers) * judging.ITEMSIZE * route.beta_s_per_byte
+        serial = case.workers * (2 * shard + b.compute)
+        assert serial >= b.bound + 2 * (b.limit - b.bound), (seed, serial, b)
+
+
+def test_model_margin_every_named_mistake_stands_twice_the_tolerance_away() -> None:
+    """Every model diagnose_model names differs from the right one by more than 2x (rtol, atol)."""
+    from distlab.grading import first_mismatch
+
+    for seed in range(0, 2000, 20):  # each case trains several models: a sample of the seeds
+        case = cases.sweep(seed)[0]
+        right, models = cases.sgd(case), cases.trajectory(case, case.steps + 2)
+        wrong = [m for k, m in enumerate(models) if k != case.steps]
+        wrong += [cases.sgd(case, weights) for _, weights in judging.averaging_mistakes(case)]
+        wrong += [cases.sgd(case, carried=carried) for carried in ("sums", "counts too")]
+        for model in wrong:
+            assert first_mismatch(model, right, rtol=2 * cases.RTOL, atol=2 * cases.ATOL) is not None, seed

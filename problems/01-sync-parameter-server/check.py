@@ -43,7 +43,8 @@ def every_pair(t: CheckContext, every_case: Run) -> None:
     t.say(f"{len(more)} more cases agree with single-process gradient descent")
 
 
-@CHECKS.check("bytes per worker per step = one pull + one push of the model (within 5%)", points=2)
+@CHECKS.check(f"bytes per worker per step = one pull + one push of the model (within {judging.BYTES_TOLERANCE:.0%})",
+              points=2)
 def bytes_per_worker(t: CheckContext, every_case: Run) -> None:
     worst, per_server = 1.0, {}
     for k, run in enumerate(every_case.cases()):
