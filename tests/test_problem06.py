@@ -295,3 +295,29 @@ def test_alternative_solution_passes(name: str, checked: dict[str, Checked]) -> 
     # It refuses a parameter without a gradient with a clear error, which the card accepts.
     assert run.results["checks"][-1]["metrics"]["outcome"] == "error"
     assert "received no gradient in this step" in run.flat
+
+
+def test_overlap_margin_the_target_sits_well_between_right_and_wrong(cases: ModuleType,
+                                                                     judging: ModuleType) -> None:
+    """In the overlap case (backward about as long as the buckets' allreduces), a solution that
+    starts each bucket as it fills can hide all but the last bucket, which backward's end leaves
+    exposed; one that starts them only after backward (forward_order) hides nothing. On every
+    seed the last bucket is at most a quarter of the traffic: the right answer hides 75% or more,
+    the wrong one 0%, each at least 25 points from the 50% target (on the card's platform)."""
+    from distlab.grading import cost
+    from distlab.platforms import resolve
+
+    laptop = resolve("laptop")
+
+    class Ctx:
+        def __init__(self, seed: int) -> None:
+            self.seed, self.platform = seed, laptop
+
+    for seed in range(600):  # 279, 407 and 461 drew a bucket count no cap gives (they crashed the check)
+        case = cases.main_cases(Ctx(seed))[-1]
+        assert 6 <= len(case.buckets()) <= 8
+        route = laptop.route(0, 1)
+        sizes = case.backward_sizes()
+        times = [cost.ring_allreduce_time(case.p, sum(sizes[i] for i in b), route.alpha_s, route.beta_s_per_byte)
+                 for b in case.buckets()]
+        assert 1 - times[-1] / sum(times) >= judging.HIDDEN_TARGET + 0.25, seed
