@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,6 +139,24 @@ def test_reference_passes_with_metrics(checked: Callable[..., Checked]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", [("--platform", "three-dc"), ("--faults", "delay")])
+def test_reference_passes_on_another_platform_and_under_a_delay_plan(where: tuple[str, str], tmp_path: Path) -> None:
+    """Issue 11, item 4: off the card's platform the time bound is that of the slowest server-worker
+    route (three data centres: 4 ms a step, 250x the laptop's bound); under the learner's own fault
+    plan the time is reported, not graded. Neither is a serial server."""
+    option, value = where
+    if value == "delay":
+        value = str(tmp_path / "delay.toml")
+        Path(value).write_text('format_version = 1\nseed = 3\n\n[[fault]]\nkind = "delay"\nsrc = 1\n'
+                               'latency_s = 0.001\n')
+    run = run_cli("check", "01", "--solution", "reference", option, value, "--seed", "7", timeout=240)
+    flat = " ".join(run.stdout.split())
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "waited for each other's compute" not in flat
+    assert ("reported, not graded" in flat) == (option == "--faults")
+
+
+@pytest.mark.slow
 def test_starter_fails_with_a_helpful_message(checked: Callable[..., Checked]) -> None:
     run = checked()  # no workspace file: the starter is checked
     assert_clean(run)
@@ -212,6 +231,7 @@ def test_step_bound_on_a_uniform_platform() -> None:
     assert b.compute_sum == pytest.approx(4 * 150 * 1001 / 1e10)
     assert b.bound == pytest.approx(2 * wire + b.compute)
     assert b.limit == pytest.approx(1.1 * b.bound + 5 * 1e-6)
+    assert b.serial == pytest.approx(sum(2 * (1e-6 + shard * 1e-9) + 4 * n * 1001 / 1e10 for n in (50, 80, 20)))
 
 
 def test_averaging_mistakes_are_recognised() -> None:

@@ -223,19 +223,25 @@ def latencies(t: CheckContext, run: CaseRun) -> str:
             f"push P50 {fmt(np.percentile(pushes, 50)) if pushes else 'n/a'}; sync/compute {sync:.2f}")
 
 
-# wire: one pull (or push); compute: the busiest worker's gradient; compute_sum: all workers' in turn
-StepBound = namedtuple("StepBound", "wire compute compute_sum bound limit")
+# wire: one pull (or push); compute: the busiest worker's gradient; compute_sum: all workers' in turn;
+# serial: one worker at a time, each pulling its shards, computing and pushing while the others wait
+StepBound = namedtuple("StepBound", "wire compute compute_sum bound limit serial")
 
 
-def step_bound(case: Case, platform: Any) -> StepBound:
+def step_bound(case: Case, platform: Any, slowest: bool = False) -> StepBound:
     """One step at best: pull + compute + push, and what the check allows (10% more, plus one latency
-    per rank: messages posted one at a time are fine)."""
+    per rank: messages posted one at a time are fine). ``slowest``: on the slowest server-worker route
+    (off the card's platform, where routes differ: across data centres, sockets)."""
     # A pull (or push) is alpha + max(W * m, M) * beta: each server's port sends W shards of m bytes,
     # and each worker's port takes in the model, M bytes.
     routes = [platform.route(*way) for s in range(case.servers) for w in case.worker_ranks for way in ((s, w), (w, s))]
-    alpha, beta = min(r.alpha_s for r in routes), min(r.beta_s_per_byte for r in routes)
-    wire = alpha + max(case.workers * -(-case.keys // case.servers), case.keys) * ITEMSIZE * beta
+    pick = max if slowest else min
+    alpha, beta = pick(r.alpha_s for r in routes), pick(r.beta_s_per_byte for r in routes)
+    shard = -(-case.keys // case.servers) * ITEMSIZE
+    wire = alpha + max(case.workers * shard, case.keys * ITEMSIZE) * beta
     work = [4.0 * n * case.keys / platform.device_of(w).flops  # batch.gradient declares 4 n D flops
             for n, w in zip(case.batches, case.worker_ranks)]
     bound = 2 * wire + max(work)
-    return StepBound(wire, max(work), sum(work), bound, TIME_LIMIT * bound + (case.servers + case.workers) * alpha)
+    serial = sum(2 * (alpha + shard * beta) + w for w in work)
+    return StepBound(wire, max(work), sum(work), bound, TIME_LIMIT * bound + (case.servers + case.workers) * alpha,
+                     serial)
