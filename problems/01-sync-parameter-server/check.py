@@ -43,7 +43,8 @@ def every_pair(t: CheckContext, every_case: Run) -> None:
     t.say(f"{len(more)} more cases agree with single-process gradient descent")
 
 
-@CHECKS.check("bytes per worker per step = one pull + one push of the model (within 5%)", points=2)
+@CHECKS.check(f"bytes per worker per step = one pull + one push of the model (within {judging.BYTES_TOLERANCE:.0%})",
+              points=2)
 def bytes_per_worker(t: CheckContext, every_case: Run) -> None:
     worst, per_server = 1.0, {}
     for k, run in enumerate(every_case.cases()):
@@ -102,7 +103,7 @@ def late_worker(t: CheckContext, every_case: Run) -> None:
 @CHECKS.check("virtual time per step near the bound: every worker computes at once", points=2)
 def time_per_step(t: CheckContext, every_case: Run) -> None:
     (run,) = every_case.cases(cases.Timed)
-    case, b = run.case, judging.step_bound(run.case, t.platform)
+    case, b = run.case, judging.step_bound(run.case, t.platform, slowest=not t.on_card_setting)
     if problem := model_problem(run):  # a right model before its time is graded
         t.fail(problem)
     measured = t.measured_time(run.task) / case.steps
@@ -110,8 +111,11 @@ def time_per_step(t: CheckContext, every_case: Run) -> None:
     t.metric("bound_per_step_s", b.bound)
     t.say(f"{case.label()} on {t.platform.name}: {fmt(measured)} per step {t.clock}, bound "
           f"{fmt(b.bound)} ({measured / b.bound:.3f}x), allowed {fmt(b.limit)}")
+    if t.learner_faults:  # delays the bound knows nothing of: a figure, not a grade
+        t.say("with your fault plan in force the bound does not hold: reported, not graded")
+        return
     seen = f"{fmt(measured)} per step, {measured / b.bound:.2f}x the bound {fmt(b.bound)}"
-    if measured > b.limit and case.workers > 1 and measured >= 0.9 * b.compute_sum:
+    if measured > b.limit and case.workers > 1 and 0.9 * b.serial <= measured <= 1.5 * b.serial:
         t.fail(f"{case.label()}: {seen}, about the workers' compute times added up ({fmt(b.compute_sum)}) "
                f"rather than the longest ({fmt(b.compute)}): the workers waited for each other's compute; "
                "does a server send its shard to one worker and wait for that worker's push before it serves "

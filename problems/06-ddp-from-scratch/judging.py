@@ -68,7 +68,31 @@ def diagnose_weights(result: CaseRun[Case]) -> str | None:
     if case.p > 1 and close(got, single_process(case, lr_scale=case.p)):
         return (f"{head} moved {case.p} times too far each step: the gradients were summed over "
                 f"the ranks, not averaged (divide by the world size, p = {case.p})")
-    return f"{head} differ from single-process SGD on the global batch ({worst_parameter(case, got, want)})"
+    seen = f"{head} differ from single-process SGD on the global batch ({worst_parameter(case, got, want)})"
+    carried_over = launched_early(result, rank)
+    return f"{seen}: {carried_over}" if carried_over else seen
+
+
+def launched_early(result: CaseRun[Case], rank: int) -> str | None:
+    """Per-step state carried over, in words: from a step on, every bucket of ``rank`` (all the bytes)
+    was launched before backward reached the first layer, whose gradients the last bucket holds,
+    though in step 0 the rank waited for them."""
+    case, total = result.case, sum(result.case.backward_sizes())
+    steps = zip(windows(result.task.timeline().events(rank)), result.task.phases(rank, "backward"))
+
+    def early(w: Window) -> bool:
+        return bool(w.launches) and max(w.launches) < w.compute_end - 1e-12
+
+    for step, (w, count) in enumerate(steps):
+        if step == 0 and early(w):
+            return None  # not carried over from an earlier step: some other launch rule
+        if early(w) and len(w.launches) == len(case.buckets()) and count.op_bytes.get("Allreduce", 0) == total:
+            return (f"in step {step} rank {rank} launched every bucket ({len(w.launches)}), the last "
+                    f"{(w.compute_end - max(w.launches)) * 1e6:.1f} us before its backward ended, so before the first "
+                    "layer's gradients it holds existed, where in step 0 it waited for them: per-step state (each "
+                    "bucket's set of arrived gradients, a launch counter) was never reset and carried over from the "
+                    "step before; reset it at the end of finish_gradient_sync")
+    return None
 
 
 def miscounted(where: str, buckets: int, total: int, rank: int, step: int, count: Counts) -> str | None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from distlab.grading import CaseRun, CheckContext, TaskRun
 
-from .cases import Variant
+from .cases import Variant, look_alikes
 from .programs import RankResult
 
 
@@ -23,6 +23,12 @@ class Truth:
     @property
     def ratio(self) -> float:
         return float(self.sync.sum() / self.compute.sum())
+
+    def look_alike(self, got: float) -> tuple[str, float] | None:
+        """The common wrong answer that got is (within 0.5%; the nearest), if any: (what, its value)."""
+        near = [(abs(got - value), name, value) for name, value in look_alikes(self.compute, self.sync).items()
+                if abs(got - value) <= 0.005 * abs(value)]
+        return min(near)[1:] if near else None
 
     def compute_over_median(self) -> np.ndarray:
         per_rank = self.compute.mean(axis=1)
