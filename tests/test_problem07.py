@@ -182,13 +182,47 @@ def test_diagnoses_name_the_symptoms() -> None:
     message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
 
-    # int64 through a float64 buffer
-    got = [w.copy() for w in want]
+    # int64 through a float64 buffer: the sum rounded, or each rank's value rounded and summed in float64
     fp = list(cases.step_shapes(case.spec)).index("fingerprints")
-    got[fp] = want[fp].astype(np.float64).astype(np.int64)
-    message = judging.diagnose_sums(case, 0, got, want, own, made)
-    assert message and "floating-point buffer" in message
+    for buffer in (np.float64, np.float32):
+        summed = sum(rank[fp].astype(buffer) for rank in per_rank).astype(np.int64)
+        for rounded in (want[fp].astype(buffer).astype(np.int64), summed):
+            got = [w.copy() for w in want]
+            got[fp] = rounded
+            message = judging.diagnose_sums(case, 0, got, want, own, made)
+            name = np.dtype(buffer).name
+            assert message and f"went through a {name} buffer" in message and f"tensor #{fp}" in message, message
 
+
+def test_an_int64_mismatch_is_blamed_on_a_float_buffer_only_where_rounding_explains_it() -> None:
+    """Integers far below 2^53 cannot have been rounded by a float64, nor large ones into values no float
+    holds: those get another message (and the averaged ones theirs)."""
+    case = small_case(p=2, big=False)
+    per_rank, want = judging.first_step(case)
+    names = list(cases.step_shapes(case.spec))
+    hits, fp = names.index("hits[0]"), names.index("fingerprints")
+    assert int(want[hits].max()) < 2**24 < 2**53 < int(want[fp].max())
+    off_by_one = want[hits].copy()
+    off_by_one[int(np.argmax(off_by_one))] += 1
+    unrounded = want[fp] + 1  # large, but no float64 holds these values
+    assert not all(int(np.float64(v)) == v for v in unrounded.tolist())
+    for i, wrong, says in ((hits, off_by_one, "which a float32 holds exactly"),
+                           (fp, unrounded, "not what float64 or float32 rounding of them gives"),
+                           (hits, want[hits] // 2, "the sum divided by p")):
+        got = [w.copy() for w in want]
+        got[i] = wrong
+        message = judging.diagnose_sums(case, 0, got, want, per_rank[0], 9)
+        assert message and says in message and f"tensor #{i}" in message, message
+        assert "went through a" not in message and "floating-point buffer, which" not in message, message
+    assert judging.rounded_through(want[fp].astype(np.float64).astype(np.int64), want[fp], 2) == "float64"
+    assert judging.rounded_through(off_by_one, want[hits], 2) == ""
+
+
+
+def test_diagnoses_name_the_other_symptoms() -> None:
+    case = small_case(p=2, big=False)
+    per_rank, want = judging.first_step(case)
+    own, made = per_rank[0], 9
     # the last tensors of each dtype never reduced
     got = [w.copy() for w in want]
     for i in (len(want) - 1, len(want) - 2, len(want) - 3):

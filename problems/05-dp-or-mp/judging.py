@@ -1,5 +1,6 @@
 """How problem 05 names what went wrong (each diagnose_* gives the first difference, or None)."""
 
+import math
 from fractions import Fraction
 from itertools import product
 from typing import Any
@@ -88,7 +89,7 @@ def wrong_bytes(bounds: Bounds) -> str | None:
     common = [k for k in BYTES_SAY if holds(bounds, k)]
     if not common or holds(bounds, cases.BYTES_PER_PARAM):
         return None
-    low, high = (f"{float(x):.1f}" if x is not None else "" for x in bounds)
+    low, high = (f"{math.floor(x * 100) / 100:.2f}" if x is not None else "" for x in bounds)  # rounded down
     shown = f"more than {low} and at most {high}" if high else f"more than {low}"
     return (f"the rule's answer at {' or '.join(map(str, common))} bytes per parameter, not 16 (every answer "
             f"of the table is the rule's for {shown} bytes per parameter): "
