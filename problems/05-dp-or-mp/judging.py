@@ -301,7 +301,9 @@ def wrong_calls(head: str, phase: str, counts: Counts, blocks: int) -> str | Non
 
 
 def ring_time(t: CheckContext, p: int, nbytes: int) -> float:
-    """The ring allreduce bound 2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link."""
+    """The ring allreduce bound 2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link; off the card's
+    platform, where ring neighbours may share links, the built-in Allreduce replayed there if slower."""
     routes = [t.platform.route(r, (r + 1) % p) for r in range(p)]
     alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
-    return cost.ring_allreduce_time(p, nbytes, alpha, beta)
+    formula = cost.ring_allreduce_time(p, nbytes, alpha, beta)
+    return formula if t.on_card_setting else max(formula, t.collective_time("Allreduce", p, nbytes))
