@@ -141,7 +141,8 @@ def tp_time(t: CheckContext, one_launch: Run) -> None:
             worst_ratio = measured / bound
             t.performance(measured, bound, task_run)
         if t.learner_faults:  # delays and caps the bound knows nothing of: a figure, not a grade
-            t.say("with your fault plan in force the bound does not hold: reported, not graded")
+            t.say("a fault plan of yours is in force (the bound knows none of its delays, caps or slow ranks): "
+                  "reported, not graded")
             continue
         t.expect(measured <= (1 + TIME_TOLERANCE) * bound,
                  f"at most {(1 + TIME_TOLERANCE) * bound * 1e6:.1f} us (5% over the bound)",
