@@ -148,13 +148,38 @@ def human(nbytes: float) -> str:
     return f"{nbytes / 1024:.1f} KiB" if nbytes >= 1024 else f"{int(nbytes)} B"
 
 
-def why_too_big(case: Case, dtype: str, nbytes: int, limit: int) -> str:
-    """Why a buffer went past threshold + its largest tensor, named by how far past."""
-    by_dtype = case.nbytes_by_dtype()
-    if nbytes >= 0.9 * by_dtype.get(dtype, 0):
-        return (f"one buffer of all {by_dtype[dtype]} {dtype} bytes of the step: the threshold was ignored until "
-                "flush(); send a buffer as soon as it holds threshold_bytes")
-    if dtype in by_dtype and nbytes > 1.5 * limit:
-        return (f"{nbytes / case.threshold:.1f}x the threshold: is the threshold compared with a number of elements "
+def too_big_buffer(results: list[CaseRun]) -> str | None:
+    """A buffer past threshold + its largest tensor, as a message, or None: of all such buffers, the first whose
+    cause the evidence names alone (why_too_big), else the first."""
+    found = []
+    for result in results:
+        case, by_dtype = result.case, result.case.nbytes_by_dtype()
+        for rank, value in enumerate(result.values):
+            for s, calls in enumerate(value.allreduces):
+                for dtype, nbytes in calls:
+                    limit = case.threshold + case.largest(dtype) if dtype in by_dtype else 0
+                    if nbytes > limit:
+                        why, sure = why_too_big(case, dtype, [n for d, n in calls if d == dtype])
+                        found.append((not sure, f"{case.label()}, step {s}: rank {rank} reduced a {dtype} buffer of "
+                                      f"{nbytes} bytes in one Allreduce; a buffer may hold at most threshold + its "
+                                      f"largest tensor = {limit} bytes: {why}"))
+    return min(found, key=lambda f: f[0])[1] if found else None  # min: the first of the sure ones, if any
+
+
+def why_too_big(case: Case, dtype: str, sizes: list[int]) -> tuple[str, bool]:
+    """Why a step's buffers of ``dtype`` (their sizes, in order) went past threshold + its largest tensor, and
+    whether the evidence rules out the other cause: one buffer of every byte only if counting elements would
+    have cut it, buffers of itemsize x threshold (+ a tensor) only if they are not that one buffer."""
+    total, threshold = case.nbytes_by_dtype().get(dtype, 0), case.threshold
+    big, item = (case.largest(dtype), np.dtype(dtype).itemsize) if total else (0, 1)
+    whole = (f"one buffer of all {total} {dtype} bytes of the step: the threshold was ignored until flush(); send a "
+             "buffer as soon as it holds threshold_bytes")
+    elements = (f"buffers of {item} x the threshold: is the threshold compared with a number of elements "
                 "instead of bytes?")
-    return "the buffer grew past the threshold before it was sent"
+    counted = item > 1 and all(item * threshold <= n <= item * threshold + big for n in sizes[:-1]) \
+        and sizes[-1] <= item * threshold + big
+    if sizes == [total] and total:
+        return (whole, True) if not counted else (f"{whole}; or {elements}", False)
+    if counted:
+        return elements, True
+    return "the buffer grew past the threshold before it was sent", False
