@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import PROBLEMS, job_processes, run_cli
+from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
 from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
 
 from distlab.grading import Counts
@@ -253,6 +253,24 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
 }
 
 
+# fixture -> the phrase of its real bug (every rejection names the bug; tested in each fixture's run below).
+REAL_BUG = {
+    "no_error_feedback.py": "1-bit Adam without error feedback on either side",
+    "signs_one_per_byte.py": "are the signs sent one per byte?",
+    "global_scale.py": "one scale for the whole vector",
+    "missing_scale.py": "the scales are missing",
+    "variance_not_frozen.py": "the variance keeps being updated after the warmup",
+    "fp16_as_float32.py": "float32 went on the wire",
+    "fp16_overflow.py": "divide by p before casting",
+}
+
+
+def test_every_buggy_fixture_has_a_row() -> None:
+    names = {path.stem + ".py" for path in (FIXTURES / "04").iterdir() if not path.stem.startswith("alt_")}
+    assert names == set(REAL_BUG) == set(BUGGY)
+    assert all(phrase in " ".join(BUGGY[name][0]) for name, phrase in REAL_BUG.items())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
@@ -261,6 +279,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     assert_clean(run)
     assert run.rc == 1, run.out
     assert_output_has(run, must)
+    assert not [phrase for other, phrase in REAL_BUG.items() if other != name and phrase in run.messages()], run.out
     for check_name in failing:
         assert run.status(check_name) == "failed", (check_name, run.out)
     for check_name in passing:

@@ -15,16 +15,22 @@ import importlib
 import importlib.util
 import math
 import sys
-from types import SimpleNamespace
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution, leftovers
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_output_has,
+    fixture_solution,
+    leftovers,
+)
 
 from distlab.runtime.jobspec import problem_package
 
