@@ -17,13 +17,20 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution, leftovers
+from conftest import FIXTURES, PROBLEMS, run_cli
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_output_has,
+    fixture_solution,
+    leftovers,
+)
 
 from distlab.runtime.jobspec import problem_package
 
@@ -41,8 +48,8 @@ def _load(path: Path, name: str) -> ModuleType:
 
 
 # the problem's package modules, the very ones check.py imports (the model lives in cases.py)
-cases, programs, judging = (importlib.import_module(f"{problem_package(PROBLEM)}.{module}")
-                            for module in ("cases", "programs", "judging"))
+cases, programs, judging, check = (importlib.import_module(f"{problem_package(PROBLEM)}.{module}")
+                            for module in ("cases", "programs", "judging", "check"))
 reference = _load(PROBLEM / "reference.py", "problem07_reference_under_test")
 
 
@@ -182,13 +189,47 @@ def test_diagnoses_name_the_symptoms() -> None:
     message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "only to float32 precision" in message and f"tensor #{i64}" in message
 
-    # int64 through a float64 buffer
-    got = [w.copy() for w in want]
+    # int64 through a float64 buffer: the sum rounded, or each rank's value rounded and summed in float64
     fp = list(cases.step_shapes(case.spec)).index("fingerprints")
-    got[fp] = want[fp].astype(np.float64).astype(np.int64)
-    message = judging.diagnose_sums(case, 0, got, want, own, made)
-    assert message and "floating-point buffer" in message
+    for buffer in (np.float64, np.float32):
+        summed = sum(rank[fp].astype(buffer) for rank in per_rank).astype(np.int64)
+        for rounded in (want[fp].astype(buffer).astype(np.int64), summed):
+            got = [w.copy() for w in want]
+            got[fp] = rounded
+            message = judging.diagnose_sums(case, 0, got, want, own, made)
+            name = np.dtype(buffer).name
+            assert message and f"went through a {name} buffer" in message and f"tensor #{fp}" in message, message
 
+
+def test_an_int64_mismatch_is_blamed_on_a_float_buffer_only_where_rounding_explains_it() -> None:
+    """Integers far below 2^53 cannot have been rounded by a float64, nor large ones into values no float
+    holds: those get another message (and the averaged ones theirs)."""
+    case = small_case(p=2, big=False)
+    per_rank, want = judging.first_step(case)
+    names = list(cases.step_shapes(case.spec))
+    hits, fp = names.index("hits[0]"), names.index("fingerprints")
+    assert int(want[hits].max()) < 2**24 < 2**53 < int(want[fp].max())
+    off_by_one = want[hits].copy()
+    off_by_one[int(np.argmax(off_by_one))] += 1
+    unrounded = want[fp] + 1  # large, but no float64 holds these values
+    assert not all(int(np.float64(v)) == v for v in unrounded.tolist())
+    for i, wrong, says in ((hits, off_by_one, "which a float32 holds exactly"),
+                           (fp, unrounded, "not what float64 or float32 rounding of them gives"),
+                           (hits, want[hits] // 2, "the sum divided by p")):
+        got = [w.copy() for w in want]
+        got[i] = wrong
+        message = judging.diagnose_sums(case, 0, got, want, per_rank[0], 9)
+        assert message and says in message and f"tensor #{i}" in message, message
+        assert "went through a" not in message and "floating-point buffer, which" not in message, message
+    assert judging.rounded_through(want[fp].astype(np.float64).astype(np.int64), want[fp], 2) == "float64"
+    assert judging.rounded_through(off_by_one, want[hits], 2) == ""
+
+
+
+def test_diagnoses_name_the_other_symptoms() -> None:
+    case = small_case(p=2, big=False)
+    per_rank, want = judging.first_step(case)
+    own, made = per_rank[0], 9
     # the last tensors of each dtype never reduced
     got = [w.copy() for w in want]
     for i in (len(want) - 1, len(want) - 2, len(want) - 3):
@@ -205,6 +246,63 @@ def test_diagnoses_name_the_symptoms() -> None:
     got = [w / 2 if w.dtype.kind == "f" else w.copy() for w in want]
     message = judging.diagnose_sums(case, 0, got, want, own, made)
     assert message and "divided by p" in message
+
+
+def _fake_run(fusion_class: Any, case: Any) -> Any:
+    """One rank's step of ``case`` through ``fusion_class`` on a FakeComm, as the check reads a CaseRun."""
+    comm = FakeComm()
+    fusion = fusion_class(comm, case.threshold)
+    for dtype, nbytes in cases.step_shapes(case.spec).values():
+        fusion.add(np.zeros(nbytes // np.dtype(dtype).itemsize, dtype))
+    fusion.flush()
+    return SimpleNamespace(case=case, values=[SimpleNamespace(allreduces=[comm.calls])])
+
+
+# the buffer fixtures -> what the memory check must name (the real bug), over every seed
+BUFFER_BUGS = {"threshold_elements.py": "compared with a number of elements instead of bytes",
+               "unbounded_buffer.py": "the threshold was ignored until flush()"}
+
+
+def test_buffer_diagnoses_over_many_variants() -> None:
+    """On 300 sessions' cases, packed as the reference and the two buffer fixtures pack them (sizes only, no
+    ranks): the reference within every bound, each fixture named for its own bug and not the other's, its
+    buffer past threshold + its largest tensor by at least twice that slack, and the reference's
+    analytic step (its collectives at 50 us, the bytes at the plan's bandwidth) at least 1.5x the 10x
+    speed-up, where one Allreduce per tensor is 1x."""
+    fixtures = {name: _load(fixture_solution("07", name), f"problem07_{name[:-3]}").Fusion for name in BUFFER_BUGS}
+    for seed in range(300):
+        plan = cases.plan_for(seed)
+        assert judging.too_big_buffer([_fake_run(reference.Fusion, c) for c in plan.cases]) is None
+        for name, fusion in fixtures.items():
+            runs = [_fake_run(fusion, c) for c in plan.cases]
+            message = judging.too_big_buffer(runs)
+            assert message and BUFFER_BUGS[name] in message, (seed, message)
+            other = next(phrase for n, phrase in BUFFER_BUGS.items() if n != name)
+            assert other not in message, (seed, message)
+            over = max((n - r.case.threshold) / r.case.largest(d) for r in runs for d, n in r.values[0].allreduces[0])
+            assert over >= 2, (seed, name, over)
+        case = plan.perf[0]
+        p, alpha = case.p, 2 * (case.p - 1) * check.ALPHA_S
+        sizes = [n for _, n in _fake_run(reference.Fusion, case).values[0].allreduces[0]]
+        ring = [2 * (p - 1) / p * n * plan.beta for n in sizes]
+        fused = len(sizes) * alpha + sum(ring)
+        per_tensor = sum(alpha + 2 * (p - 1) / p * n * plan.beta for _, n in cases.step_shapes(case.spec).values())
+        assert per_tensor / fused >= 1.5 * check.SPEEDUP, (seed, per_tensor / fused)
+
+
+def test_sum_tolerances_keep_float32_rounding_and_averages_twice_away() -> None:
+    """Over 20 sessions' cases: a float64 sum rounded through float32 (the mixed-dtype buffer) and a sum
+    divided by p are at least twice the tolerance from the right sum, in every tensor they touch."""
+    for seed in range(20):
+        for case in cases.plan_for(seed).cases:
+            for want in judging.first_step(case)[1]:
+                if want.dtype.kind != "f" or not np.abs(want).max(initial=0):
+                    continue
+                atol = judging.tolerance(want)["atol"]
+                if want.dtype == np.float64 and (want != want.astype(np.float32)).any():
+                    assert np.abs(want.astype(np.float32).astype(np.float64) - want).max() >= 2 * atol, seed
+                if case.p > 1:
+                    assert np.abs(want / case.p - want).max() >= 2 * atol, seed
 
 
 def test_plan_is_a_pure_function_of_the_seed() -> None:
@@ -253,10 +351,28 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
          "buffer memory bounded": "failed"},
     ),
     "threshold_elements.py": (
-        ["compared with a number of elements instead of bytes"],
+        ["buffers of 4 x the threshold", "compared with a number of elements instead of bytes"],
         {"results equal": "passed", "buffer memory bounded": "failed"},
     ),
 }
+
+
+# fixture -> the phrase of its real bug (every rejection names the bug; tested in each fixture's run below).
+REAL_BUG = {
+    "mixed_dtypes.py": "pack each dtype in a buffer of its own",
+    "no_final_flush.py": "the last partial buffer was never sent",
+    "per_tensor.py": "one collective per tensor",
+    "unbounded_buffer.py": BUFFER_BUGS["unbounded_buffer.py"],
+    "threshold_elements.py": BUFFER_BUGS["threshold_elements.py"],
+}
+
+
+def test_every_buggy_fixture_has_a_row() -> None:
+    names = {path.stem + ".py" for path in (FIXTURES / "07").iterdir() if not path.stem.startswith("alt_")}
+    assert names == set(REAL_BUG) == set(BUGGY)
+    assert all(phrase in " ".join(BUGGY[name][0]) for name, phrase in REAL_BUG.items())
+    others = [(name, phrase) for name, phrase in REAL_BUG.items()]  # and no row's phrase is another's
+    assert all(p not in q for n, p in others for m, q in others if n != m)
 
 
 @pytest.mark.slow
@@ -267,6 +383,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     assert_clean(run)
     assert run.rc == 1, run.out
     assert_output_has(run, must)
+    assert not [phrase for other, phrase in REAL_BUG.items() if other != name and phrase in run.messages()], run.out
     for check_name, status in statuses.items():
         assert run.status(check_name) == status, run.out
     assert run.results is not None and run.results["score"] < run.results["max_score"]

@@ -5,7 +5,7 @@ reducer on 4 and a hidden 2 or 3 ranks, against a simulation computed here, and 
 task's counts of each call's phase, judging.wire_bytes) against float32's; 1-bit Adam step by step on known
 gradients, one worker slowed down; a click-through-rate model trained on 4 ranks, FP16 and 1-bit Adam: the
 held-out AUC against float32 Adam simulated here, and the volume sent; last, the 1-bit allreduce of 4 MiB
-within 25% of its alpha-beta bound.
+within 5% of its alpha-beta bound.
 """
 
 import math
@@ -244,7 +244,7 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
           f"traffic, {1 / want:.2f}x by the formula 1/(w + (1-w)/32)")
 
 
-@CHECKS.check("on the 1 Gb/s link: 1-bit allreduce within 25% of its alpha-beta cost", points=2)
+@CHECKS.check("on the 1 Gb/s link: 1-bit allreduce within 5% of its alpha-beta cost", points=2)
 def onebit_time(t: CheckContext, everything: Run) -> None:
     timed = {r.case.method: r for r in everything.cases(cases.TimedCase)}
     case, a, b = timed["onebit"].case, cases.SLOW_ALPHA_S, cases.SLOW_BETA
@@ -263,9 +263,14 @@ def onebit_time(t: CheckContext, everything: Run) -> None:
           f"1-bit {measured * 1e3:.2f} ms (cost {cost * 1e3:.2f}): {fp32_cost / max(measured, 1e-12):.1f}x "
           "faster than FP32")
     t.performance(measured, cost, timed["onebit"].task)
+    if not t.on_card_setting:  # --platform or --faults: the switch is this check's own, said so
+        t.say(f"timed on this check's own 50 us, 1 Gb/s switch, whatever the platform ({t.platform.name})")
     t.metric("fp16_s", fp16_time)
     t.metric("speedup_over_fp32", round(fp32_cost / max(measured, 1e-12), 2))
+    if t.learner_faults:  # delays and caps the cost knows nothing of: a figure, not a grade
+        t.say("with your fault plan in force the alpha-beta cost does not hold: reported, not graded")
+        return
     t.expect(measured <= cases.TIME_SLACK * cost,
-             f"at most {cases.TIME_SLACK * cost * 1e3:.2f} ms, 25% over 2(p-1) alpha + 2(p-1)/p (n/8) beta",
+             f"at most {cases.TIME_SLACK * cost * 1e3:.2f} ms, 5% over 2(p-1) alpha + 2(p-1)/p (n/8) beta",
              f"{measured * 1e3:.2f} ms ({measured / cost:.2f}x): are the p-1 exchanges of each phase one "
              "message each (signs and scale together), overlapped by Sendrecv or Isend/Irecv?")

@@ -11,6 +11,7 @@ import numpy as np
 GIB = 2**30
 BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 master weights 4 + Adam m 4 + v 4
 STATE_WITHOUT_OPTIMIZER = 4  # fp16 weights + fp16 grads: what is left if Adam's state is forgotten
+WRONG_BYTES = (2, 4, 8, 12, 18, 20)  # the other bytes per parameter people count (judging.BYTES_SAY says why)
 Model, Devices, Layout = dict[str, Any], dict[str, int], dict[str, int]
 
 
@@ -76,6 +77,24 @@ def best_plan(model: Model, devices: Devices, batch: int, bytes_per_param: int =
     return None
 
 
+# The rule's usual misreadings, as best_plan's keyword arguments; every table of plan cases tells them apart.
+MISREADINGS: dict[str, dict[str, Any]] = {
+    **{f"{b} bytes": {"bytes_per_param": b} for b in WRONG_BYTES},
+    "no activations": {"activations": False},
+    "PP first": {"tp_first": False},
+}
+
+
+def tells_apart(table: list["PlanCase"]) -> bool:
+    """Whether the rule and each of its MISREADINGS give a different list of answers on ``table``: then the
+    answers of one of them fit no other, and the diagnosis can name it (judging.misreading_of)."""
+    def answers(**kwargs: Any) -> tuple[tuple[int, ...] | None, ...]:
+        return tuple(None if (a := best_plan(c.model, c.devices, c.batch, **kwargs)) is None else tuple(a.values())
+                     for c in table)
+    seen = [answers(), *(answers(**kwargs) for kwargs in MISREADINGS.values())]
+    return len(set(seen)) == len(seen)
+
+
 # == the plan cases ===============================================================================
 
 
@@ -131,8 +150,15 @@ def margin_ok(case: PlanCase, margin: float = 0.005) -> bool:
                for bpp in (BYTES_PER_PARAM, STATE_WITHOUT_OPTIMIZER))
 
 
-def random_plan_cases(rng: np.random.Generator, count: int = 24) -> list[PlanCase]:
-    """Random models, clusters and batches; the answers spread over DP, TP, TP+PP and None."""
+def random_plan_cases(rng: np.random.Generator, count: int = 24, named: tuple[PlanCase, ...] = ()) -> list[PlanCase]:
+    """Random models, clusters and batches; the answers spread over DP, TP, TP+PP and None. Drawn again until
+    the table (after the ``named`` cases) tells the misreadings apart."""
+    while not tells_apart([*named, *(cases := draw_plan_cases(rng, count))]):
+        pass
+    return cases
+
+
+def draw_plan_cases(rng: np.random.Generator, count: int) -> list[PlanCase]:
     cases: list[PlanCase] = []
     while len(cases) < count:
         layers, hidden = SHAPES[int(rng.integers(len(SHAPES)))]
@@ -151,7 +177,7 @@ def random_plan_cases(rng: np.random.Generator, count: int = 24) -> list[PlanCas
 
 
 def plan_cases(seed: int) -> list[PlanCase]:
-    return list(NAMED_CASES) + random_plan_cases(np.random.default_rng([seed, 51]))
+    return list(NAMED_CASES) + random_plan_cases(np.random.default_rng([seed, 51]), named=NAMED_CASES)
 
 
 # == the tensor-parallel MLP cases ================================================================

@@ -1,5 +1,6 @@
 """How problem 05 names what went wrong (each diagnose_* gives the first difference, or None)."""
 
+import math
 from fractions import Fraction
 from itertools import product
 from typing import Any
@@ -31,31 +32,97 @@ def layout_kind(layout: Layout | None) -> str:
     return "none" if layout is None else "PP" if layout["pp"] > 1 else "TP" if layout["tp"] > 1 else "DP"
 
 
-MISREADINGS: dict[str, tuple[dict[str, Any], str]] = {
-    "4 bytes": ({"bytes_per_param": cases.STATE_WITHOUT_OPTIMIZER},
-                "the rule's answer at 4 bytes per parameter (fp16 weights and gradients only): the optimizer "
-                "state is missing (fp32 master weights and Adam's two moments, 12 more bytes per parameter)"),
-    "no activations": ({"activations": False},
-                       "the rule's answer without activations: the activations are missing"),
-    "PP first": ({"tp_first": False},
-                 ("the rule's answer with PP tried before TP: for the same tp*pp the rule takes the "
-                  "widest TP that fits (TP inside a node on fast links, PP's bubbles last)")),
+Bounds = tuple[Fraction, Fraction | None]  # lo < bytes per parameter <= hi; hi None: no upper bound
+
+# What a memory model of so many bytes per parameter leaves out or adds (16 = 2 + 2 + 4 + 4 + 4); the plan
+# cases tell these counts apart (cases.MISREADINGS).
+BYTES_SAY = {
+    2: "fp16 weights only: the gradients (2) and Adam's state (12) are missing",
+    4: "fp16 weights and gradients only: the optimizer state is missing (fp32 master weights and Adam's "
+       "two moments, 12 more bytes per parameter)",
+    8: "fp32 weights and gradients (4 + 4) with no optimizer state: Adam's m and v and the fp32 master "
+       "weights are missing",
+    12: "one 4-byte term is missing: the fp32 master weights (2 + 2 + 4 + 4), or the fp16 weights and "
+        "gradients (4 + 4 + 4)",
+    18: "fp32 gradients (4 bytes, not 2): in mixed precision the gradients are fp16",
+    20: "fp32 weights and gradients besides the fp32 master copy: in mixed precision the working copies "
+        "are fp16",
 }
 
 
+def implied_bytes(case: PlanCase, layout: Layout | None, activations: bool = True) -> Bounds | None:
+    """The bytes per parameter at which the rule answers ``layout`` for ``case`` (every legal layout before
+    it does not fit, it does), or None if no value gives it (an illegal layout, or one out of order)."""
+    low, limit = Fraction(0), case.devices["memory_bytes"]
+    for legal in cases.legal_layouts(case.model, case.devices, case.batch):
+        m = cases.memory_per_device(case.model, case.batch, **legal, bytes_per_param=1)
+        edge = (limit - (m.activations if activations else 0)) / m.state  # fits iff bytes <= edge
+        if legal == layout:
+            return (low, edge) if edge > low else None
+        low = max(low, edge)
+    return (low, None) if layout is None else None
+
+
+def bytes_fitting(table: list[PlanCase], answers: list[PlanAnswer], activations: bool = True) -> Bounds | None:
+    """The bytes per parameter at which the rule gives every well-formed answer of the table, or None."""
+    low, high = Fraction(0), None
+    for case, answer in zip(table, answers):
+        if answer.error or answer.other is not None:
+            continue  # no layout: no evidence either way
+        if (bounds := implied_bytes(case, answer.layout, activations)) is None:
+            return None
+        low = max(low, bounds[0])
+        if bounds[1] is not None:
+            high = bounds[1] if high is None else min(high, bounds[1])
+        if high is not None and high <= low:
+            return None
+    return low, high
+
+
+def holds(bounds: Bounds | None, value: int) -> bool:
+    return bounds is not None and bounds[0] < value and (bounds[1] is None or value <= bounds[1])
+
+
+def wrong_bytes(bounds: Bounds) -> str | None:
+    """The bytes per parameter the answers imply, and what that count leaves out, as a message; None unless
+    a count people use (BYTES_SAY) other than 16 gives every answer."""
+    common = [k for k in BYTES_SAY if holds(bounds, k)]
+    if not common or holds(bounds, cases.BYTES_PER_PARAM):
+        return None
+    low, high = (f"{math.floor(x * 100) / 100:.2f}" if x is not None else "" for x in bounds)  # rounded down
+    shown = f"more than {low} and at most {high}" if high else f"more than {low}"
+    return (f"the rule's answer at {' or '.join(map(str, common))} bytes per parameter, not 16 (every answer "
+            f"of the table is the rule's for {shown} bytes per parameter): "
+            + "; or ".join(BYTES_SAY[k] for k in common))
+
+
+NO_ACTIVATIONS = "the rule's answer without activations: the activations are missing"
+PP_FIRST = ("the rule's answer with PP tried before TP: for the same tp*pp the rule takes the widest TP that "
+            "fits (TP inside a node on fast links, PP's bubbles last)")
+
+
 def misreading_of(table: list[PlanCase], answers: list[PlanAnswer]) -> str | None:
-    """The misreading whose answers the learner gave on every case, where one fits them all."""
-    ours = [best_plan(c.model, c.devices, c.batch) for c in table]
-    for name, (kwargs, _) in MISREADINGS.items():
-        theirs = [best_plan(c.model, c.devices, c.batch, **kwargs) for c in table]
-        if theirs != ours and all(a == PlanAnswer(layout=w) for a, w in zip(answers, theirs)):
-            return name
-    return None
+    """Why plan differs from the rule, where one misreading of the memory model or of the rule gives every
+    well-formed answer of the table: the bytes per parameter solved for from the answers, no activations, PP
+    before TP. All those that fit are named (joined by "; or "), none if none fits every case."""
+    ours = [PlanAnswer(layout=best_plan(c.model, c.devices, c.batch)) for c in table]
+    if all(a == o for a, o in zip(answers, ours) if not (a.error or a.other is not None)):
+        return None
+    said = []
+    if (bounds := bytes_fitting(table, answers)) and (wrong := wrong_bytes(bounds)):
+        said.append(wrong)
+    if holds(bytes_fitting(table, answers, activations=False), cases.BYTES_PER_PARAM):
+        said.append(NO_ACTIVATIONS)
+    if all(a.layout == best_plan(c.model, c.devices, c.batch, tp_first=False)
+           for c, a in zip(table, answers) if not (a.error or a.other is not None)):
+        said.append(PP_FIRST)
+    return "; or ".join(said) or None
 
 
 def diagnose_plan(case: PlanCase, answer: PlanAnswer, misreading: str | None = None) -> str | None:
     """None when the answer is the rule's; else what was expected, what was seen, and why.
-    ``misreading``: the rule's misreading seen on every case (misreading_of), if any."""
+    ``misreading``: what misreading_of says of the whole table, if anything (a cause is named only where
+    every answer shows it: one case alone fits too many)."""
     want = best_plan(case.model, case.devices, case.batch)
     head = f"{case.describe()}: expected {show(want)}"
     if answer.error:
@@ -75,13 +142,8 @@ def diagnose_plan(case: PlanCase, answer: PlanAnswer, misreading: str | None = N
     need = (f"{show(got)} needs {gib(m.total)} per device ({gib(m.state)} of weights, gradients and "
             f"Adam state at 16 bytes per parameter, {gib(m.activations)} of activations) and a "
             f"device has {gib(limit)}")
-    # The usual misreadings of the rule, recognised by giving exactly their answer: the one seen
-    # on every case if there is one, else all those that match this case.
-    names = [misreading] if misreading else [
-        name for name, (kwargs, _) in MISREADINGS.items()
-        if got == best_plan(case.model, case.devices, case.batch, **kwargs)]
-    if names:
-        return f"{head}, {'; or '.join(MISREADINGS[name][1] for name in names)}. {need}"
+    if misreading:  # one misreading gives every answer of the table: named, with the memory at 16 bytes
+        return f"{head}, {misreading}. {need}"
     if m.total > limit:
         return f"{head}, which does not fit: {need}"
     # The learner's layout fits, so some layout does: want is not None.
@@ -239,7 +301,9 @@ def wrong_calls(head: str, phase: str, counts: Counts, blocks: int) -> str | Non
 
 
 def ring_time(t: CheckContext, p: int, nbytes: int) -> float:
-    """The ring allreduce bound 2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link."""
+    """The ring allreduce bound 2(p-1) alpha + 2(p-1)/p n beta, with the slowest ring link; off the card's
+    platform, where ring neighbours may share links, the built-in Allreduce replayed there if slower."""
     routes = [t.platform.route(r, (r + 1) % p) for r in range(p)]
     alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
-    return cost.ring_allreduce_time(p, nbytes, alpha, beta)
+    formula = cost.ring_allreduce_time(p, nbytes, alpha, beta)
+    return formula if t.on_card_setting else max(formula, t.collective_time("Allreduce", p, nbytes))

@@ -91,22 +91,45 @@ def diagnose_sums(case: Case, rank: int, got: list[np.ndarray], want: list[np.nd
             rel = float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1e-30)))
             return (f"{head}: {tensor(i)} equals the per-tensor sum only to float32 precision (relative error up "
                     f"to {rel:.1e}): it went through a float32 buffer; {OWN_BUFFER}")
-        if w.dtype == np.int64 and g.shape == w.shape:
+        if w.dtype == np.int64 and g.shape == w.shape and (buffer := rounded_through(g, w, case.p)):
             off, top = int(np.max(np.abs(g.astype(object) - w.astype(object)))), max(int(np.abs(w).max()), 1)
-            return (f"{head}: {tensor(i)} is off by up to {off} (values up to 2^{int(np.log2(top))}): its integers "
-                    f"went through a floating-point buffer, which cannot hold 64-bit integers exactly; {OWN_BUFFER}")
+            return (f"{head}: {tensor(i)} is off by up to {off} (values up to 2^{int(np.log2(top))}, more than a "
+                    f"{buffer}'s {np.finfo(buffer).nmant + 1} bits), and every value it holds is one a {buffer} "
+                    f"holds exactly: its integers went through a {buffer} buffer, which cannot hold 64-bit "
+                    f"integers exactly; {OWN_BUFFER}")
     i, g, w = wrong[0], got[wrong[0]], want[wrong[0]]
-    if g.shape == w.shape and case.p > 1 and w.dtype.kind == "f":
+    if g.shape == w.shape and case.p > 1 and w.dtype.kind in "fi":
         averaged = "the sum divided by p: Fusion sums (SUM); averaging is the caller's business"
         for factor, what in ((1.0 / case.p, averaged), (float(case.p), "p times the sum: was a buffer reduced twice?")):
-            if np.allclose(g, w * factor, rtol=1e-4, atol=1e-6):
+            if np.allclose(g, w * factor, rtol=1e-4, atol=1e-6 if w.dtype.kind == "f" else 1.0):
                 return f"{head}: {tensor(i)} holds {what}"
     if g.shape != w.shape or g.dtype != w.dtype:
         return f"{head}: {tensor(i)} came back as {g.dtype} {g.shape}"
     first = first_mismatch(g, w, **tolerance(w))
     assert first is not None  # tensor #i is wrong
-    return (f"{head}: {tensor(i)}, element {first.index}: expected {first.expected!r}, saw {first.seen!r} "
+    seen = (f"{head}: {tensor(i)}, element {first.index}: expected {first.expected!r}, saw {first.seen!r} "
             f"({len(wrong)} of {len(want)} tensors wrong)")
+    if w.dtype.kind in "iu":  # no float rounding explains it (above): say so, and what that leaves
+        top = int(np.abs(w).max())
+        exact = next((f"values up to {top}, which a {f} holds exactly" for f, bits in (("float32", 24),
+                      ("float64", 53)) if top < 2**bits), "not what float64 or float32 rounding of them gives")
+        return (f"{seen}: not a floating-point buffer's rounding ({exact}); the integers were summed wrong or "
+                "copied back to the wrong place: are the offsets of each tensor in its buffer right?")
+    return seen
+
+
+def rounded_through(got: np.ndarray, want: np.ndarray, p: int) -> str:
+    """The float dtype ("float64", "float32") whose rounding explains int64 sums that came back wrong, or '':
+    the right sums need more bits than its mantissa, every value got is one that dtype holds exactly (a float
+    buffer cast back), and each is within what rounding p values and their sum moves them (2(p+1) ulps)."""
+    seen, right = got.ravel().tolist(), want.ravel().tolist()
+    top = max(map(abs, right), default=0)
+    for dtype in (np.float64, np.float32):
+        bits = np.finfo(dtype).nmant + 1
+        if (top >= 2**bits and all(int(dtype(v)) == v for v in seen)
+                and all(abs(a - b) <= 2 * (p + 1) * top * 2.0**-bits for a, b in zip(seen, right))):
+            return np.dtype(dtype).name
+    return ""
 
 
 def unsent_tails(got: list[np.ndarray], wrong: list[int]) -> str:
@@ -125,13 +148,38 @@ def human(nbytes: float) -> str:
     return f"{nbytes / 1024:.1f} KiB" if nbytes >= 1024 else f"{int(nbytes)} B"
 
 
-def why_too_big(case: Case, dtype: str, nbytes: int, limit: int) -> str:
-    """Why a buffer went past threshold + its largest tensor, named by how far past."""
-    by_dtype = case.nbytes_by_dtype()
-    if nbytes >= 0.9 * by_dtype.get(dtype, 0):
-        return (f"one buffer of all {by_dtype[dtype]} {dtype} bytes of the step: the threshold was ignored until "
-                "flush(); send a buffer as soon as it holds threshold_bytes")
-    if dtype in by_dtype and nbytes > 1.5 * limit:
-        return (f"{nbytes / case.threshold:.1f}x the threshold: is the threshold compared with a number of elements "
+def too_big_buffer(results: list[CaseRun]) -> str | None:
+    """A buffer past threshold + its largest tensor, as a message, or None: of all such buffers, the first whose
+    cause the evidence names alone (why_too_big), else the first."""
+    found = []
+    for result in results:
+        case, by_dtype = result.case, result.case.nbytes_by_dtype()
+        for rank, value in enumerate(result.values):
+            for s, calls in enumerate(value.allreduces):
+                for dtype, nbytes in calls:
+                    limit = case.threshold + case.largest(dtype) if dtype in by_dtype else 0
+                    if nbytes > limit:
+                        why, sure = why_too_big(case, dtype, [n for d, n in calls if d == dtype])
+                        found.append((not sure, f"{case.label()}, step {s}: rank {rank} reduced a {dtype} buffer of "
+                                      f"{nbytes} bytes in one Allreduce; a buffer may hold at most threshold + its "
+                                      f"largest tensor = {limit} bytes: {why}"))
+    return min(found, key=lambda f: f[0])[1] if found else None  # min: the first of the sure ones, if any
+
+
+def why_too_big(case: Case, dtype: str, sizes: list[int]) -> tuple[str, bool]:
+    """Why a step's buffers of ``dtype`` (their sizes, in order) went past threshold + its largest tensor, and
+    whether the evidence rules out the other cause: one buffer of every byte only if counting elements would
+    have cut it, buffers of itemsize x threshold (+ a tensor) only if they are not that one buffer."""
+    total, threshold = case.nbytes_by_dtype().get(dtype, 0), case.threshold
+    big, item = (case.largest(dtype), np.dtype(dtype).itemsize) if total else (0, 1)
+    whole = (f"one buffer of all {total} {dtype} bytes of the step: the threshold was ignored until flush(); send a "
+             "buffer as soon as it holds threshold_bytes")
+    elements = (f"buffers of {item} x the threshold: is the threshold compared with a number of elements "
                 "instead of bytes?")
-    return "the buffer grew past the threshold before it was sent"
+    counted = item > 1 and all(item * threshold <= n <= item * threshold + big for n in sizes[:-1]) \
+        and sizes[-1] <= item * threshold + big
+    if sizes == [total] and total:
+        return (whole, True) if not counted else (f"{whole}; or {elements}", False)
+    if counted:
+        return elements, True
+    return "the buffer grew past the threshold before it was sent", False
