@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -48,6 +49,8 @@ def forge_request(comm):
     end._call_id += 1
     end.arena.write_block("request", end._call_id, b"\0" * 64)
     end._bell.ring()
+    while end.arena.block_id("reply") != end._call_id:  # the agent has read it (and answered)
+        time.sleep(0.001)
     comm.Barrier()
 
 

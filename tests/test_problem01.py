@@ -337,7 +337,7 @@ def test_auc() -> None:
 
 # -- margins: the common wrong answers stand at least twice each tolerance away -------------------
 
-MARGIN_SEEDS = range(2000)
+MARGIN_SEEDS = range(500)  # 2000 held when written; 500 in the suite
 
 
 def test_bytes_margin_an_extra_pull_stands_twice_the_tolerance_away() -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import HarnessError
-from ..runtime.jobspec import Task, make_job
-from ..runtime.supervisor import launch
+from ..runtime.jobspec import Task
 
 SMALL_BYTES, LARGE_BYTES = 8, 1 << 20
 SEALED_SMALL_LIMIT_US = 30.0  # added per 8-byte message
@@ -25,14 +24,18 @@ SEALED_CHECK_LIMIT_X = 1.5  # check 03 sealed / unsealed
 
 def per_message_s(nbytes: int, rounds: int, seal: bool) -> float:
     """Seconds per message of the ping-pong, the slower rank's median."""
-    program = Path(__file__).with_name("seal_ranks.py")
-    job = make_job(program, "pingpong", [Task(ranks=2, args=(nbytes, rounds))], "mpi",
-                   program_module="distlab_bench_seal_ranks", seal=seal)
-    result = launch(job, deadline_s=120)
-    if not result.ok:
+    from ..runs import (  # the front door for runs, as every job starts
+        Program,
+        run,
+        run_options,
+    )
+
+    program = Program(Path(__file__).with_name("seal_ranks.py"), "pingpong")
+    done = run(program, [Task(ranks=2, args=(nbytes, rounds))], run_options(seal=seal), deadline_s=120)
+    if not done.ok:
         raise HarnessError(f"the seal's ping-pong failed ({'sealed' if seal else 'unsealed'}): "
-                           f"{result.message}")
-    return max(outcome.value for outcome in result.task_outcomes(0))
+                           f"{done.result.message}")
+    return float(max(done.tasks[0].values))
 
 
 @dataclass(frozen=True)

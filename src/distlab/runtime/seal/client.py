@@ -29,7 +29,7 @@ from ..engines.base import ANY_SOURCE, ANY_TAG
 from .calls import MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
 from .learner import LearnerEnd
-from .wire import MAX_BUFFERS, Reply
+from .wire import MAX_BUFFERS, MAX_INTS, Reply
 
 _OP_CODE = {name: code for code, name in enumerate(REDUCE_OPS)}
 
@@ -225,11 +225,13 @@ class SealedRequest:
     @staticmethod
     def Waitall(requests: Sequence[SealedRequest], statuses: Any = None) -> None:  # noqa: N802
         pending = [r for r in requests if r._status is None]
-        # wire.py carries at most MAX_BUFFERS buffers a call: more receives wait in rounds.
+        # wire.py carries at most MAX_BUFFERS buffers and MAX_INTS ints a call: more requests
+        # wait in rounds.
         while pending:
             batch: list[SealedRequest] = []
             outputs: list[np.ndarray] = []
-            while pending and len(outputs) + len(pending[0]._outputs()) <= MAX_BUFFERS:
+            while (pending and len(batch) < MAX_INTS
+                   and len(outputs) + len(pending[0]._outputs()) <= MAX_BUFFERS):
                 request = pending.pop(0)
                 batch.append(request)
                 outputs.extend(request._outputs())
