@@ -410,6 +410,25 @@ def test_reference_passes_and_reports_its_figures(checked: Callable[..., Checked
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("platform", ["rack", "three-dc"])
+def test_reference_passes_on_other_platforms(platform: str, checked: Callable[..., Checked]) -> None:
+    # The hidden cluster is the task's own platform: --platform changes nothing the checks grade.
+    run = checked("--solution", "reference", "--platform", platform)
+    assert run.rc == 0 and "passed 02" in run.flat, run.out
+
+
+@pytest.mark.slow
+def test_reference_passes_under_a_delay_plan_with_the_fits_reported_not_graded(
+        checked: Callable[..., Checked], tmp_path_factory: pytest.TempPathFactory) -> None:
+    plan = tmp_path_factory.mktemp("plan") / "delay.toml"
+    plan.write_text('format_version = 1\nseed = 3\n\n[[fault]]\nkind = "delay"\nsrc = 1\nlatency_s = 0.0002\n')
+    run = checked("--solution", "reference", "--faults", str(plan))
+    assert run.rc == 0, run.out
+    assert "with your fault plan in force: reported, not graded" in run.flat, run.out
+    assert "the measured links are not the hidden ones: reported, not graded" in run.flat, run.out
+
+
+@pytest.mark.slow
 def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
     run = checked()  # no workspace file: the starter is checked
     assert not run.leftovers, run.out

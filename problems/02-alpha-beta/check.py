@@ -54,14 +54,18 @@ def fits_match_links(t: CheckContext, cluster: Cluster, on_cluster: Run) -> None
           f"sizes {', '.join(fmt_bytes(s) for s in cluster.sizes)}")
     quiet, again = on_cluster.cases(Measure)[:2]
     fits = quiet.values
-    for r, fit in enumerate(fits):
-        verdict = judge_link(r, p, fit, links, judging.exchange(quiet, r, p), again.values[r])
-        if verdict:
+    verdicts = [judge_link(r, p, fit, links, judging.exchange(quiet, r, p), again.values[r])
+                for r, fit in enumerate(fits)]
+    if verdict := next((v for v in verdicts if v), None):
+        if not t.learner_faults:
             t.fail(verdict)
+        # Your plan's delays are in every message measured: the links are no longer the hidden ones.
+        t.say(f"{verdict}; with your fault plan in force: reported, not graded")
     worst = max(fit_error(fit, link) for fit, link in zip(fits, links))
     t.metric("p", p)
     t.metric("worst_fit_error", round(worst, 6))
-    t.say(f"every one of the {p} links fitted within {worst:.2%} of its hidden alpha and beta")
+    if not verdict:
+        t.say(f"every one of the {p} links fitted within {worst:.2%} of its hidden alpha and beta")
 
 
 @CHECKS.check("the fit holds on a shared cluster with latency spikes", points=2)
@@ -156,6 +160,9 @@ def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run) ->
         if k == 1 and t.clock == "virtual":
             t.performance(measured, cases.ring_replay_time(cluster.links, p, nbytes), ring.task)
         if abs(got - measured) <= judging.RING_TOLERANCE * measured:
+            continue
+        if t.learner_faults:  # the fits carry your plan's delays, the built-in ring does not
+            t.say("with your fault plan in force the measured links are not the hidden ones: reported, not graded")
             continue
         base = (f"{head}: expected a prediction within 10% of the replay's {fmt_s(measured)}; predict('ring', "
                 f"{p}, {nbytes}, {alpha:.4g}, {beta:.4g}) returned {fmt_s(got)} ({got / measured:.2f}x)")
