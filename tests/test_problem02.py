@@ -282,6 +282,10 @@ def test_prediction_verdicts_name_the_symptom() -> None:
     assert "(p-1) lg p" in str(judging.judge_prediction(rab, wrong))
     tree = cases.Case("binomial_tree", 8, 10**6, a, b)
     assert "one tree" in str(judging.judge_prediction(tree, 3 * (a + 10**6 * b)))
+    ring = cases.Case("ring", 8, 10**6, a, b)
+    assert "one chunk of n/p bytes" in str(judging.judge_prediction(ring, 14 * (a + 10**6 * b)))
+    assert "one chunk" not in str(judging.judge_prediction(tree, 14 * (a + 10**6 * b)))  # a ring's bug only
+    assert "one chunk" not in str(judging.judge_prediction(ring, 7 * (a + 10**6 * b)))
     odd = cases.Case("binomial_tree", 6, 10**6, a, b)
     assert "ceil(lg p) = 3" in str(judging.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
     assert "ZeroDivisionError" in str(judging.judge_prediction(tree, programs.Raised("ZeroDivisionError: x")))
@@ -340,6 +344,7 @@ DIAGNOSES: dict[str, set[str]] = {
     "a (p-1) lg p term": {"rabenseifner_plogp.py"},
     "choose answered 'ring' for all": {"always_ring.py"},
     "which are the values of link": set(),
+    "one chunk of n/p bytes": set(),
     "nothing was measured yet": {"starter"},
 }
 

@@ -98,6 +98,9 @@ def judge_prediction(case: Case, got: Any) -> str | None:
         return (f"{base}: a (p-1) lg p term. Rabenseifner takes lg p steps each way (2 lg p alpha), "
                 "and recursive halving sends n/2 + n/4 + ... = (p-1)/p n in all, not per step: "
                 "2 lg p alpha + 2(p-1)/p n beta")
+    if case.algorithm == "ring" and p > 2 and nb > 0 and close(got, 2 * (p - 1) * (a + nb), 1e-6):
+        return (f"{base}: each of the ring's 2(p-1) steps moves one chunk of n/p bytes, not the whole "
+                "vector: 2(p-1) alpha + 2(p-1)/p n beta")
     if case.algorithm == "binomial_tree" and close(got, L * (a + nb), 1e-6):
         return (f"{base}: that is one tree; an allreduce by trees is a reduce to the root and then "
                 "a broadcast from it, 2 lg p (alpha + n beta)")
