@@ -26,7 +26,9 @@ import pytest
 from conftest import PROBLEMS
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
+from distlab.runtime.clock.online import EAGER_LIMIT
 from distlab.runtime.clock.replay import replay
+from distlab.runtime.faults.model import draw
 from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
@@ -150,27 +152,118 @@ def test_replay_charges_the_built_in_ring_its_slowest_link(seed: int) -> None:
             cases.ring_replay_time(setup.links, p, nbytes), rel=1e-9)
 
 
+# -- margins: the common wrong answers stay at least twice the tolerance away -----------------------
+
+
+def _fit(sizes: tuple[int, ...], one_way: list[float]) -> tuple[float, float]:
+    x = np.asarray(sizes, dtype=float)
+    (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), np.asarray(one_way), rcond=None)
+    return float(alpha), float(beta)
+
+
+def _off(fit: tuple[float, float], link: tuple[float, float]) -> float:
+    """A fit's distance from its link, in units of the fit check's tolerance."""
+    return max(abs(fit[0] / link[0] - 1), abs(fit[1] / link[1] - 1)) / judging.FIT_TOLERANCE
+
+
+def _mean_of_repeats_off(cluster: cases.Cluster, r: int) -> float:
+    """The mean of 10 round trips on the shared cluster, as the spike fault decides for the
+    reference's messages (pings to the right neighbour and their echoes, k-th on each channel)."""
+    alpha, beta = cluster.links[r]
+    s, plan_seed, p_spike = (r + 1) % cluster.p, cluster.spike_seed, cases.SPIKE_PROBABILITY
+    one_way = []
+    for i, n in enumerate(cluster.sizes):
+        trips = [2 * (alpha + n * beta) + cluster.spike_s * (
+            (draw(plan_seed, 0, r, s, k) < p_spike) + (draw(plan_seed, 0, s, r, k) < p_spike))
+            for k in range(i * reference.REPEATS, (i + 1) * reference.REPEATS)]
+        one_way.append(float(np.mean(trips)) / 2)
+    return _off(_fit(cluster.sizes, one_way), (alpha, beta))
+
+
+def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_2000_seeds() -> None:
+    """The fit check fails a run when any link is off by more than 5%. Per run (its worst link),
+    every common wrong answer must be at least 10% off: the round trip unhalved, a line through the
+    origin, a lone Send timed (0 below the eager limit, the arrival above it), the mean of the
+    repeats on the shared cluster."""
+    def worst(seed: int) -> dict[str, float]:
+        cluster = cases.hidden_cluster(seed)
+        off: dict[str, float] = {}
+        for r, link in enumerate(cluster.links):
+            one = [link[0] + n * link[1] for n in cluster.sizes]
+            x = np.asarray(cluster.sizes, dtype=float)
+            wrong = {
+                "round trip": _fit(cluster.sizes, [2 * t for t in one]),
+                "through the origin": (0.0, float(x @ np.asarray(one) / (x @ x))),
+                "t / n": (0.0, float(np.mean(np.asarray(one) / x))),
+                "lone Send": _fit(cluster.sizes, [0.0 if n <= EAGER_LIMIT else t
+                                                  for n, t in zip(cluster.sizes, one)]),
+            }
+            for name, fit in wrong.items():
+                off[name] = max(off.get(name, 0.0), _off(fit, link))
+        for r in range(cluster.p):  # the costly one: stop at the first link far enough off
+            off["mean of repeats"] = max(off.get("mean of repeats", 0.0), _mean_of_repeats_off(cluster, r))
+            if off["mean of repeats"] >= 2:
+                break
+        return off
+
+    closest: dict[str, tuple[float, int]] = {}
+    for seed in range(2000):
+        for name, off in worst(seed).items():
+            if off < closest.get(name, (math.inf, -1))[0]:
+                closest[name] = (off, seed)
+    assert set(closest) == {"round trip", "through the origin", "t / n", "lone Send", "mean of repeats"}
+    for name, (off, seed) in closest.items():
+        assert off >= 2, f"{name}: only {off:.2f}x the tolerance off on seed {seed}"
+
+
+def test_the_common_wrong_ring_formulas_are_at_least_twice_the_tolerance_off() -> None:
+    """The ring check's 10% fails a run when either size is off: a one-phase ring, whole vectors
+    per step, or recursive doubling's formula instead of the ring's stay at least 20% from the
+    replay on one of the two sizes (whole vectors only on the bandwidth-bound one), every seed."""
+    for seed in range(2000):
+        cluster = cases.hidden_cluster(seed)
+        p, (alpha, beta) = cluster.p, cluster.slowest
+        wrong = {"one phase": lambda n: (p - 1) * alpha + (p - 1) / p * n * beta,
+                 "whole vectors": lambda n: 2 * (p - 1) * (alpha + n * beta),
+                 "recursive doubling": lambda n: cases.formula("recursive_doubling", p, n, alpha, beta)}
+        for name, predict in wrong.items():
+            off = max(abs(predict(n) / cases.ring_replay_time(cluster.links, p, n) - 1) for n in cluster.ring)
+            assert off >= 2 * judging.RING_TOLERANCE, (name, seed, off)
+
+
 # -- the diagnoses --------------------------------------------------------------------------------
 
 
 LINKS = [(2e-6, 1e-10), (3e-6, 2e-10), (4e-6, 1.5e-10)]
 
 
-@pytest.mark.parametrize("fit, symptom", [
-    ((2.05e-6, 0.98e-10), None),
-    ((0.0, 0.0), "nothing was measured yet"),
-    ((0.0, 5e-10), "latency was ignored"),
-    ((4e-6, 2e-10), "the round trip was reported as the one-way time"),
-    ((3e-6, 2e-10), "which are the values of link 1 -> 2"),
-    ((2e-4, 3e-8), "wall clock"),
-    ((2.5e-6, 1e-10), "1.25x and 1x"),
+ECHOED = (60, 60)  # a ping-pong: as many messages back from the right neighbour as sent to it
+
+
+@pytest.mark.parametrize("fit, exchange, again, symptom", [
+    ((2.05e-6, 0.98e-10), ECHOED, None, None),
+    ((0.0, 0.0), ECHOED, None, "nothing was measured yet"),
+    ((0.0, 5e-10), ECHOED, None, "latency was ignored"),
+    # least squares through the origin with large sizes only: beta just 2% high, alpha 0
+    ((0.0, 1.02e-10), ECHOED, None, "latency was ignored"),
+    ((0.0, 0.9e-10), ECHOED, None, "0x and 0.9x"),  # beta low: not a missing intercept
+    ((4e-6, 2e-10), ECHOED, None, "the round trip was reported as the one-way time"),
+    ((3e-6, 2e-10), ECHOED, None, "which are the values of link 1 -> 2"),
+    ((-6e-6, 1.05e-10), (60, 0), None, "timed a lone Send with no echo"),
+    ((-6e-6, 1.05e-10), ECHOED, None, "-3x and 1.05x"),
+    # the wall clock: a few times off (as on this machine), and a second run disagrees
+    ((4.2e-6, 1.7e-10), ECHOED, (4.9e-6, 1.5e-10), "such as this machine's wall clock"),
+    ((4.2e-6, 1.7e-10), ECHOED, (4.2e-6, 1.7e-10), "2.1x and 1.7x"),  # repeated exactly: virtual
+    ((2.5e-6, 1e-10), ECHOED, (2.5e-6, 1e-10), "1.25x and 1x"),
 ])
-def test_link_verdicts_name_the_symptom(fit: tuple[float, float], symptom: str | None) -> None:
-    verdict = judging.judge_link(0, 3, programs.as_fitted(fit), LINKS)
+def test_link_verdicts_name_the_symptom(fit: tuple[float, float], exchange: tuple[int, int],
+                                        again: tuple[float, float] | None, symptom: str | None) -> None:
+    repeat = programs.as_fitted(again) if again is not None else None
+    verdict = judging.judge_link(0, 3, programs.as_fitted(fit), LINKS, exchange, repeat)
     if symptom is None:
         assert verdict is None
     else:
-        assert verdict is not None and symptom in verdict and "link 0 -> 1" in verdict
+        assert verdict is not None and symptom in verdict and "link 0 -> 1" in verdict, verdict
 
 
 def test_unusable_measure_values_are_described() -> None:
@@ -189,6 +282,10 @@ def test_prediction_verdicts_name_the_symptom() -> None:
     assert "(p-1) lg p" in str(judging.judge_prediction(rab, wrong))
     tree = cases.Case("binomial_tree", 8, 10**6, a, b)
     assert "one tree" in str(judging.judge_prediction(tree, 3 * (a + 10**6 * b)))
+    ring = cases.Case("ring", 8, 10**6, a, b)
+    assert "one chunk of n/p bytes" in str(judging.judge_prediction(ring, 14 * (a + 10**6 * b)))
+    assert "one chunk" not in str(judging.judge_prediction(tree, 14 * (a + 10**6 * b)))  # a ring's bug only
+    assert "one chunk" not in str(judging.judge_prediction(ring, 7 * (a + 10**6 * b)))
     odd = cases.Case("binomial_tree", 6, 10**6, a, b)
     assert "ceil(lg p) = 3" in str(judging.judge_prediction(odd, 2 * math.log2(6) * (a + 10**6 * b)))
     assert "ZeroDivisionError" in str(judging.judge_prediction(tree, programs.Raised("ZeroDivisionError: x")))
@@ -220,9 +317,13 @@ def checked() -> CheckRuns:
 FIT, SPIKES, PREDICT, CHOOSE, RING = (
     "fitted alpha and beta", "the fit holds", "predict equals", "choose finds", "predicted ring time")
 
-# fixture -> (the checks that must fail, the symptom the output must name)
+# fixture -> (the checks that must fail, the symptom the output must name): its real bug
 BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "latency_ignored.py": ({FIT, SPIKES, RING}, ["the fit has no intercept, so latency was ignored"]),
+    "no_intercept_lstsq.py": ({FIT, SPIKES, RING}, ["the fit has no intercept, so latency was ignored"]),
+    "lone_send.py": ({FIT, SPIKES, RING}, ["got none back, so it timed a lone Send with no echo"]),
+    "wall_clock.py": ({FIT, SPIKES, RING}, ["a second run on the same quiet cluster gave",
+                                            "such as this machine's wall clock"]),
     "round_trip.py": ({FIT, SPIKES, RING}, ["both are twice the hidden values",
                                             "the round trip was reported as the one-way time"]),
     "rabenseifner_plogp.py": ({PREDICT, CHOOSE}, ["a (p-1) lg p term",
@@ -231,6 +332,29 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "mean_of_repeats.py": ({SPIKES}, ["Without spikes this link fitted well",
                                       "keep the fastest, not the mean"]),
 }
+
+
+# Each diagnosis -> the fixtures whose bug it names: on every other solution it must stay silent.
+DIAGNOSES: dict[str, set[str]] = {
+    "latency was ignored": {"latency_ignored.py", "no_intercept_lstsq.py"},
+    "the round trip was reported as the one-way time": {"round_trip.py"},
+    "timed a lone Send with no echo": {"lone_send.py"},
+    "this machine's wall clock": {"wall_clock.py"},
+    "keep the fastest, not the mean": {"mean_of_repeats.py"},
+    "a (p-1) lg p term": {"rabenseifner_plogp.py"},
+    "choose answered 'ring' for all": {"always_ring.py"},
+    "which are the values of link": set(),
+    "one chunk of n/p bytes": set(),
+    "nothing was measured yet": {"starter"},
+}
+
+
+def test_every_buggy_fixture_has_a_row_and_every_diagnosis_its_fixtures() -> None:
+    on_disk = {f.with_suffix(".py").name for f in (PROBLEM.parents[1] / "tests/fixtures/02").iterdir()}
+    assert on_disk - {"alt_polyfit.py"} == set(BUGGY)
+    for name, (_, symptoms) in BUGGY.items():  # each row names a diagnosis that is its own
+        assert any(phrase in text for text in symptoms for phrase, owners in DIAGNOSES.items()
+                   if name in owners), name
 
 
 def _failed_prefixes(run: Checked) -> set[str]:
@@ -251,6 +375,16 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
         assert text in run.flat, f"{text!r} missing from:\n{run.out}"
     assert f"distlab check 02 --seed {SEED}" in run.flat, run.out
     assert run.results is not None and 0 < run.results["score"] < run.results["max_score"], run.out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*sorted(BUGGY), "alt_polyfit.py", "reference", "starter"])
+def test_each_diagnosis_stays_silent_on_the_other_solutions(name: str, checked: Callable[..., Checked]) -> None:
+    special = {"reference": ("--solution", "reference"), "starter": ()}
+    run = checked(*special[name]) if name in special else checked("--solution", str(fixture_solution("02", name)))
+    for phrase, owners in DIAGNOSES.items():
+        if name not in owners:
+            assert phrase not in run.flat, f"{phrase!r} in the output for {name}:\n{run.out}"
 
 
 @pytest.mark.slow
@@ -278,6 +412,25 @@ def test_reference_passes_and_reports_its_figures(checked: Callable[..., Checked
     # Two launches: the hidden cluster (measure, spikes, two rings) and the formulas (one rank).
     assert r["totals"]["launches"] == 2
     assert r["totals"]["clock"] == "virtual"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["rack", "three-dc"])
+def test_reference_passes_on_other_platforms(platform: str, checked: Callable[..., Checked]) -> None:
+    # The hidden cluster is the task's own platform: --platform changes nothing the checks grade.
+    run = checked("--solution", "reference", "--platform", platform)
+    assert run.rc == 0 and "passed 02" in run.flat, run.out
+
+
+@pytest.mark.slow
+def test_reference_passes_under_a_delay_plan_with_the_fits_reported_not_graded(
+        checked: Callable[..., Checked], tmp_path_factory: pytest.TempPathFactory) -> None:
+    plan = tmp_path_factory.mktemp("plan") / "delay.toml"
+    plan.write_text('format_version = 1\nseed = 3\n\n[[fault]]\nkind = "delay"\nsrc = 1\nlatency_s = 0.0002\n')
+    run = checked("--solution", "reference", "--faults", str(plan))
+    assert run.rc == 0, run.out
+    assert "with your fault plan in force: reported, not graded" in run.flat, run.out
+    assert "the measured links are not the hidden ones: reported, not graded" in run.flat, run.out
 
 
 @pytest.mark.slow

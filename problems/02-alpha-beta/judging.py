@@ -25,8 +25,23 @@ def fit_error(fit: Fitted, link: Link) -> float:
     return max(abs(fit.alpha / link[0] - 1), abs(fit.beta / link[1] - 1))
 
 
-def judge_link(r: int, p: int, fit: Fitted, links: list[Link]) -> str | None:
-    """None when rank r's fit is within 5% of its link r -> r+1; else what is wrong, by symptom."""
+def exchange(measured: Any, r: int, p: int) -> tuple[int, int]:
+    """(messages rank r sent to its right neighbour, messages it got back from it) in a measure
+    task, from the proxy's counters (ranks of a task are world ranks 0..p-1)."""
+    counts, right = measured.task.counts(r), (r + 1) % p
+    return counts.sent_msgs.get(right, 0), counts.recv_msgs.get(right, 0)
+
+
+def repeats(fit: Fitted, again: Fitted) -> bool:
+    """Whether two fits of one link agree as two runs on the exact virtual clock do."""
+    return close(again.alpha, fit.alpha, 1e-9) and close(again.beta, fit.beta, 1e-9)
+
+
+def judge_link(r: int, p: int, fit: Fitted, links: list[Link], exchange: tuple[int, int] | None = None,
+               again: Fitted | None = None) -> str | None:
+    """None when rank r's fit is within 5% of its link r -> r+1; else what is wrong, by symptom.
+    ``exchange``: the messages rank r sent its right neighbour and got back from it while measuring;
+    ``again``: its fit of the same link in a second run on the same quiet cluster."""
     alpha, beta = links[r]
     head = f"rank {r}, {link_name(r, p)}"
     if fit.problem:
@@ -38,9 +53,21 @@ def judge_link(r: int, p: int, fit: Fitted, links: list[Link]) -> str | None:
     ra, rb = fit.alpha / alpha, fit.beta / beta
     if fit.alpha == 0 and fit.beta == 0:
         return f"{base}: nothing was measured yet"
-    if abs(fit.alpha) < 0.05 * alpha and rb > 1 + FIT_TOLERANCE:
-        return (f"{base}: the fit has no intercept, so latency was ignored (beta = t / n charges "
-                "every message's alpha to its bytes); fit t = alpha + n * beta by least squares")
+    sent, echoed = exchange or (0, 0)
+    if sent and not echoed:  # the counters: nothing came back, so no round trip was timed
+        return (f"{base}: rank {r} sent {sent} messages to rank {(r + 1) % p} and got none back, so it "
+                "timed a lone Send with no echo. A Send below the eager limit returns once MPI has copied "
+                "the message out, long before it arrives, so its time says nothing of the link: time a "
+                "ping-pong (Send, then Recv the echo) and halve the round trip")
+    if again is not None and not again.problem and not repeats(fit, again):
+        # The virtual clock is exact: the same measurement on the same quiet cluster gives the same times.
+        return (f"{base}; a second run on the same quiet cluster gave alpha = {fmt_s(again.alpha)}, "
+                f"beta = {fmt_beta(again.beta)}. The virtual clock repeats itself exactly, so these times "
+                "came from another clock, such as this machine's wall clock: read the virtual clock with "
+                "comm.now()")
+    if abs(fit.alpha) < 0.05 * alpha and rb >= 1:  # a line through the origin: alpha lands in beta
+        return (f"{base}: the fit has no intercept, so latency was ignored (t = n * beta charges every "
+                "message's alpha to its bytes); fit t = alpha + n * beta by least squares, with a column of ones")
     if 1.9 <= ra <= 2.1 and 1.9 <= rb <= 2.1:
         return (f"{base}: both are twice the hidden values, so the round trip was reported as "
                 "the one-way time; a ping-pong crosses the link twice, so halve it")
@@ -48,9 +75,6 @@ def judge_link(r: int, p: int, fit: Fitted, links: list[Link]) -> str | None:
         if j != r and close(fit.alpha, a_j, FIT_TOLERANCE) and close(fit.beta, b_j, FIT_TOLERANCE):
             return (f"{base}, which are the values of {link_name(j, p)}: rank r should return "
                     "the link to its right neighbour (r + 1) % p")
-    if ra > 20 or rb > 20:
-        return (f"{base} ({ra:.3g}x and {rb:.3g}x): times this large look like the wall clock; "
-                "read the virtual clock with comm.now()")
     return f"{base} ({ra:.3g}x and {rb:.3g}x the hidden values)"
 
 
@@ -74,6 +98,9 @@ def judge_prediction(case: Case, got: Any) -> str | None:
         return (f"{base}: a (p-1) lg p term. Rabenseifner takes lg p steps each way (2 lg p alpha), "
                 "and recursive halving sends n/2 + n/4 + ... = (p-1)/p n in all, not per step: "
                 "2 lg p alpha + 2(p-1)/p n beta")
+    if case.algorithm == "ring" and p > 2 and nb > 0 and close(got, 2 * (p - 1) * (a + nb), 1e-6):
+        return (f"{base}: each of the ring's 2(p-1) steps moves one chunk of n/p bytes, not the whole "
+                "vector: 2(p-1) alpha + 2(p-1)/p n beta")
     if case.algorithm == "binomial_tree" and close(got, L * (a + nb), 1e-6):
         return (f"{base}: that is one tree; an allreduce by trees is a reduce to the root and then "
                 "a broadcast from it, 2 lg p (alpha + n beta)")
