@@ -26,7 +26,6 @@ import pytest
 from conftest import PROBLEMS
 from e2e import Checked, CheckRuns, assert_clean, fixture_solution
 
-from distlab.runtime.clock.online import EAGER_LIMIT
 from distlab.runtime.clock.replay import replay
 from distlab.runtime.faults.model import draw
 from distlab.runtime.jobspec import problem_package
@@ -180,11 +179,12 @@ def _mean_of_repeats_off(cluster: cases.Cluster, r: int) -> float:
     return _off(_fit(cluster.sizes, one_way), (alpha, beta))
 
 
-def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_2000_seeds() -> None:
+def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_500_seeds() -> None:
     """The fit check fails a run when any link is off by more than 5%. Per run (its worst link),
     every common wrong answer must be at least 10% off: the round trip unhalved, a line through the
-    origin, a lone Send timed (0 below the eager limit, the arrival above it), the mean of the
-    repeats on the shared cluster."""
+    origin, the mean of the repeats on the shared cluster. (A lone Send timed with no echo is
+    named from the counters: on the virtual clock, which does not model MPI's eager protocol yet,
+    it measures the right alpha + n*beta.)"""
     def worst(seed: int) -> dict[str, float]:
         cluster = cases.hidden_cluster(seed)
         off: dict[str, float] = {}
@@ -195,8 +195,6 @@ def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_2000_seed
                 "round trip": _fit(cluster.sizes, [2 * t for t in one]),
                 "through the origin": (0.0, float(x @ np.asarray(one) / (x @ x))),
                 "t / n": (0.0, float(np.mean(np.asarray(one) / x))),
-                "lone Send": _fit(cluster.sizes, [0.0 if n <= EAGER_LIMIT else t
-                                                  for n, t in zip(cluster.sizes, one)]),
             }
             for name, fit in wrong.items():
                 off[name] = max(off.get(name, 0.0), _off(fit, link))
@@ -207,11 +205,11 @@ def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_2000_seed
         return off
 
     closest: dict[str, tuple[float, int]] = {}
-    for seed in range(2000):
+    for seed in range(500):  # 2000 held when written (closest: mean of repeats, 4.6x); 500 in the suite
         for name, off in worst(seed).items():
             if off < closest.get(name, (math.inf, -1))[0]:
                 closest[name] = (off, seed)
-    assert set(closest) == {"round trip", "through the origin", "t / n", "lone Send", "mean of repeats"}
+    assert set(closest) == {"round trip", "through the origin", "t / n", "mean of repeats"}
     for name, (off, seed) in closest.items():
         assert off >= 2, f"{name}: only {off:.2f}x the tolerance off on seed {seed}"
 
@@ -321,7 +319,7 @@ FIT, SPIKES, PREDICT, CHOOSE, RING = (
 BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "latency_ignored.py": ({FIT, SPIKES, RING}, ["the fit has no intercept, so latency was ignored"]),
     "no_intercept_lstsq.py": ({FIT, SPIKES, RING}, ["the fit has no intercept, so latency was ignored"]),
-    "lone_send.py": ({FIT, SPIKES, RING}, ["got none back, so it timed a lone Send with no echo"]),
+    "lone_send.py": ({FIT, SPIKES}, ["got none back, so it timed a lone Send with no echo"]),
     "wall_clock.py": ({FIT, SPIKES, RING}, ["a second run on the same quiet cluster gave",
                                             "such as this machine's wall clock"]),
     "round_trip.py": ({FIT, SPIKES, RING}, ["both are twice the hidden values",

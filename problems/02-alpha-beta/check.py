@@ -78,7 +78,7 @@ def fits_survive_spikes(t: CheckContext, cluster: Cluster, on_cluster: Run) -> N
         # A quiet measurement that did not repeat itself is not on the virtual clock: nor is this one.
         other = None if judging.repeats(quiet[r], again.values[r]) else again.values[r]
         verdict = judge_link(r, p, fit, links, judging.exchange(spiked, r, p), other)
-        if verdict and judge_link(r, p, quiet[r], links) is None and not fit.problem:
+        if verdict and judge_link(r, p, quiet[r], links, judging.exchange(first, r, p)) is None and not fit.problem:
             t.fail(f"with spikes on {share} of messages, {verdict}. Without spikes this link fitted well, "
                    "so the spikes leaked into the fit: a spike only ever adds time, so repeat each size (10 "
                    "or more round trips) and keep the fastest, not the mean (a median works too, over 20 "
