@@ -12,6 +12,10 @@ the gloo rendezvous), load the problem program and the learner's file, apply res
 each task of the batch (ranks outside a task's group wait at a barrier), write the outcome file
 atomically, leave. Any learner failure is written to the outcome file first, then the whole job is
 ended, because peers of a failed rank would otherwise wait for it forever.
+
+Sealed (``job.seal``), this process is the rank's agent: the program and the learner's file load
+and run in its learner process (rank/sealed.py starts it before the engine joins), and each task's
+calls are made here on the proxy, as the learner process asks (runtime/seal/service.py).
 """
 
 from __future__ import annotations
