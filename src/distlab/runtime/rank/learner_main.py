@@ -179,12 +179,18 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     handle, spec = argv[0], json.loads(argv[1])
     die_with_parent(int(spec["agent_pid"]))
-    enter_sandbox(spec["hidden"], spec["kept"])
+    end = LearnerEnd.open(handle)  # first: a sandbox that cannot be made is said through it
+    try:
+        enter_sandbox(spec["hidden"], spec["kept"])
+    except sandbox.SandboxError as exc:
+        send_result(end, FAILURE, encode_failure(
+            "seal", f"the seal could not be set up ({exc.strerror}): run as root, or with --seal off",
+            "", ""))
+        os._exit(1)
     stack = os.fdopen(int(spec["stack_fd"]), "w")
     faulthandler.enable(file=stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
     keep_mpi_uninitialized()
-    end = LearnerEnd.open(handle)
     serve_tasks(end, spec)
     sys.stdout.flush()
     sys.stderr.flush()
