@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import pytest
 import test_launcher as unsealed
+# The scenarios whose account depends most on where the code runs: the rank and line blamed, a
+# deadlock's cycle, the stacks, a death's cause, the limits, the guards. (All 16 of the file
+# passed sealed when this was written; the suite's time keeps these.)
 from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_a_batch_runs_smaller_tasks_on_sub_communicators,
-    test_a_clean_run_returns_every_rank_value_and_counts_messages,
     test_a_learner_exception_names_the_file_and_line_and_ends_the_peers,
     test_abort_in_a_rank_is_reported_as_a_crash,
     test_an_infinite_loop_ends_at_the_deadline_with_every_stack,
-    test_comm_abort_is_reported_as_the_solution_calling_abort,
     test_mpi_finalize_in_the_solution_is_named_at_once_not_at_the_deadline,
     test_requests_never_waited_are_named_when_the_solution_returns,
     test_send_send_past_the_eager_limit_is_reported_as_a_deadlock_with_its_cycle,
-    test_sys_exit_in_the_solution_is_reported,
-    test_the_cpu_limit_is_enforced_and_named,
     test_the_file_size_limit_is_enforced_and_named,
     test_the_memory_limit_is_enforced_and_named,
     test_the_rank_that_died_first_is_named_with_how_and_where,
-    test_waiting_on_a_rank_that_finished_is_reported,
 )
 
 

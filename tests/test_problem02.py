@@ -179,7 +179,7 @@ def _mean_of_repeats_off(cluster: cases.Cluster, r: int) -> float:
     return _off(_fit(cluster.sizes, one_way), (alpha, beta))
 
 
-def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_500_seeds() -> None:
+def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_many_seeds() -> None:
     """The fit check fails a run when any link is off by more than 5%. Per run (its worst link),
     every common wrong answer must be at least 10% off: the round trip unhalved, a line through the
     origin, the mean of the repeats on the shared cluster. (A lone Send timed with no echo is
@@ -205,7 +205,7 @@ def test_the_common_wrong_fits_are_at_least_twice_the_tolerance_off_on_500_seeds
         return off
 
     closest: dict[str, tuple[float, int]] = {}
-    for seed in range(500):  # 2000 held when written (closest: mean of repeats, 4.6x); 500 in the suite
+    for seed in range(200):  # 2000 held when written (closest: mean of repeats, 4.6x); 200 in the suite
         for name, off in worst(seed).items():
             if off < closest.get(name, (math.inf, -1))[0]:
                 closest[name] = (off, seed)

@@ -313,9 +313,9 @@ def test_overlap_margin_the_target_sits_well_between_right_and_wrong(cases: Modu
         def __init__(self, seed: int) -> None:
             self.seed, self.platform = seed, laptop
 
-    # 150 seeds in the suite (600 held when written), and 279, 407 and 461, which drew a bucket
+    # 60 seeds in the suite (600 held when written), and 279, 407 and 461, which drew a bucket
     # count no cap gives (they crashed the check).
-    for seed in [*range(150), 279, 407, 461]:
+    for seed in [*range(60), 279, 407, 461]:
         case = cases.main_cases(Ctx(seed))[-1]
         assert 6 <= len(case.buckets()) <= 8
         route = laptop.route(0, 1)

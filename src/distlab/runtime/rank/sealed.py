@@ -81,7 +81,7 @@ class LearnerProcess:
             "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb],
             "agent_pid": os.getpid(), "stack_fd": stack_file.fileno(),
             "hidden": hidden_paths(job, job_dir),
-            "kept": [p for p in (job.solution_file, str(Path(job.program_file).parent)) if p],
+            "kept": kept_paths(job),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
@@ -130,6 +130,14 @@ class LearnerProcess:
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()
+
+
+def kept_paths(job: Job) -> list[str]:
+    """What the learner process needs to read where its fresh /tmp would cover it (a checkout or a
+    virtual environment under /tmp): its solution, the problem's folder, the interpreter's prefix
+    and every folder on the import path (the learner process starts with this process's)."""
+    wanted = [job.solution_file, str(Path(job.program_file).parent), sys.prefix, *sys.path]
+    return [p for p in dict.fromkeys(wanted) if p and os.path.exists(p)]
 
 
 def hidden_paths(job: Job, job_dir: Path) -> list[str]:

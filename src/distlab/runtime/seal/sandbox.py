@@ -94,7 +94,10 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     finally:
         os.close(root)
     scratches = ("/tmp", "/dev/shm")
-    covered = [p for p in kept if any(os.path.realpath(p).startswith(s + "/") for s in scratches)]
+    covered = sorted({os.path.realpath(p) for p in kept
+                      if any(os.path.realpath(p).startswith(s + "/") for s in scratches)})
+    # A folder inside another kept one comes with it (bound last, it would be bound over).
+    covered = [p for p in covered if not any(p.startswith(q + "/") for q in covered if q != p)]
     # Opened before the scratch mounts cover them, bound back from the descriptor afterwards.
     keep_fds = [(os.path.realpath(p), os.open(p, os.O_PATH)) for p in covered if os.path.exists(p)]
     for scratch in scratches:
