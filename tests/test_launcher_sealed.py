@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import test_launcher as unsealed
+
 # The scenarios whose account depends most on where the code runs: the rank and line blamed, a
 # deadlock's cycle, the stacks, a death's cause, the limits, the guards. (All 16 of the file
 # passed sealed when this was written; the suite's time keeps these.)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from distlab.runtime.jobspec import Task
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
 REFERENCE = Path(__file__).resolve().parents[1] / "problems" / "03-ring-allreduce" / "reference.py"
+NEEDED_UNDER_TMP = {Path(p).resolve().parts[2] for p in (ATTACKS, sys.prefix, *sys.path)
+                    if p and Path(p).resolve().parts[1:2] == ("tmp",)}
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +53,9 @@ def test_the_learner_process_holds_nothing_of_the_harness_and_sees_only_itself(b
         assert seen["mpi initialized"] is False and seen["engine variables"] == []
         assert seen["parent pid"] == 1  # the namespace's reaper: the agent is outside it
         assert len(seen["processes"]) <= 3, seen["processes"]
-        assert seen["tmp"] == ["learner"]  # no job folder, no other rank's files
+        # No job folder, no other rank's files: its own folder, and what it needs that lives under
+        # /tmp (a checkout there, a virtual environment), bound back read-only.
+        assert set(seen["tmp"]) == {"learner", *NEEDED_UNDER_TMP}, seen["tmp"]
         assert seen["reference bytes"] == 0 and REFERENCE.stat().st_size > 0
         assert seen["write into distlab"] == "OSError"
         assert seen["connect to the host"] == "OSError"
