@@ -1,11 +1,12 @@
 """The calls a learner process may ask of its agent: op codes and what each request may carry.
 
 One entry per method of the learner's ``comm`` (runtime/comm/proxy.py, collectives.py,
-requests.py), plus HELLO (the rank and size, asked once at start). This is the table the
+requests.py), plus HELLO (a ping: the channel's own tests use it; a task's rank and size come
+with NEXT_TASK). This is the table the
 decoder holds every request against (wire.py); the bounds here are static (a rank below 2**20, a
 tag below 2**31), and whether a rank exists in this communicator stays the proxy's check, as today.
 
-A draft for the wiring step: the argument order follows mpi4py's, and what the agent answers
+The argument order follows mpi4py's, and what the agent answers
 (``ints`` of the reply) is noted per call. Nonblocking receives declare their buffer at Irecv
 (the agent receives into its own array of that shape) and pass it again as the output of the
 Wait or Test that completes them.
