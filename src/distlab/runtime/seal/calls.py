@@ -61,7 +61,7 @@ class Call(IntEnum):
     COMPUTE = 20  # ints: 0 for seconds, 1 for flops; floats: the amount; text: the label
     MARK = 21
     NOW = 22  # floats -> (virtual time,)
-    NEXT_TASK = 23  # -> (task index or -1 when the batch is done, bytes of its arguments)
+    NEXT_TASK = 23  # -> (task index or -1 when the batch is done, bytes of its arguments, rank, size)
     TASK_ARGS = 24  # ints: (offset,); output: the next part of the task's pickled arguments
     RESULT = 25  # ints: (kind, last part); input: a part of the task's result (values.py)
 
