@@ -23,8 +23,6 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..clock.online import Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..faults.decide import MessageAction, MessageFaults
@@ -32,7 +30,7 @@ from ..trace.events import COMPUTE, MARK, TraceRecorder
 from .collectives import Collectives
 from .objects import ObjectCalls
 from .rankstate import NullSlot, RankSlot
-from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status
+from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
 
 DEFAULT_EAGER_LIMIT = 64 * 1024
@@ -130,13 +128,7 @@ class Comm(Collectives, ObjectCalls):
         where ``wildcard``)."""
         if type(peer) is int and 0 <= peer < self._size:
             return peer  # the common case, answered first: this runs on every call
-        if wildcard and peer == ANY_SOURCE:
-            return ANY_SOURCE
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
-            raise ValueError(
-                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
-            )
-        return int(peer)
+        return peer_rank(peer, what, self._size, wildcard)
 
     def _outgoing(self, dest: int, tag: int, nbytes: int) -> tuple[MessageAction | None, float]:
         """Applies the fault plan to one outgoing message; returns (action, virtual arrival)."""

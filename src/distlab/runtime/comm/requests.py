@@ -63,6 +63,16 @@ def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
     status.Set_tag(tag)
 
 
+def peer_rank(peer: Any, what: str, size: int, wildcard: bool = False) -> int:
+    """``peer`` as an int, once it is known to be a rank of a communicator of ``size`` ranks (or
+    ANY_SOURCE where ``wildcard``); the proxy's and the sealed client's one rule."""
+    if wildcard and peer == ANY_SOURCE:
+        return ANY_SOURCE
+    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < size:
+        raise ValueError(f"{what}={peer!r} is not a rank of this communicator (ranks 0..{size - 1})")
+    return int(peer)
+
+
 def _buffer(buf: Any, what: str) -> np.ndarray:
     if type(buf) is np.ndarray and buf.flags.c_contiguous:
         return buf  # the common case, answered first: this runs on every call

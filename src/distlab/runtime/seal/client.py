@@ -24,7 +24,7 @@ import numpy as np
 
 from ... import ops
 from ..comm.objects import ObjectCalls
-from ..comm.requests import IN_PLACE, LearnerAbort, _buffer, _fill_status
+from ..comm.requests import IN_PLACE, LearnerAbort, _buffer, _fill_status, peer_rank
 from ..engines.base import ANY_SOURCE, ANY_TAG
 from .calls import MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
@@ -170,13 +170,7 @@ class SealedComm(ObjectCalls):
         return (recv if _in_place(sendbuf) else _buffer(sendbuf, f"{what} sendbuf")), recv
 
     def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
-        if wildcard and peer == ANY_SOURCE:
-            return ANY_SOURCE
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
-            raise ValueError(
-                f"{what}={peer!r} is not a rank of this communicator (ranks 0..{self._size - 1})"
-            )
-        return int(peer)
+        return peer_rank(peer, what, self._size, wildcard)
 
     def _call(self, op: int, args: Sequence[Any] = (), inputs: Sequence[np.ndarray] = (),
               outputs: Sequence[np.ndarray] = ()) -> Reply:
