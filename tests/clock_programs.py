@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from distlab import Request
+
 REFERENCE_03 = Path(__file__).resolve().parents[1] / "problems/03-ring-allreduce/reference.py"
 
 
@@ -87,3 +89,41 @@ def exchange_forever(comm, solution):
                       source=(comm.Get_rank() - 1) % comm.Get_size())
         step += 1
         time.sleep(0.01)
+
+
+def lone_send_then_ping_pong(comm, solution, nbytes, late_s):
+    """Rank 0 times a lone Send to rank 1, which posts its Recv late_s late; after a Barrier,
+    rank 0 times one ping-pong. Returns (lone Send, ping-pong) on rank 0, rank 1's arrival time."""
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        start = comm.now()
+        comm.Send(buf, dest=1)
+        lone = comm.now() - start
+    else:
+        comm.compute(seconds=late_s)
+        comm.Recv(buf, source=0)
+        arrived = comm.now()
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        start = comm.now()
+        comm.Send(buf, dest=1)
+        comm.Recv(buf, source=1)
+        return lone, comm.now() - start
+    comm.Recv(buf, source=0)
+    comm.Send(buf, dest=0)
+    return arrived
+
+
+def burst_to_one_peer(comm, solution, sizes):
+    """Rank 0 posts one Isend per size to rank 1 at once; rank 1 waits for each in turn and
+    returns when each arrived on its clock."""
+    bufs = [np.zeros(n, dtype=np.uint8) for n in sizes]
+    if comm.Get_rank() == 0:
+        Request.Waitall([comm.Isend(b, dest=1, tag=7) for b in bufs])
+        return None
+    requests = [comm.Irecv(b, source=0, tag=7) for b in bufs]
+    arrivals = []
+    for request in requests:
+        request.Wait()
+        arrivals.append(comm.now())
+    return arrivals

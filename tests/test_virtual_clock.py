@@ -2,7 +2,8 @@
 
 The story: problem 03's reference ring allreduce runs on an alpha-beta platform and must take
 exactly 2(p-1)alpha + 2(p-1)/p n beta; runs repeated on both engines give bit-identical virtual
-times; flows into one port share it; declared FLOPs become time through the device profile.
+times; sends follow MPI's eager and rendezvous protocols on both engines; flows into one port share
+it; declared FLOPs become time through the device profile.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from distlab.platforms import resolve, uniform
 from distlab.runtime.clock.collectives_cost import ring_allreduce_time
+from distlab.runtime.clock.online import EAGER_LIMIT
 from distlab.runtime.clock.replay import replay
 from distlab.runtime.jobspec import Job, Task, program_module_name
 from distlab.runtime.supervisor import LaunchResult, launch
@@ -66,6 +68,45 @@ def test_the_same_run_gives_identical_virtual_times(backend: str) -> None:
         seen += [virtual_times(result, i, platform) for i in range(len(tasks))]
     assert len(seen) == 5
     assert all(s == seen[0] for s in seen), seen  # bit-identical, replay and online clock alike
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_lone_send_is_free_below_the_eager_limit_and_a_ping_pong_is_two_messages(backend: str) -> None:
+    """Real MPI: a Send below the eager limit returns once the message is copied out; a larger one
+    (rendezvous) once its bytes have moved. Timing a lone Send then says nothing of the link below
+    the limit, and a ping-pong still takes 2(alpha + n beta), online and in the replay."""
+    platform = uniform(2, ALPHA, BETA)
+    late = 1e-3  # rank 1 posts its Recv 1 ms late
+    small, large = 1000, 4 * EAGER_LIMIT
+    tasks = [Task(ranks=2, args=(n, late), label=f"{n} B") for n in (small, large)]
+    result = run_tasks("lone_send_then_ping_pong", tasks, platform, backend)
+    for index, n in enumerate((small, large)):
+        outcomes = result.task_outcomes(index)
+        (lone, ping_pong), arrived = outcomes[0].value, outcomes[1].value
+        wire = ALPHA + n * BETA
+        assert ping_pong == pytest.approx(2 * wire, rel=1e-12), n
+        played = replay({r: o.trace for r, o in enumerate(outcomes)}, platform)
+        send_done = played.spans[0][1][1]  # rank 0's events: the Send's "send", then its "wait"
+        assert arrived == pytest.approx(late)  # the message was in long before rank 1 looked
+        if n == small:  # eager: done once copied out, on both clocks
+            assert lone == 0.0 and send_done == 0.0
+        else:  # rendezvous: done once the bytes are in (a late receive is not modelled)
+            assert lone == pytest.approx(wire, rel=1e-12) and send_done == pytest.approx(wire, rel=1e-12)
+
+
+def test_a_burst_to_one_peer_arrives_message_after_message_on_both_clocks() -> None:
+    """One channel per pair, first in, first out: three Isends posted at once arrive one after
+    another, the k-th once the bytes of the ones before it are in, online and in the replay."""
+    platform = uniform(2, ALPHA, BETA)
+    sizes = (4 * EAGER_LIMIT, 1000, 30_000)  # a rendezvous first: the small ones wait behind it
+    result = run_tasks("burst_to_one_peer", [Task(ranks=2, args=(sizes,))], platform)
+    outcomes = result.task_outcomes(0)
+    expected = [ALPHA + sum(sizes[: k + 1]) * BETA for k in range(len(sizes))]
+    assert outcomes[1].value == pytest.approx(expected, rel=1e-12)
+    played = replay({r: o.trace for r, o in enumerate(outcomes)}, platform)
+    flows = sorted(played.flows, key=lambda f: f.end)
+    assert [f.nbytes for f in flows] == list(sizes)
+    assert [f.end for f in flows] == pytest.approx(expected, rel=1e-12)
 
 
 def test_two_flows_through_one_port_take_twice_as_long_as_one() -> None:

@@ -134,7 +134,8 @@ class CollectiveReplay(FluidNetwork):
             if s < len(steps):
                 coll.sends_left[g] = len(steps[s])
                 for dst, nbytes in steps[s]:
-                    flow = self._post(coll.group[g], coll.group[dst], nbytes, t, coll.event[g])
+                    flow = self._post(coll.group[g], coll.group[dst], nbytes, t, coll.event[g],
+                                      channel=False)
                     flow.coll, flow.src_g, flow.dst_g, flow.step = coll, g, dst, s
         coll.step[g] = s
 

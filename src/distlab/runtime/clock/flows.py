@@ -1,6 +1,8 @@
 """The fluid network the replay moves bytes through: a flow per message, flows of one ordered
 (src, dst) pair kept together on a path, rates shared max-min fairly over finite links and
-recomputed for the paths connected to a change (see the notes in replay.py).
+recomputed for the paths connected to a change (see the notes in replay.py). A pair has two
+paths: its point-to-point messages queue one behind another on a *channel* (first in, first out,
+as an MPI connection delivers them), its collectives' flows share theirs equally.
 
 ``FluidNetwork`` is the half of the replayer that knows only flows and links; the replayer
 (replay.py) is the other half, which knows ranks, matching and collectives, and is told when a
@@ -27,11 +29,15 @@ class _Path:
 
     __slots__ = (
         "src", "dst", "alpha", "beta", "cap", "links", "names", "price", "instant",
-        "rate", "served", "t_last", "pending", "version", "nbytes",
+        "rate", "served", "t_last", "pending", "version", "nbytes", "channel", "tail", "route",
     )
 
-    def __init__(self, src: int, dst: int, route: RouteLike, links: tuple[int, ...]) -> None:
+    def __init__(self, src: int, dst: int, route: RouteLike, links: tuple[int, ...],
+                 channel: bool) -> None:
         self.src, self.dst = src, dst
+        # A channel serves its flows one at a time, in order; otherwise they share the path equally.
+        self.channel = channel
+        self.route = route
         self.alpha = float(route.alpha_s)
         self.beta = float(route.beta_s_per_byte)
         self.cap = 1.0 / self.beta if self.beta > 0 else math.inf
@@ -39,8 +45,10 @@ class _Path:
         self.names = tuple(route.links)
         self.price = float(route.price_per_byte)
         self.instant = self.cap == math.inf and not links  # nothing limits it: bytes take no time
-        self.rate = 0.0  # per flow, bytes/s, valid since t_last
-        self.served = 0.0  # bytes each flow of the path has received since the path was idle
+        self.rate = 0.0  # per flow served at once, bytes/s, valid since t_last
+        # Bytes each flow has received since the path was idle (a channel: the path in all).
+        self.served = 0.0
+        self.tail = 0.0  # a channel: the served count at which its last queued flow is done
         self.t_last = 0.0
         self.pending: list[tuple[float, int, _Flow]] = []  # (served at which it is done, seq, flow)
         self.version = 0
@@ -68,7 +76,7 @@ class FluidNetwork:
         self.link_price: Callable[[str], float] | None = getattr(network, "link_price", None)
         self.heap: list[tuple[float, int, int, Any, int]] = []
         self.seq = 0
-        self.paths: dict[tuple[int, int], _Path] = {}
+        self.paths: dict[tuple[int, int, bool], _Path] = {}  # (src, dst, channel) -> path
         self.link_ids: dict[str, int] = {}
         self.link_cap: list[float] = []
         self.link_paths: list[dict[_Path, None]] = []  # active paths on each link, insertion order
@@ -89,9 +97,13 @@ class FluidNetwork:
 
     # -- flows -----------------------------------------------------------------------------------
 
-    def _path(self, src: int, dst: int) -> _Path:
-        path = self.paths.get((src, dst))
+    def _path(self, src: int, dst: int, channel: bool = True) -> _Path:
+        path = self.paths.get((src, dst, channel))
         if path is not None:
+            return path
+        twin = self.paths.get((src, dst, not channel))
+        if twin is not None:  # the route was read and checked for the pair's other path
+            path = self.paths[(src, dst, channel)] = _Path(src, dst, twin.route, twin.links, channel)
             return path
         route = self.net.route(src, dst)
         what = f"the route from rank {src} to rank {dst}"
@@ -111,14 +123,16 @@ class FluidNetwork:
                 self.link_paths.append({})
             if self.link_cap[link] < math.inf and link not in limiting:
                 limiting.append(link)
-        path = self.paths[(src, dst)] = _Path(src, dst, route, tuple(limiting))
+        path = self.paths[(src, dst, channel)] = _Path(src, dst, route, tuple(limiting), channel)
         return path
 
     def _post(
         self, src: int, dst: int, nbytes: int, t: float, event: int,
-        extra_s: float = 0.0, bandwidth_factor: float = 1.0,
+        extra_s: float = 0.0, bandwidth_factor: float = 1.0, channel: bool = True,
     ) -> _Flow:
-        path = self._path(src, dst)
+        """A flow of nbytes from src to dst posted at t, on the pair's channel (a point-to-point
+        message) or its shared path (a collective's flow)."""
+        path = self._path(src, dst, channel)
         # A fault's bandwidth factor f is modelled as n/f bytes at the path's rate: the same time
         # alone on the path; the byte and money counts keep the real n.
         timed = nbytes if bandwidth_factor == 1.0 else nbytes / bandwidth_factor
@@ -129,7 +143,8 @@ class FluidNetwork:
         return flow
 
     def _lost(self, src: int, dst: int, t: float, event: int) -> _Flow:
-        """A message a fault dropped: its send completes at once and nothing travels."""
+        """A message a fault dropped: its send completes at once and nothing travels. (Also the
+        request of an eager send, whose message moves as a flow of its own.)"""
         flow = _Flow(-1, self._path(src, dst), 0, t, event)
         flow.start = flow.end = t
         return flow
@@ -146,7 +161,11 @@ class FluidNetwork:
             path.served, path.t_last = 0.0, now
             for link in path.links:
                 self.link_paths[link][path] = None
-        heapq.heappush(path.pending, (path.served + flow.nbytes, flow.seq, flow))
+        # A flow that joins a shared path when its counter reads S is done when it reads S + n; on
+        # a channel it queues behind the flows already there.
+        done = (path.tail if path.channel and path.pending else path.served) + flow.nbytes
+        path.tail = done
+        heapq.heappush(path.pending, (done, flow.seq, flow))
         self.touched[path] = None
 
     def _end(self, path: _Path, now: float) -> None:
@@ -213,7 +232,7 @@ class FluidNetwork:
         if not paths:
             return
         order = list(paths)
-        weights = [len(p.pending) for p in order]
+        weights = [1 if p.channel else len(p.pending) for p in order]  # flows served at once
         if len(order) == 1:  # the common case (disjoint flows): no filling needed
             rate = order[0].cap
             for j in uses[0]:

@@ -8,10 +8,17 @@ sharing, so both agree wherever no two flows share a link:
 
 * declared compute advances it (``comm.compute``);
 * a message sent at time t to rank j arrives at t + alpha + n*beta (+ a fault's extra latency, at
-  the fault's bandwidth); the sender computes that arrival and sends it just *before* the message
+  the fault's bandwidth), or n*beta after the previous message to j if that one is still moving
+  (a channel is first in, first out, as in the replay); the sender computes that arrival and sends it just *before* the message
   on a side communicator (a duplicate of the task's, so it never matches learner messages; sent
   first, so a receiver that has the message never waits for its stamp), and the receiver moves its
   clock to max(now, arrival) when the message completes;
+* the sender's protocol is MPI's (``EAGER_LIMIT``): a send of at most the eager limit is *eager*:
+  it only copies the message out, so it costs its sender nothing (``SEND_OVERHEAD_S``: per-message
+  CPU costs are not modelled); a larger one (or an Ssend) is a *rendezvous*: the sender is done
+  when the bytes have arrived. Not modelled, here as in the replay: a rendezvous waiting for a late
+  receive (the sender would need the receiver's post time, a reply that could deadlock a correct
+  program: a receiver may complete its Irecv only after it needs something from the sender);
 * a built-in collective starts when its last member arrives (an allreduce of the clocks on the
   side communicator) and costs its algorithm's time on the group's slowest ring link.
 
@@ -28,6 +35,9 @@ import numpy as np
 from ...ops import MAX
 from ..engines.base import Engine
 from .collectives_cost import ALIASES, collective_time
+
+EAGER_LIMIT = 64 * 1024  # bytes: sends up to this size are eager (the proxy's and the replay's default)
+SEND_OVERHEAD_S = 0.0  # what an eager send costs its sender on the virtual clock: its copy, not modelled
 
 
 class RouteTable(Protocol):
@@ -46,6 +56,8 @@ class Timekeeper:
         self._outgoing_stamp = np.zeros(1)
         # (alpha, beta) to each group rank, looked up once: the route map does not change.
         self._links: dict[int, tuple[float, float]] = {}
+        # When the last message sent to each group rank is delivered: the next one's bytes wait.
+        self._channel_free: dict[int, float] = {}
 
     def compute(self, seconds: float) -> None:
         self.now += seconds
@@ -64,7 +76,16 @@ class Timekeeper:
                 leave = max(leave, action.hold_until_s)
             extra = action.extra_latency_s
             beta = action.effective_beta(beta)
-        return leave + extra + alpha + nbytes * beta
+        start = leave + extra + alpha
+        moving = nbytes * beta
+        if moving == 0:  # no bytes to move: it queues behind nothing (as in the replay)
+            return start
+        if action is not None and action.drop:
+            return start + moving  # lost on the way: it holds up no later message
+        # The channel to dest is first in, first out: its bytes move once the ones before are in.
+        arrival = max(start, self._channel_free.get(dest, 0.0)) + moving
+        self._channel_free[dest] = arrival
+        return arrival
 
     def route_beta(self, dest: int) -> float:
         return float(self._platform.route(self._world[self._side.rank], self._world[dest]).beta_s_per_byte)
@@ -73,6 +94,11 @@ class Timekeeper:
         # Eager and tiny: returns at once on both engines, which copy it out (so it is reused).
         self._outgoing_stamp[0] = arrival
         self._side.send(self._outgoing_stamp, dest, tag, False)
+
+    def send_done(self, arrival: float, rendezvous: bool) -> float:
+        """When a send leaving now with this ``arrival`` completes for its sender: once copied out
+        if eager, once its bytes have arrived if a rendezvous."""
+        return arrival if rendezvous else self.now + SEND_OVERHEAD_S
 
     def receive_stamp(self, source: int, tag: int) -> float:
         """The arrival time of the message just matched from group rank ``source`` with ``tag``.

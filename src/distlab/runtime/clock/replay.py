@@ -20,9 +20,16 @@ The model:
   takes alpha. Concurrent flows share links max-min fairly (progressive filling), each also
   capped at its own 1 / beta; rates are recomputed whenever a flow starts or ends, but only
   for the flows connected to it through shared links.
-- A send request completes when its flow has delivered everything (the conservative "buffer
-  reusable once delivered" reading); a receive request completes at max(posted, delivery of the
-  message it matched). "wait" ends at the latest completion among its requests, or at once.
+- The point-to-point messages of one ordered pair go through one *channel*, first in, first out
+  (an MPI connection delivers in order): a message's bytes move once the pair's earlier ones are
+  in, so a burst of Isends to one peer completes one message after another, as the online clock
+  times it too. The flows of a collective share their pair's path equally instead.
+- Sends follow MPI's protocols. One of at most ``eager_limit`` bytes (64 KiB, as the proxy's)
+  is *eager*: its request completes when posted (copying the message out is the sender's own
+  work, not modelled: ``online.SEND_OVERHEAD_S``), while its flow moves on. A larger one is a
+  *rendezvous*: its request completes when its flow has delivered everything. A receive request
+  completes at max(posted, delivery of the message it matched). "wait" ends at the latest
+  completion among its requests, or at once.
 - A built-in collective ("coll") starts when the last participant arrives, runs the flows of its
   standard algorithm (``collectives_cost``) through the same fluid model, and every participant
   leaves when its last flow ends. A nonblocking one ("icoll", e.g. ``Iallreduce``) is the same
@@ -35,14 +42,19 @@ The model:
   collectives (sync_wait_s is the part of it spent in blocking collectives waiting for the last
   peer to arrive) and idle_s is the time after the rank's last event until the slowest rank finishes.
 
-Not modelled: per-message CPU overheads, eager versus rendezvous protocols (a flow moves whether
-or not its receive is posted), and requests completed by Test instead of Wait.
+Not modelled: per-message CPU overheads; a rendezvous' wait for a late receive (its flow moves
+from the send on, whether or not the receive is posted: the online clock could learn the
+receiver's post time only from a reply, which could deadlock a correct program, and the two
+clocks keep one model); Ssend below the eager limit (timed as an eager send: the trace does not
+tell them apart); and requests completed by Test instead of Wait.
 
 Implementation notes. The flows of one ordered (src, dst) pair cross the same links with the same
-cap, so max-min fairness gives them the same rate: the simulator keeps them together in a
-``_Path`` with one "bytes served per flow" counter, and a flow that joins when the counter reads S
-is done when it reads S + nbytes. A burst of a thousand Isends to one peer therefore costs one
-rate computation per event, not a thousand. A heap orders the events by (time, sequence number);
+cap, so the simulator keeps them together in a ``_Path`` (two per pair: its channel and its
+collectives' path) with one "bytes served" counter. On a shared path max-min fairness gives its
+flows the same rate, the counter counts bytes per flow, and a flow that joins when it reads S is
+done when it reads S + nbytes; on a channel the counter counts the path's bytes and a flow is
+done at the previous flow's mark + nbytes. A burst of a thousand Isends to one peer therefore
+costs one rate computation per event, not a thousand. A heap orders the events by (time, sequence number);
 entries for a path are invalidated by a version number when its rate changes.
 """
 
@@ -59,6 +71,7 @@ from .collectives_replay import CollectiveReplay, _Coll
 from .fairshare import max_min_rates
 from .flows import _START, _Flow
 from .network import FlowRecord, Network, Replay, ReplayError, Route, RouteLike
+from .online import EAGER_LIMIT
 
 
 class _Recv:
@@ -107,9 +120,11 @@ def _match_table(reqs: Sequence[int], matches: Any) -> dict[int, tuple[int, ...]
 
 # -- the replay ---------------------------------------------------------------------------------
 class _Replayer(CollectiveReplay):
-    def __init__(self, traces: Mapping[int, Sequence[Event]], network: Network) -> None:
+    def __init__(self, traces: Mapping[int, Sequence[Event]], network: Network,
+                 eager_limit: int = EAGER_LIMIT) -> None:
         super().__init__(network)
         self.ranks = {r: _Rank(r, traces[r]) for r in sorted(traces)}
+        self.eager_limit = eager_limit
         self.messages: dict[MessageKey, _Flow] = {}
         self.early: dict[MessageKey, list[_Rank]] = {}  # waits on messages not yet sent
         self.received: dict[MessageKey, tuple[int, int]] = {}  # -> (rank, event) that took it
@@ -200,12 +215,14 @@ class _Replayer(CollectiveReplay):
                     continue
                 key = (ctx, r, dst, tag, k)
                 extra, factor = (fault[0], fault[1]) if fault is not None else (0.0, 1.0)
-                flow = self._post(r, dst, self._nbytes(nbytes, r, i), t, i, extra, factor)
+                n = self._nbytes(nbytes, r, i)
+                flow = self._post(r, dst, n, t, i, extra, factor)
                 self.messages[key] = flow
                 early = self.early.pop(key, None)
                 if early is not None:
                     flow.waiters = early
-                rs.requests[req] = flow
+                # Eager: the sender is done once posted; a rendezvous, once its bytes are in.
+                rs.requests[req] = self._lost(r, dst, t, i) if n <= self.eager_limit else flow
                 spans.append((t, t))
             elif kind == RECV:
                 rs.requests[e[1]] = _Recv(t, e[2], e[3], e[4], i)
@@ -352,8 +369,8 @@ class _Replayer(CollectiveReplay):
         link_bytes: dict[str, int] = {}
         link_money: dict[str, float] = {}
         money = 0.0
-        for (src, dst), path in sorted(self.paths.items(), key=lambda item: item[0]):
-            pair_bytes[(src, dst)] = path.nbytes
+        for (src, dst, _), path in sorted(self.paths.items(), key=lambda item: item[0]):
+            pair_bytes[(src, dst)] = pair_bytes.get((src, dst), 0) + path.nbytes
             money += path.nbytes * path.price
             for name in path.names:
                 link_bytes[name] = link_bytes.get(name, 0) + path.nbytes
@@ -382,10 +399,12 @@ class _Replayer(CollectiveReplay):
         )
 
 
-def replay(traces: Mapping[int, Sequence[Event]], network: Network) -> Replay:
-    """Replays every rank's events (world rank -> events in program order) through ``network``.
+def replay(traces: Mapping[int, Sequence[Event]], network: Network,
+           eager_limit: int = EAGER_LIMIT) -> Replay:
+    """Replays every rank's events (world rank -> events in program order) through ``network``;
+    sends of more than ``eager_limit`` bytes are rendezvous (see the module notes).
     Raises ReplayError for a message received but never sent, a deadlock, or a malformed event."""
-    return _Replayer(traces, network).run()
+    return _Replayer(traces, network, eager_limit).run()
 
 
 __all__ = [

@@ -14,7 +14,9 @@ this proxy, which
 * offers the built-in collectives (``collectives.py``), nonblocking requests (``requests.py``) and
   mpi4py's lowercase calls on Python objects (``objects.py``);
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
-  blocking ``Send`` to each other deadlock the same way on every engine and every transport.
+  blocking ``Send`` to each other deadlock the same way on every engine and every transport; and
+  times them so on the online clock: an eager send is done once copied out (its sender does not
+  wait for the arrival), a rendezvous once its bytes have arrived (see runtime/clock/online.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-from ..clock.online import Timekeeper
+from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..faults.decide import MessageAction, MessageFaults
 from ..trace.events import COMPUTE, MARK, TraceRecorder
@@ -33,7 +35,7 @@ from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
 
-DEFAULT_EAGER_LIMIT = 64 * 1024
+DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
 class Comm(Collectives, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
@@ -267,7 +269,8 @@ class Comm(Collectives, ObjectCalls):
             self._engine.send(array, dest, tag, synchronous)
             self._slot.running()
             if self._clock is not None:
-                self._clock.advance_to(arrival)
+                # Eager: done once copied out; a rendezvous, once the bytes have moved.
+                self._clock.advance_to(self._clock.send_done(arrival, synchronous))
         stats = self.stats
         stats.calls["Send"] += 1
         stats.op_bytes["Send"] += nbytes
@@ -318,14 +321,17 @@ class Comm(Collectives, ObjectCalls):
         if self._trace is not None:
             fault = self._send_fault(dest, action)
             req = self._trace.send(self._ctx, dst, tag, nbytes, fault, time.perf_counter())
+        rendezvous = nbytes > self._eager_limit
         if action is not None and action.drop:
             request: EngineRequest = _Completed()
         else:
             if self._clock is not None:
                 self._clock.send_stamp(dest, tag, arrival)
-            request = self._engine.isend(array, dest, tag, synchronous=nbytes > self._eager_limit)
+            request = self._engine.isend(array, dest, tag, synchronous=rendezvous)
         handle = Request(self, request, dest, tag, nbytes, False, req)
-        handle.arrival = arrival
+        if self._clock is not None:  # when its Wait returns on the online clock
+            dropped = action is not None and action.drop
+            handle.arrival = self._clock.now if dropped else self._clock.send_done(arrival, rendezvous)
         return handle
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
@@ -368,6 +374,7 @@ class Comm(Collectives, ObjectCalls):
         # Read before the exchange moves the clock: a held message waits from now.
         fault = self._send_fault(dest, action) if action is not None else None
         wall0 = time.perf_counter()
+        rendezvous = send_nbytes > self._eager_limit
         if self._clock is not None and not dropped:
             self._clock.send_stamp(dest, sendtag, arrival)
         # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
@@ -389,7 +396,8 @@ class Comm(Collectives, ObjectCalls):
         stats.recv_bytes[got_src] += recv_nbytes
         if self._clock is not None:
             received = self._clock.receive_stamp(got_source, got_tag)
-            self._clock.advance_to(max(received, 0.0 if dropped else arrival))
+            sent = 0.0 if dropped else self._clock.send_done(arrival, rendezvous)
+            self._clock.advance_to(max(received, sent))
         if self._trace is not None:
             self._trace.sendrecv(
                 self._ctx, dst, sendtag, send_nbytes, fault, src, recvtag, recv_nbytes,
