@@ -8,11 +8,14 @@ before the learner's module is loaded; the harness keeps the real one (mpi4py fi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
 class EngineMisuse(BaseException):
     """Raised where learner code calls what the harness owns; the worker reports it."""
+
+
+_harness_finalize: list[Callable[[], None]] = []  # the real MPI.Finalize, once replaced
 
 
 def forbid_finalize(backend: str) -> None:
@@ -24,7 +27,17 @@ def forbid_finalize(backend: str) -> None:
         raise EngineMisuse("the solution called MPI.Finalize(): distlab starts and ends MPI "
                            "itself, and no rank can communicate after it; remove the call")
 
+    if not _harness_finalize:
+        _harness_finalize.append(MPI.Finalize)
     MPI.Finalize = finalize
+
+
+def finalize_mpi() -> None:
+    """The harness's own MPI_Finalize (a no-op if MPI is not up), whatever the learner's code saw."""
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        (_harness_finalize[0] if _harness_finalize else MPI.Finalize)()
 
 
 def require_completed(unwaited: dict[str, int]) -> None:

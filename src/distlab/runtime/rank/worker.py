@@ -57,7 +57,7 @@ from ..seal.errors import LearnerGone
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
 from .failures import error_from
-from .guards import forbid_finalize, require_completed
+from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
 from .sealed import LearnerProcess
 
@@ -167,12 +167,14 @@ def run_job(job_dir: Path) -> int:
     write_pickle_atomically(outcome_path(job_dir, rank), outcome)
     slot.set(FINISHED)
     engine.close()
-    if backend == "gloo":
-        # Interpreter shutdown of several torch processes at once takes seconds on a small
-        # machine, and nothing is left to flush; MPI ranks must return to run MPI_Finalize.
-        sys.stdout.flush()
-        os._exit(0)
-    return 0
+    # The outcome is written: leave without the interpreter's shutdown, which takes seconds for
+    # several processes that imported torch at once on a small machine (the supervisor waits for
+    # the ranks to exit). MPI ranks first finalize MPI, as mpi4py would at exit.
+    if backend == "mpi":
+        finalize_mpi()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # How a task's program runs: (comm, task index, task) -> its return value.
