@@ -9,6 +9,7 @@ within 5% of its alpha-beta bound.
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +25,8 @@ CHECKS = Checklist()
 
 @CHECKS.run
 def plan(t: CheckContext) -> cases.Plan:
-    return cases.plan_for(t.seed)
+    drawn = cases.plan_for(t.seed)
+    return replace(drawn, train=judging.vetted_training(drawn.train))
 
 
 @CHECKS.run
