@@ -8,6 +8,8 @@ forged request read as tampering; a detached child gone with the run.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import test_launcher
+from conftest import DISTLAB, REPO, job_processes
 from test_launcher import run
 
 import distlab
@@ -23,6 +26,7 @@ from distlab.runtime.jobspec import Task
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
 REFERENCE = Path(__file__).resolve().parents[1] / "problems" / "03-ring-allreduce" / "reference.py"
+REFERENCE_02 = REFERENCE.parents[1] / "02-alpha-beta" / "reference.py"
 NEEDED_UNDER_TMP = {Path(p).resolve().parts[2] for p in (ATTACKS, sys.prefix, *sys.path)
                     if p and Path(p).resolve().parts[1:2] == ("tmp",)}
 
@@ -90,3 +94,27 @@ def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call() -> None:
     assert result.status == "crashed" and result.failing_rank == 1, result.message
     assert result.message.startswith("rank 1 exited with status 3 before reporting"), result.message
     assert "its learner process died in Recv" in result.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root, and setpriv to drop CAP_SYS_ADMIN")
+def test_root_without_cap_sys_admin_falls_back_to_user_and_pid_namespaces(tmp_path: Path) -> None:
+    """Root in a container's default profile has no CAP_SYS_ADMIN, so no mount namespace: the
+    seal says so in -v (user and PID namespaces only), the check still grades, and a detached
+    child of the learner's still dies with it (its PID namespace)."""
+    marker = f"distlab-seal-test-{uuid.uuid4().hex}"
+    solution = tmp_path / "leaves_a_child.py"
+    solution.write_text(REFERENCE_02.read_text() + (
+        "\n\nimport subprocess as _subprocess, sys as _sys\n"
+        f"_subprocess.Popen([_sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],"
+        " start_new_session=True)\n"))
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
+                           *DISTLAB, "check", "02", "--solution", str(solution), "--seal", "on", "-v"],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, out[-3000:]
+    assert "the learner's code runs in own user and PID namespaces only" in out, out[:2000]
+    survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert survivors == [] and job_processes() == []
+    assert not Path("/tmp/learner").exists()  # its working folder was the job's, gone with it

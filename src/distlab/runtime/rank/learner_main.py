@@ -51,7 +51,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def enter_sandbox(hidden: list[str], kept: list[str]) -> str:
+def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) -> str:
     """Runs the rest of this program as the learner, in the sandbox of sandbox.py; returns which
     isolation holds. In a PID namespace of its own, every process the learner's code starts, in
     any session, dies with it: when a namespace's first process ends, the kernel kills the rest.
@@ -63,6 +63,7 @@ def enter_sandbox(hidden: list[str], kept: list[str]) -> str:
     and ends as the learner ended, exit status or signal, so the agent sees one child."""
     isolation = sandbox.isolate(hidden, kept)
     if isolation == sandbox.NONE:
+        _enter_folder(isolation, shared_tmp_folder)
         return isolation
     status_r, status_w = os.pipe()  # the learner's wait status, from the first process
     first = os.fork()
@@ -77,8 +78,7 @@ def enter_sandbox(hidden: list[str], kept: list[str]) -> str:
         if learner == 0:
             os.close(status_w)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            os.makedirs(WORKDIR, exist_ok=True)
-            os.chdir(WORKDIR)
+            _enter_folder(isolation, shared_tmp_folder)
             if isolation == sandbox.FULL:
                 sandbox.drop_privileges()
             return isolation
@@ -88,6 +88,16 @@ def enter_sandbox(hidden: list[str], kept: list[str]) -> str:
     _, first_status = os.waitpid(first, 0)
     raw = os.read(status_r, 4)
     _end_as(struct.unpack("<i", raw)[0] if len(raw) == 4 else first_status)
+
+
+def _enter_folder(isolation: str, shared_tmp_folder: str) -> None:
+    """The learner's working folder: on its own /tmp when the sandbox mounted one; otherwise a
+    folder of the job's (also its TMPDIR), so that nothing it writes outlives the job."""
+    folder = WORKDIR if isolation == sandbox.FULL else shared_tmp_folder
+    if isolation != sandbox.FULL:
+        os.environ["TMPDIR"] = folder
+    os.makedirs(folder, exist_ok=True)
+    os.chdir(folder)
 
 
 def _reap_until(learner: int, status_w: int) -> NoReturn:
@@ -181,10 +191,11 @@ def main(argv: list[str]) -> int:
     die_with_parent(int(spec["agent_pid"]))
     end = LearnerEnd.open(handle)  # first: a sandbox that cannot be made is said through it
     try:
-        enter_sandbox(spec["hidden"], spec["kept"])
+        enter_sandbox(spec["hidden"], spec["kept"], spec["shared_tmp_folder"])
     except sandbox.SandboxError as exc:
         send_result(end, FAILURE, encode_failure(
-            "seal", f"the seal could not be set up ({exc.strerror}): run as root, or with --seal off",
+            "seal", f"the seal could not be set up ({exc.strerror}): run as root with "
+            "CAP_SYS_ADMIN, or with --seal off",
             "", ""))
         os._exit(1)
     stack = os.fdopen(int(spec["stack_fd"]), "w")

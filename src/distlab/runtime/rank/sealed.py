@@ -82,6 +82,9 @@ class LearnerProcess:
             "agent_pid": os.getpid(), "stack_fd": stack_file.fileno(),
             "hidden": hidden_paths(job, job_dir),
             "kept": kept_paths(job),
+            # Its working folder where the sandbox cannot give it a /tmp of its own (no mounts):
+            # inside the job folder, which goes with the job.
+            "shared_tmp_folder": str(job_dir / f"learner-{rank}"),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's

@@ -17,9 +17,10 @@ the learner):
                      interpreter and the virtual environment may live under /root (0700), where
                      another uid could not even start Python.
 
-Where the harness is not root, only a user namespace around a PID namespace is tried (the
-detached-process guarantee); the filesystem, the network and /proc are then the learner's as
-they are the harness's, and ``isolate`` says so in what it returns.
+Where the harness cannot mount (not root, or root without CAP_SYS_ADMIN, as in a container's
+default profile), only a user namespace around a PID namespace is tried (the detached-process
+guarantee); the filesystem, the network and /proc are then the learner's as they are the
+harness's, and ``isolate`` says so in what it returns.
 """
 
 from __future__ import annotations
@@ -42,14 +43,30 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
+CAP_SYS_ADMIN = 21  # what mount namespaces and mounts need
+
 FULL = "own mount, PID, network and IPC namespaces; read-only filesystem; no capabilities"
-PID_ONLY = "own user and PID namespaces only (not root: the filesystem, network and /proc are shared)"
+PID_ONLY = ("own user and PID namespaces only (not root with CAP_SYS_ADMIN: the filesystem, "
+            "network and /proc are shared)")
 NONE = "none (no namespace could be made: processes the learner starts may outlive the check)"
+
+
+def can_mount() -> bool:
+    """Root with CAP_SYS_ADMIN in effect: what the full sandbox needs. A container's root
+    usually lacks it; so does a process whose bounding set dropped it."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        status = Path("/proc/self/status").read_text()
+        effective = int(status.split("CapEff:", 1)[1].split()[0], 16)
+    except (OSError, IndexError, ValueError):
+        return False
+    return bool(effective >> CAP_SYS_ADMIN & 1)
 
 
 def expected() -> str:
     """Which isolation ``isolate`` will give on this machine, said before any rank starts."""
-    if os.geteuid() == 0:
+    if can_mount():
         return FULL
     try:
         allowed = int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0
@@ -77,7 +94,7 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     """Namespaces and mounts for the learner to come (module docstring); returns which hold.
     ``kept``: paths the learner needs (its solution file, the problem's folder) that the fresh
     /tmp or /dev/shm would cover: bound back at the same path, read-only."""
-    if os.geteuid() != 0:
+    if not can_mount():
         return PID_ONLY if _libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) == 0 else NONE
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
