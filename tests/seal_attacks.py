@@ -24,6 +24,13 @@ def _refused(action):
     return "allowed"
 
 
+def _listing(folder):
+    try:
+        return sorted(os.listdir(folder))
+    except OSError as exc:
+        return type(exc).__name__
+
+
 def facts(comm, bank_reference, package_file, port):
     """What this process can see and do, as plain values."""
     from mpi4py import MPI
@@ -33,6 +40,8 @@ def facts(comm, bank_reference, package_file, port):
         "mpi initialized": MPI.Is_initialized(),
         "engine variables": sorted(k for k in os.environ if k.startswith(("OMPI_", "PMIX_", "MASTER_"))),
         "parent pid": os.getppid(),
+        "uid": os.getuid(),
+        "root's home": _listing("/root"),
         "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
         "tmp": sorted(os.listdir("/tmp")),
         "reference bytes": len(open(bank_reference).read()),

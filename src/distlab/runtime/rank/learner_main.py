@@ -72,15 +72,16 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
         # Should the waiter die before this holds, the learner's next call finds the agent gone
         # (the waiter dies only with the agent) and the learner ends, and with it the namespace.
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if isolation == sandbox.FULL:
+        if isolation in sandbox.MOUNTED:
             sandbox.mount_proc()
         learner = os.fork()
         if learner == 0:
             os.close(status_w)
+            if isolation in sandbox.MOUNTED:
+                sandbox.drop_privileges(isolation)
+            # Set after the change of user, which clears it.
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            _enter_folder(isolation, shared_tmp_folder)
-            if isolation == sandbox.FULL:
-                sandbox.drop_privileges()
+            _enter_folder(isolation, shared_tmp_folder)  # as the learner: its own to write
             return isolation
         _reap_until(learner, status_w)
     os.close(status_w)
@@ -93,8 +94,8 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
 def _enter_folder(isolation: str, shared_tmp_folder: str) -> None:
     """The learner's working folder: on its own /tmp when the sandbox mounted one; otherwise a
     folder of the job's (also its TMPDIR), so that nothing it writes outlives the job."""
-    folder = WORKDIR if isolation == sandbox.FULL else shared_tmp_folder
-    if isolation != sandbox.FULL:
+    folder = WORKDIR if isolation in sandbox.MOUNTED else shared_tmp_folder
+    if isolation not in sandbox.MOUNTED:
         os.environ["TMPDIR"] = folder
     os.makedirs(folder, exist_ok=True)
     os.chdir(folder)

@@ -136,10 +136,12 @@ class LearnerProcess:
 
 
 def kept_paths(job: Job) -> list[str]:
-    """What the learner process needs to read where its fresh /tmp would cover it (a checkout or a
-    virtual environment under /tmp): its solution, the problem's folder, the interpreter's prefix
-    and every folder on the import path (the learner process starts with this process's)."""
-    wanted = [job.solution_file, str(Path(job.program_file).parent), sys.prefix, *sys.path]
+    """What the learner process needs to read where the sandbox covers it (its fresh /tmp over a
+    checkout or a virtual environment there, an empty tmpfs over /root): its solution, the problem's folder, the interpreter's prefix
+    and every folder on the import path (the learner process starts with this process's), and
+    the interpreter itself, which a learner's subprocess (a data loader's workers) starts again."""
+    wanted = [job.solution_file, str(Path(job.program_file).parent), sys.prefix, *sys.path,
+              os.path.dirname(os.path.realpath(sys.executable))]
     return [p for p in dict.fromkeys(wanted) if p and os.path.exists(p)]
 
 

@@ -11,11 +11,14 @@ the learner):
 ``mount_proc()``     (the first process) a /proc of the new PID namespace: the learner sees its
                      own processes only, so it cannot name the agent, the supervisor or a peer
                      to signal, trace or read (/proc/PID/mem).
-``drop_privileges()`` (the learner) every capability gone, for good: the bounding set emptied,
-                     SECBIT_NOROOT locked (an exec does not give root its capabilities back) and
-                     no_new_privs. It stays uid 0, a root that can undo none of the above: the
-                     interpreter and the virtual environment may live under /root (0700), where
-                     another uid could not even start Python.
+``drop_privileges()`` (the learner) the unprivileged user ``nobody``, with every capability
+                     gone for good: the bounding set emptied, SECBIT_NOROOT locked (an exec does
+                     not give root its capabilities back) and no_new_privs. What it must read
+                     behind a folder others cannot enter (the interpreter under /root, 0700; a
+                     solution in a private temporary folder) was bound back over an empty tmpfs
+                     there; a file or folder only root may read is copied to a readable one
+                     first. Where that would mean copying a large folder, it stays uid 0 without
+                     capabilities, and ``isolate`` says so.
 
 Where the harness cannot mount (not root, or root without CAP_SYS_ADMIN, as in a container's
 default profile), only a user namespace around a PID namespace is tried (the detached-process
@@ -27,6 +30,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
+import shutil
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -45,7 +51,12 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 CAP_SYS_ADMIN = 21  # what mount namespaces and mounts need
 
-FULL = "own mount, PID, network and IPC namespaces; read-only filesystem; no capabilities"
+FULL = ("own mount, PID, network and IPC namespaces; read-only filesystem; user nobody, no "
+        "capabilities")
+FULL_AS_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 without "
+                "capabilities (a large folder it needs is readable by root only)")
+MOUNTED = (FULL, FULL_AS_ROOT)  # the isolations with the learner's own mounts and /proc
+COPY_LIMIT_BYTES = 64 << 20  # a folder only root may read is copied for the learner up to this size
 PID_ONLY = ("own user and PID namespaces only (not root with CAP_SYS_ADMIN: the filesystem, "
             "network and /proc are shared)")
 NONE = "none (no namespace could be made: processes the learner starts may outlive the check)"
@@ -111,24 +122,79 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     finally:
         os.close(root)
     scratches = ("/tmp", "/dev/shm")
-    covered = sorted({os.path.realpath(p) for p in kept
-                      if any(os.path.realpath(p).startswith(s + "/") for s in scratches)})
+    kept = [os.path.realpath(p) for p in kept if os.path.exists(p)]
+    # /root and the like, which the learner as nobody could not enter (under /tmp the fresh tmpfs
+    # makes them anew, open).
+    closed = [c for c in closed_folders(kept) if not any(c.startswith(s + "/") for s in scratches)]
+    covers = (*scratches, *closed)
+    covered = sorted({p for p in kept if any(p.startswith(c + "/") for c in covers)})
     # A folder inside another kept one comes with it (bound last, it would be bound over).
     covered = [p for p in covered if not any(p.startswith(q + "/") for q in covered if q != p)]
-    # Opened before the scratch mounts cover them, bound back from the descriptor afterwards.
-    keep_fds = [(os.path.realpath(p), os.open(p, os.O_PATH)) for p in covered if os.path.exists(p)]
+    private = [p for p in kept if not readable_by_others(p)]
+    as_root = any(_size(p) > COPY_LIMIT_BYTES for p in private)
+    # Opened before the covering mounts, bound back from the descriptor afterwards.
+    keep_fds = [(p, os.open(p, os.O_PATH)) for p in covered]
     for scratch in scratches:
         _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=1g,mode=1777")
+    for folder in closed:  # root's own, 0755: the learner may pass, not write
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path, fd in keep_fds:
-        is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
-        os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
-        if not is_dir:
-            open(path, "a").close()
-        # Recursive, so that a hidden file inside a kept folder stays hidden; read-only, as the
-        # mount it comes from.
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _bind(f"/proc/self/fd/{fd}", path)
         os.close(fd)
-    return FULL
+    if not as_root:
+        for n, path in enumerate(private):  # copies the learner may read, bound over the originals
+            copy = f"/tmp/.distlab-kept/{n}"
+            os.makedirs("/tmp/.distlab-kept", mode=0o755, exist_ok=True)
+            _readable_copy(path, copy)
+            _bind(copy, path)
+    return FULL_AS_ROOT if as_root else FULL
+
+
+def closed_folders(paths: Sequence[str]) -> list[str]:
+    """For each path, the outermost folder above it that others may not enter (no o+x)."""
+    found: dict[str, None] = {}
+    for path in paths:
+        for parent in reversed(Path(path).parents[:-1]):  # from the top, "/" excepted
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                found[str(parent)] = None
+                break
+    return [f for f in found if not any(f.startswith(g + "/") for g in found)]
+
+
+def readable_by_others(path: str) -> bool:
+    """Whether a uid other than the owner's may read it (a folder: list and enter it too)."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        return mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
+    return bool(mode & stat.S_IROTH)
+
+
+def _size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _readable_copy(source: str, target: str) -> None:
+    if os.path.isdir(source):
+        shutil.copytree(source, target, symlinks=True)
+        for folder, dirs, files in os.walk(target):
+            os.chmod(folder, 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
+    else:
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o644)
+
+
+def _bind(source: str, path: str) -> None:
+    """Binds source at path (recursively, so that a hidden file inside stays hidden; read-only
+    where the source's mount is), making the mount point first."""
+    is_dir = os.path.isdir(source)
+    os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+    if not is_dir and not os.path.exists(path):
+        open(path, "a").close()
+    _mount(source, path, None, MS_BIND | MS_REC)
 
 
 def mount_proc() -> None:
@@ -136,14 +202,28 @@ def mount_proc() -> None:
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def drop_privileges() -> None:
-    """No capability now or after any exec (module docstring)."""
+def drop_privileges(isolation: str) -> None:
+    """User nobody (uid 0 for FULL_AS_ROOT) and no capability, now or after any exec (module
+    docstring). The caller sets its parent-death signal again: a change of uid clears it."""
     _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
         _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"dropping capability {cap}")
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if isolation == FULL:
+        uid, gid = _nobody()
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two words each: all zero
     _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
+
+
+def _nobody() -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
