@@ -36,8 +36,9 @@ def sealed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(test_launcher, "SEAL", True)
 
 
-def attack(name: str, *args: object, ranks: int = 2, backend: str = "mpi"):  # type: ignore[no-untyped-def]
-    job = test_launcher.make_job("call_solution", [Task(ranks=ranks, args=(name, *args))], ATTACKS,
+def attack(name: str, *args: object, ranks: int = 2, backend: str = "mpi",  # type: ignore[no-untyped-def]
+           solution: Path = ATTACKS):
+    job = test_launcher.make_job("call_solution", [Task(ranks=ranks, args=(name, *args))], solution,
                                  backend=backend)
     return run(job, deadline_s=30)
 
@@ -83,6 +84,18 @@ def test_a_detached_child_of_the_learner_does_not_outlive_the_run() -> None:
     assert result.ok, result.message
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the learner runs as nobody only under root")
+def test_a_solution_only_root_may_read_is_read_by_the_learner_through_a_copy(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    solution = private / "attacks.py"
+    solution.write_text(ATTACKS.read_text())
+    solution.chmod(0o600)
+    result = attack("total_of", solution=solution)
+    assert result.ok, result.message
+    assert [o.value for o in result.task_outcomes(0)] == [2.0, 2.0]
 
 
 def test_counters_stay_the_agent_s() -> None:
