@@ -50,8 +50,8 @@ def judge_link(r: int, p: int, fit: Fitted, links: list[Link], exchange: tuple[i
             f"saw alpha = {fmt_s(fit.alpha)}, beta = {fmt_beta(fit.beta)}")
     sent, echoed = exchange or (0, 0)
     if sent and not echoed:  # the counters: nothing came back, so no round trip was timed
-        # Before the values: the virtual clock does not model MPI's eager protocol yet, so there a
-        # lone Send "measures" alpha + n * beta exactly, where real MPI returns at once.
+        # Before the values: past the eager limit a blocking Send waits for its bytes (a rendezvous),
+        # so lone Sends of large messages alone would still fit the link; the counters tell.
         return (f"{base}: rank {r} sent {sent} messages to rank {(r + 1) % p} and got none back, so it "
                 "timed a lone Send with no echo. A Send below the eager limit returns once MPI has copied "
                 "the message out, long before it arrives, so its time says nothing of the link: time a "
