@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
-from ..faults.decide import MessageAction, MessageFaults
 from ..trace.events import COMPUTE, MARK, TraceRecorder
 from .collectives import Collectives
 from .objects import ObjectCalls
 from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
+
+if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (rank/worker.py)
+    from ..faults.decide import MessageAction, MessageFaults
 
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 

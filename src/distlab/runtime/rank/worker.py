@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable, TypeGuard
 
 from ..clock.online import Timekeeper
 from ..comm.proxy import Comm
@@ -38,7 +38,6 @@ from ..comm.rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
 from ..comm.stats import CommStats
 from ..engines.base import Engine
 from ..engines.counted import harness_engine
-from ..faults.decide import MessageFaults, ProcessFaults
 from ..jobspec import (
     JOB_FILE,
     Job,
@@ -53,13 +52,15 @@ from ..jobspec import (
     stack_path,
     write_pickle_atomically,
 )
-from ..seal.errors import LearnerGone
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
 from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
-from .sealed import LearnerProcess
+
+if TYPE_CHECKING:  # imported by sealed ranks only (see _start_learner)
+    from ..seal.errors import LearnerGone
+    from .sealed import LearnerProcess
 
 
 def detect_backend() -> tuple[str, int, int]:
@@ -124,7 +125,7 @@ def run_job(job_dir: Path) -> int:
         threading.Thread(target=_watch_supervisor, args=(job.supervisor_pid,), daemon=True).start()
     slot = RankSlot(job_dir / f"state-{rank}.bin")
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
-    learner = LearnerProcess.start(job, job_dir, rank, stack_file) if job.seal else None
+    learner = _start_learner(job, job_dir, rank, stack_file) if job.seal else None
 
     engine = make_engine(job.backend)
     handed = None
@@ -151,7 +152,7 @@ def run_job(job_dir: Path) -> int:
         if learner is not None:
             learner.finish()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
-        if isinstance(exc, LearnerGone) and not exc.closed and learner is not None:
+        if learner is not None and _is_learner_gone(exc) and not exc.closed:
             learner.died(exc)  # no outcome: the supervisor names the death, as for one process
         if learner is not None:
             learner.kill()
@@ -179,6 +180,20 @@ def run_job(job_dir: Path) -> int:
 
 # How a task's program runs: (comm, task index, task) -> its return value.
 TaskRunner = Callable[[Comm, int, Any], Any]
+
+
+# The seal's modules are imported only by a sealed rank: imports are most of a rank's start-up
+# time, which every launch pays once per rank.
+def _start_learner(job: Job, job_dir: Path, rank: int, stack_file: IO[str]) -> LearnerProcess:
+    from .sealed import LearnerProcess
+
+    return LearnerProcess.start(job, job_dir, rank, stack_file)
+
+
+def _is_learner_gone(exc: BaseException) -> TypeGuard[LearnerGone]:
+    from ..seal.errors import LearnerGone
+
+    return isinstance(exc, LearnerGone)
 
 
 def _in_process(program: Callable[..., Any], solution: Any) -> TaskRunner:
@@ -229,10 +244,7 @@ def _run_task(
                 else _per_rank(job.device_flops, world_rank, None)
             ),
             clock=Timekeeper(platform, side) if side is not None else None,
-            faults=MessageFaults(plan, world_rank) if plan is not None else None,
-            trigger_steps=(
-                ProcessFaults(plan).trigger_steps(world_rank) if plan is not None else frozenset()
-            ),
+            **_fault_layers(plan, world_rank),
         )
         start = time.perf_counter()
         value = run(comm, index, task)
@@ -250,8 +262,21 @@ def _run_task(
     return result
 
 
+# A fault plan's modules are imported only where a task has one (see _start_learner).
+def _fault_layers(plan: Any, world_rank: int) -> dict[str, Any]:
+    """The proxy's fault arguments: its message faults and the steps that trigger process faults."""
+    if plan is None:
+        return {"faults": None, "trigger_steps": frozenset()}
+    from ..faults.decide import MessageFaults, ProcessFaults
+
+    return {"faults": MessageFaults(plan, world_rank),
+            "trigger_steps": ProcessFaults(plan).trigger_steps(world_rank)}
+
+
 def _compute_multiplier(job: Job, plan: Any, rank: int) -> float:
     if plan is not None:
+        from ..faults.decide import ProcessFaults
+
         return float(ProcessFaults(plan).compute_multiplier(rank))
     return float(_per_rank(job.compute_multiplier, rank, 1.0))
 
