@@ -1,6 +1,7 @@
 """How problem 04 judges what the ranks returned: a verdict names the case, what was expected and what
 was seen, and the mistake it recognises (1-bit Adam's are variants of one simulation)."""
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -110,6 +111,11 @@ def vetted_training(train: cases.TrainCase) -> cases.TrainCase:
 
 def simulate_fp32_training(seed: int, p: int, steps: int) -> np.ndarray:
     """The AUC baseline: float32 Adam on the mean gradient of the p shards, in one process."""
+    return _fp32_training(seed, p, steps).copy()
+
+
+@functools.lru_cache(maxsize=4)  # the vetting of the draw and the AUC check ask for the same one
+def _fp32_training(seed: int, p: int, steps: int) -> np.ndarray:
     shards = [cases.examples(seed, r, steps * cases.BATCH) for r in range(p)]
     theta = cases.init_params(seed)
     adam = Adam(theta, cases.LR)
