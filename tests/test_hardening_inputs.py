@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,22 @@ def test_a_bom_or_a_coding_line_is_valid_python_that_compiles_and_imports(
     compile_check(path)
     module = load_module(path, f"solution_{path.stem}")
     assert callable(module.allreduce)
+
+
+def test_a_solution_edited_within_the_same_second_is_loaded_as_it_is_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python trusts a .pyc whose source kept its size and modification second; the learner's
+    file is compiled from its bytes every time, so a one-character fix is what gets checked."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as on a learner's machine
+    path = tmp_path / "solution.py"
+    path.write_text("ANSWER = 1\n")
+    stamp = path.stat().st_mtime_ns
+    assert load_module(path, "solution_same_second").ANSWER == 1
+    path.write_text("ANSWER = 2\n")  # the same size
+    os.utime(path, ns=(stamp, stamp))  # and the same modification time
+    assert load_module(path, "solution_same_second").ANSWER == 2
+    assert not (tmp_path / "__pycache__").exists()
 
 
 def test_a_binary_solution_is_refused_in_one_sentence(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 import traceback
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import CodeType, ModuleType, TracebackType
 
 from ...errors import UsageError
 
@@ -32,14 +32,14 @@ def read_source(path: Path) -> bytes:
     return source
 
 
-def compile_check(path: Path) -> None:
-    """Raises SolutionLoadError for a syntax error, without running anything.
+def compile_check(path: Path) -> CodeType:
+    """The file's code, compiled; SolutionLoadError for a syntax error, without running anything.
 
     It compiles the bytes, not a decoded str, so that a UTF-8 BOM or a ``# -*- coding: ... -*-``
-    line means what it means to Python's import (which the ranks use to load the file)."""
+    line means what it means to Python's import."""
     source = read_source(path)
     try:
-        compile(source, str(path), "exec")
+        return compile(source, str(path), "exec")
     except SyntaxError as exc:
         where = f"{path.name}, line {exc.lineno}"
         summary = f"SyntaxError in {where}: {exc.msg}"
@@ -49,14 +49,18 @@ def compile_check(path: Path) -> None:
 
 
 def load_module(path: Path, name: str) -> ModuleType:
-    """Imports the file as a fresh module; errors raised by its top level become SolutionLoadError."""
-    compile_check(path)
+    """Imports the file as a fresh module; errors raised by its top level become SolutionLoadError.
+
+    It runs the code compiled from the file's bytes as they are now, never a cached .pyc: Python
+    trusts a cache whose source has the same size and modification second, which a learner who
+    fixes one character and checks again within the second would otherwise be graded on."""
+    code = compile_check(path)
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(code, module.__dict__)  # noqa: S102 - the learner's own file, in its rank
     except Exception as exc:
         where = innermost_frame_in(exc.__traceback__, path)
         summary = f"importing {path.name} failed: {type(exc).__name__}: {exc}"
