@@ -66,6 +66,7 @@ def test_the_learner_process_holds_nothing_of_the_harness_and_sees_only_itself(b
         # /tmp (a checkout there, a virtual environment), bound back read-only.
         assert set(seen["tmp"]) == {"learner", *NEEDED_UNDER_TMP}, seen["tmp"]
         assert seen["reference bytes"] == 0 and REFERENCE.stat().st_size > 0
+        assert seen["bank bytecode"] == []  # a .pyc of check.py would be check.py
         assert seen["write into distlab"] in ("OSError", "PermissionError")  # read-only; not its own
         assert seen["connect to the host"] == "OSError"
         assert seen["comm.stats"] == "AttributeError"

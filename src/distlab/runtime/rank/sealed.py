@@ -14,6 +14,7 @@ the learner ended (the same exit status or signal), so that the supervisor's acc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -149,7 +150,8 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
     """What the learner process must not read: the job folder (the tasks' hidden cases, the fault
     plan, every rank's files), and the checks, judges and reference solutions of the shipped bank
     and of the program's own (a problem's programs.py and cases.py stay: its rank programs run
-    there). The solution being checked stays readable, even when it is a reference."""
+    there), with every problem's bytecode cache (a .pyc of check.py is check.py). The solution
+    being checked stays readable, even when it is a reference."""
     from ...bank import (
         default_problems_dir,  # the bank module is the CLI's; imported when needed
     )
@@ -164,6 +166,14 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
     for bank in sorted(banks):
         for name in ("check.py", "judging.py", "reference.py"):
             hidden += [str(p) for p in sorted(bank.glob(f"*/{name}")) if p.resolve() != solution]
+        for package in sorted({p.parent for p in bank.glob("*/check.py")}):
+            cache = package / "__pycache__"
+            # Made if missing, so that it is covered: a cache written after the sandbox was set up
+            # would be readable (a mount covers a folder, not files yet to come).
+            with contextlib.suppress(OSError):
+                cache.mkdir(exist_ok=True)
+            if cache.is_dir():
+                hidden.append(str(cache))
     return hidden
 
 
