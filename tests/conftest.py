@@ -15,6 +15,13 @@ PROBLEMS = REPO / "problems"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DISTLAB = [sys.executable, "-m", "distlab.cli"]
 
+# Python caches bytecode next to the sources, as it does by default: an environment that forbids
+# it (PYTHONDONTWRITEBYTECODE, as this machine's does) would make each of the suite's thousands
+# of processes (CLI runs, ranks) compile distlab and the problems anew. Learner files are never
+# run from a cache (rank/learner.py), and a sealed learner cannot read the bank's (rank/sealed.py).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @pytest.fixture(autouse=True)
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
