@@ -125,9 +125,10 @@ def _run_attempt(
                     # starts again rather than counting its frozen time as no progress.
                     last_change = now
                 killed, stopped = frozenset(faults.killed), faults.stopped()
-            obs = Observation(
-                now - started, procs.exited(), outcomes, states, now - last_change, killed, stopped
-            )
+            exited = procs.exited()
+            if exited:  # a rank may have written its outcome and left since they were read
+                _collect_outcomes(job_dir, job.world_size, outcomes)
+            obs = Observation(now - started, exited, outcomes, states, now - last_change, killed, stopped)
             verdict = judge(obs, job.world_size, deadline_s, stall_s)
             if verdict.action == "wait":
                 continue
