@@ -213,9 +213,12 @@ class AgentEnd:
             return f"killed by signal {info.si_status}"
 
     def _gone(self, closed: bool) -> LearnerGone:
-        # EOF comes as the dying process closes its files, a moment before its pidfd fires: on
-        # EOF, wait that moment, so that a death is not reported as a closed channel.
-        if self._learner_ended(0.2 if closed else 0.0):
+        # EOF comes as the dying process closes its files, a moment before its pidfd fires (the
+        # waiter outside the namespace ends after the learner and its reaper: a chain of three,
+        # which takes longer than 0.2 s on a loaded machine): on EOF, wait that moment, so that a
+        # death is not reported as a closed channel. Only a learner that closes its end and
+        # lives on pays the wait.
+        if self._learner_ended(2.0 if closed else 0.0):
             return LearnerGone(self.where(), self.learner_status() or "")
         return LearnerGone(self.where(), closed=True)
 
