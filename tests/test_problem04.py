@@ -282,7 +282,8 @@ REAL_BUG = {
 
 
 def test_every_buggy_fixture_has_a_row() -> None:
-    names = {path.stem + ".py" for path in (FIXTURES / "04").iterdir() if not path.stem.startswith("alt_")}
+    names = {path.stem + ".py" for path in (FIXTURES / "04").iterdir()
+             if path.suffix in (".py", ".diff") and not path.stem.startswith("alt_")}
     assert names == set(REAL_BUG) == set(BUGGY)
     assert all(phrase in " ".join(BUGGY[name][0]) for name, phrase in REAL_BUG.items())
 
