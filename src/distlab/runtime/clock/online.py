@@ -9,10 +9,10 @@ sharing, so both agree wherever no two flows share a link:
 * declared compute advances it (``comm.compute``);
 * a message sent at time t to rank j arrives at t + alpha + n*beta (+ a fault's extra latency, at
   the fault's bandwidth), or n*beta after the previous message to j if that one is still moving
-  (a channel is first in, first out, as in the replay); the sender computes that arrival and sends it just *before* the message
-  on a side communicator (a duplicate of the task's, so it never matches learner messages; sent
-  first, so a receiver that has the message never waits for its stamp), and the receiver moves its
-  clock to max(now, arrival) when the message completes;
+  (a channel is first in, first out, as in the replay); the sender computes that arrival and
+  sends it just *before* the message on a side communicator (a duplicate of the task's, so it
+  never matches learner messages; sent first, so a receiver that has the message never waits for
+  its stamp), and the receiver moves its clock to max(now, arrival) when the message completes;
 * the sender's protocol is MPI's (``EAGER_LIMIT``): a send of at most the eager limit is *eager*:
   it only copies the message out, so it costs its sender nothing (``SEND_OVERHEAD_S``: per-message
   CPU costs are not modelled); a larger one (or an Ssend) is a *rendezvous*: the sender is done

@@ -141,10 +141,10 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     for path, fd in keep_fds:
         _bind(f"/proc/self/fd/{fd}", path)
         os.close(fd)
-    if not as_root:
-        for n, path in enumerate(private):  # copies the learner may read, bound over the originals
+    if private and not as_root:  # copies the learner may read, bound over the originals
+        os.makedirs("/tmp/.distlab-kept", mode=0o755, exist_ok=True)
+        for n, path in enumerate(private):
             copy = f"/tmp/.distlab-kept/{n}"
-            os.makedirs("/tmp/.distlab-kept", mode=0o755, exist_ok=True)
             _readable_copy(path, copy)
             _bind(copy, path)
     return FULL_AS_ROOT if as_root else FULL
