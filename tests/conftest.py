@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from distlab.runtime.zygote.client import ZYGOTE_MODULE
+from distlab.runtime.zygote.server import RANK_PROCESS_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "problems"
@@ -49,7 +54,9 @@ def run_cli(
 TEST_TAG = f"DISTLAB_TEST_TAG=pytest-{os.getpid()}"
 os.environ["DISTLAB_TEST_TAG"] = TEST_TAG.split("=", 1)[1]
 # The exams the tests open are signed with a key of the test session's, not the account's.
-os.environ["DISTLAB_EXAM_KEY"] = str(Path(tempfile.mkdtemp(prefix="distlab-exam-key-")) / "exam-key")
+_EXAM_KEY_FOLDER = tempfile.mkdtemp(prefix="distlab-exam-key-")
+atexit.register(shutil.rmtree, _EXAM_KEY_FOLDER, ignore_errors=True)
+os.environ["DISTLAB_EXAM_KEY"] = str(Path(_EXAM_KEY_FOLDER) / "exam-key")
 
 
 def job_processes() -> list[str]:
@@ -66,6 +73,19 @@ def job_processes() -> list[str]:
             continue
         if stat[stat.rfind(")") + 2] == "Z" or TEST_TAG.encode() not in environ:
             continue
-        if any(word in args for word in ("distlab.runtime.rank.worker", "distlab.worker", "prterun", "prted", "mpiexec")):
+        if is_rank_process(entry) or any(word in args for word in JOB_COMMANDS):
             found.append(args)
+        elif ZYGOTE_MODULE in args and int(stat[stat.rfind(")") + 2 :].split()[1]) != os.getpid():
+            found.append(args)  # a zygote is this test process's own, or one that outlived its CLI
     return found
+
+
+JOB_COMMANDS = ("distlab.runtime.rank.worker", "distlab.worker", "prterun", "prted", "mpiexec")
+
+
+def is_rank_process(proc: Path) -> bool:
+    """A rank forked by a zygote runs under the zygote's command line and this name."""
+    try:
+        return (proc / "comm").read_bytes().strip() == RANK_PROCESS_NAME
+    except OSError:
+        return False

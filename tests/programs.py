@@ -139,3 +139,11 @@ def call_forms(comm, solution, args):
 
         return getattr(solution, name)(comm, MPI)
     return getattr(solution, name)(comm)
+
+
+def process_facts(comm, solution):
+    """How this rank's process was started: (pid, parent pid, session id, its /proc name)."""
+    with open("/proc/self/comm") as f:
+        name = f.read().strip()
+    comm.Barrier()
+    return os.getpid(), os.getppid(), os.getsid(0), name

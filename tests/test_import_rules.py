@@ -23,7 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "comm": {"engines", "faults", "clock", "trace"},  # the proxy and its layers
     "jobspec": {"comm"},  # outcomes carry the proxy's counters
     "rank": {"jobspec", "comm", "engines", "clock", "faults", "trace", "seal"},
-    "supervisor": {"jobspec", "faults", "comm", "engines"},  # slots; monitoring's names
+    "supervisor": {"jobspec", "faults", "comm", "engines", "zygote"},  # slots; monitoring's names
+    "zygote": set(),  # forks ranks of a worker it names, never imports
     # The agent-learner channel, the learner's client comm (mpi4py's API: comm's requests and
     # object calls) and the agent's service of it on the proxy.
     "seal": {"comm", "engines"},

@@ -6,9 +6,10 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
-from conftest import DISTLAB, REPO, job_processes
+from conftest import DISTLAB, REPO, is_rank_process, job_processes
 
 
 def _as_in_a_terminal() -> None:
@@ -38,7 +39,9 @@ def _wait_for_ranks(cli: subprocess.Popen[str], timeout: float = 20) -> None:
             break
         for child in below:
             try:
-                if "distlab.runtime.rank.worker" in " ".join(child.cmdline()):
+                if "distlab.runtime.rank.worker" in " ".join(child.cmdline()) or is_rank_process(
+                    Path(f"/proc/{child.pid}")
+                ):
                     return
             except psutil.Error:
                 continue

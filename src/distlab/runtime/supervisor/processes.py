@@ -35,7 +35,7 @@ def kill_session(sid: int, extra_pids: list[int] = ()) -> None:  # type: ignore[
     """SIGKILLs the session's processes and ``extra_pids``; returns once they are gone (<= 2 s)."""
     deadline = time.monotonic() + 2.0
     while True:
-        pids = set(session_members(sid)) | {p for p in extra_pids if _alive(p)}
+        pids = set(session_members(sid)) | {p for p in extra_pids if alive(p)}
         if not pids or time.monotonic() > deadline:
             return
         for pid in pids:
@@ -46,7 +46,7 @@ def kill_session(sid: int, extra_pids: list[int] = ()) -> None:  # type: ignore[
         time.sleep(0.02)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ...errors import HarnessError
 from ..jobspec import Job
+from ..zygote import wire as zygote_wire
+from ..zygote.client import STAND_IN, ForkedRank, preload_for, zygote_for
 from . import mpi_monitoring
 from .leftovers import TMP_FOLDER
 from .processes import kill_session
@@ -97,10 +99,11 @@ def mpi_env() -> dict[str, str]:
 
 
 class Processes:
-    """The started processes of one job, and how to end them all."""
+    """The started processes of one job, and how to end them all: mpiexec, or one per gloo rank
+    (a ``Popen``, or a ``ForkedRank`` of the zygote, which answers the same questions)."""
 
     def __init__(self) -> None:
-        self.popens: list[subprocess.Popen[bytes]] = []
+        self.popens: list[subprocess.Popen[bytes] | ForkedRank] = []
 
     def exited(self) -> bool:
         return all(p.poll() is not None for p in self.popens)
@@ -120,16 +123,23 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     # files) stays in the job folder and is removed with it (leftovers.py).
     scratch = {"TMPDIR": str(job_dir / TMP_FOLDER)}
     worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir)]
-    out = open(job_dir / "launcher.log", "wb")
+    out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
+    # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
+    zygote = zygote_for(rank_env())
+    preload = preload_for(job.backend, job.program_file, job.seal)
     if job.backend == "mpi":
+        stand_in = [sys.executable, "-S", "-E", "-s", str(STAND_IN), *worker[3:]]
         command = [
             mpiexec_path(), "-n", str(job.world_size), "--oversubscribe", "--bind-to", "none",
-            *worker,
+            *(worker if zygote is None else stand_in),
         ]
         # mpiexec hands its environment to the ranks it starts on this host.
         env = mpi_env()
         env[ATTEMPT_ENV] = str(attempt)
         env.update(scratch)
+        if zygote is not None:
+            env[zygote_wire.ZYGOTE_ENV] = zygote.address
+            env[zygote_wire.PRELOAD_ENV] = ",".join(preload)
         if job.mpi_monitoring:
             env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(
@@ -149,6 +159,12 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
                 LOCAL_WORLD_SIZE=str(job.world_size), GROUP_RANK="0",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
             )
+            if zygote is not None:
+                try:
+                    procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log", preload))
+                    continue
+                except zygote_wire.Refused:
+                    zygote = None  # the ranks not forked yet start as plain processes
             procs.popens.append(
                 subprocess.Popen(
                     worker, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,

@@ -1,0 +1,157 @@
+"""The supervisor's side of the zygote (server.py): start it once, ask it for ranks.
+
+One zygote per supervisor process, started at its first launch with the ranks' environment and
+kept for the next launches; a launch whose environment differs (beyond what differs between ranks
+anyway) gets a new one, since the imports it made could depend on it. A gloo rank is asked for
+here (``ForkedRank``: the part of ``Popen`` the supervisor uses, answered from the zygote's
+reports); an MPI rank is asked for by the stand-in mpiexec starts (stand_in.py), which finds
+the zygote through ``DISTLAB_ZYGOTE``. Where the zygote cannot start or answer, the ranks start as
+plain processes instead, so a zygote problem costs time, never a run. ``DISTLAB_NO_ZYGOTE=1`` turns
+it off (the benchmark's baseline, and for debugging).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from . import wire as zygote_wire
+from .server import PRELOADABLE
+
+ZYGOTE_MODULE = "distlab.runtime.zygote.server"
+OFF_ENV = "DISTLAB_NO_ZYGOTE"
+STAND_IN = Path(zygote_wire.__file__).with_name("stand_in.py")
+# What differs from rank to rank and launch to launch; anything else in the environment is the
+# zygote's, and a change in it means a new zygote.
+PER_RANK_VARIABLES = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "DISTLAB_ATTEMPT", "TMPDIR", "PYTEST_CURRENT_TEST", zygote_wire.ZYGOTE_ENV,
+    zygote_wire.PRELOAD_ENV,
+})
+ANSWER_S = 120.0  # a first request waits for the imports, on a loaded machine
+GLOO_PRELOAD = ("torch", "torch.distributed", "distlab.runtime.engines.gloo")
+
+
+class Zygote:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.key = _key(env)
+        self.address = f"distlab-zygote-{os.getpid()}-{secrets.token_hex(8)}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", ZYGOTE_MODULE, self.address], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, argv: list[str], env: dict[str, str], log: Path, preload: list[str]) -> ForkedRank:
+        """A rank forked with ``env``, its output appended to ``log``; raises ``Refused``."""
+        conn = zygote_wire.connect(self.address, patience_s=10.0, alive=self.alive)
+        null = zygote_wire.devnull()
+        out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            pid = zygote_wire.ask(conn, argv, env, os.getcwd(), preload, (null, out, out), ANSWER_S)
+        except (OSError, TimeoutError) as exc:
+            conn.close()
+            raise zygote_wire.Refused(str(exc)) from exc
+        except zygote_wire.Refused:
+            conn.close()
+            raise
+        finally:
+            os.close(null)
+            os.close(out)
+        return ForkedRank(conn, pid)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ForkedRank:
+    """A rank the zygote forked: what the supervisor asks of a ``Popen``. The connection it was
+    asked on carries its exit code; closing it (this process's death) makes the zygote kill it."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._read(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._read(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+        return code
+
+    def _read(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            try:
+                answer = zygote_wire.read_line(self.conn, timeout)
+            except TimeoutError:
+                return None
+            # EOF without an exit: the zygote died first, and how the rank ended is unknown.
+            code = zygote_wire.exit_code(answer)
+            self.returncode = 1 if code is None else code
+            self.conn.close()
+        return self.returncode
+
+
+_zygote: Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def zygote_for(env: dict[str, str]) -> Zygote | None:
+    """This process's zygote for ranks of environment ``env``, started if needed; None when off."""
+    global _zygote
+    if os.environ.get(OFF_ENV) == "1" or env.get(OFF_ENV) == "1":
+        return None
+    with _zygote_lock:
+        if _zygote is not None and (not _zygote.alive() or _zygote.key != _key(env)):
+            _zygote.close()
+            _zygote = None
+        if _zygote is None:
+            _zygote = Zygote({k: v for k, v in env.items() if k not in PER_RANK_VARIABLES})
+        return _zygote
+
+
+def preload_for(backend: str, program_file: str, sealed: bool) -> list[str]:
+    """What the zygote should import before forking the ranks of a job: the engine's modules, and
+    the heavy modules its program file imports at its top (a problem that trains a model imports
+    torch there; the supervisor never imports the program itself)."""
+    wanted = list(GLOO_PRELOAD) if backend == "gloo" else []
+    if sealed:
+        wanted.append("distlab.runtime.rank.sealed")
+    try:
+        tree = ast.parse(Path(program_file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return wanted
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                 else [])
+        for name in names:
+            top = name.partition(".")[0]  # "import torch.nn.functional as F" imports torch
+            if top in PRELOADABLE and top not in wanted:
+                wanted.append(top)
+    return wanted
+
+
+def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_RANK_VARIABLES))
+

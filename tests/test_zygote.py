@@ -1,0 +1,137 @@
+"""Ranks forked from the zygote: the same runs, and the same ends, as ranks started afresh.
+
+The zygote (runtime/zygote/server.py) has imported what ranks import; gloo ranks are forked from it
+at the supervisor's request, MPI ranks at the request of the stand-in that mpiexec starts. These
+tests show that each rank is such a fork, in a session of its own, that turning the zygote off
+gives plain processes and the same results, that a rank dies with the stand-in that asked for it
+and the zygote with its supervisor, and that the zygote serves no other user.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_launcher import make_job, run
+
+from distlab.runtime.jobspec import JOB_FILE, Task, pid_path, write_pickle_atomically
+from distlab.runtime.supervisor.start import free_port, rank_env
+from distlab.runtime.zygote import client as zygote_client
+from distlab.runtime.zygote import wire as zygote_wire
+from distlab.runtime.zygote.server import RANK_PROCESS_NAME
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_each_rank_is_a_fork_of_the_zygote_in_a_session_of_its_own(backend: str) -> None:
+    result = run(make_job("process_facts", [Task(ranks=3)], backend=backend), deadline_s=60)
+    assert result.status == "ok", result.message
+    zygote = zygote_client._zygote
+    assert zygote is not None and zygote.alive()
+    for outcome in result.task_outcomes(0):
+        pid, parent, session, name = outcome.value
+        assert (parent, session, name) == (zygote.process.pid, pid, RANK_PROCESS_NAME.decode())
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_without_the_zygote_ranks_are_plain_processes_with_the_same_results(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(zygote_client.OFF_ENV, "1")
+    result = run(make_job("ring_sum", [Task(ranks=3, args=(5,))], backend=backend), deadline_s=60)
+    facts = run(make_job("process_facts", [Task(ranks=2)], backend=backend), deadline_s=60)
+    assert result.status == facts.status == "ok", result.message + facts.message
+    assert [o.value.tolist() for o in result.task_outcomes(0)] == [[2.0] * 5, [0.0] * 5, [1.0] * 5]
+    assert {o.value[3] for o in facts.task_outcomes(0)} == {"python"}
+
+
+def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> None:
+    # As an MPI stand-in does: ask for a rank on a connection of our own, then go away. The rank
+    # (rank 0 of two, waiting at the rendezvous for a rank 1 that never comes) must go with it.
+    write_pickle_atomically(tmp_path / JOB_FILE, make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"))
+    env = dict(rank_env(), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    zygote = zygote_client.zygote_for(rank_env())
+    assert zygote is not None
+    conn = zygote_wire.connect(zygote.address, patience_s=10)
+    log = os.open(tmp_path / "rank.log", os.O_WRONLY | os.O_CREAT)
+    pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), [], (0, log, log), 60)
+    os.close(log)
+    _wait_for(lambda: pid_path(tmp_path, 0).read_text() or None)  # it is in the rendezvous now
+    assert psutil.Process(pid).status() != "zombie"
+    conn.close()
+    assert _wait_for(lambda: not psutil.pid_exists(pid) or None, timeout=5)
+
+
+def test_the_zygote_leaves_with_its_supervisor() -> None:
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", "from distlab.runtime.zygote import client as z; "
+         "print(z.zygote_for({}).process.pid, flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert supervisor.stdout is not None
+    zygote = int(supervisor.stdout.readline())
+    assert psutil.pid_exists(zygote)
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait()
+    assert _wait_for(lambda: not psutil.pid_exists(zygote) or None, timeout=5)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to ask as another user")
+def test_the_zygote_forks_nothing_for_another_user() -> None:
+    zygote = zygote_client.zygote_for(dict(os.environ))
+    assert zygote is not None
+    asker = subprocess.run(
+        [sys.executable, "-c", _ASK_AS_NOBODY, zygote.address], capture_output=True, text=True,
+        timeout=30,
+    )
+    assert asker.stdout.startswith("refused PermissionError"), asker.stdout + asker.stderr
+
+
+_ASK_AS_NOBODY = """
+import os, sys
+from distlab.runtime.zygote import wire as zygote_wire
+os.setgid(65534); os.setuid(65534)
+conn = zygote_wire.connect(sys.argv[1], patience_s=10)
+try:
+    zygote_wire.ask(conn, ["--job", "/nonexistent"], {}, "/", [], (0, 1, 2), patience_s=10)
+    print("started")
+except zygote_wire.Refused as exc:
+    print(exc)
+"""
+
+
+def test_the_preload_is_the_engine_and_the_heavy_modules_a_program_imports(tmp_path: Path) -> None:
+    program = tmp_path / "programs.py"
+    program.write_text("import numpy as np\nimport torch.nn.functional as F\nfrom . import cases\n"
+                       "def f():\n    import torch.distributed\n")
+    assert zygote_client.preload_for("mpi", str(program), sealed=False) == ["torch"]
+    assert zygote_client.preload_for("gloo", str(program), sealed=True) == [
+        *zygote_client.GLOO_PRELOAD, "distlab.runtime.rank.sealed",
+    ]
+    assert zygote_client.preload_for("mpi", str(tmp_path / "missing.py"), sealed=False) == []
+
+
+def _rank_of(process: psutil.Process) -> int | None:
+    try:
+        return int(process.environ().get("OMPI_COMM_WORLD_RANK", -1))
+    except psutil.Error:
+        return None
+
+
+def _wait_for(probe, timeout: float = 30):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            value = probe()
+            if value is not None:
+                return value
+        except (OSError, ValueError, StopIteration, psutil.Error):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
