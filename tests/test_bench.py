@@ -6,10 +6,9 @@ No timing is asserted: this machine is shared and noisy, so the speed targets li
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
-
-import io
 
 from rich.console import Console
 
@@ -49,6 +48,17 @@ def test_the_proxy_cost_rows_are_measured_and_report_only() -> None:
         "proxy Python per Sendrecv, hot", "proxy Python per Sendrecv, cache cleared"
     ]
     assert all(r.limit is None and r.met is None for r in rows)  # explained, never judged
+
+
+def test_a_forked_launch_is_timed_against_a_fresh_one_of_the_same_run() -> None:
+    from distlab.bench.start_cost import StartTimings, launch_s
+    from distlab.bench.suite import start_figures
+
+    forked, fresh = launch_s("gloo", forked=True, ranks=2), launch_s("gloo", forked=False, ranks=2)
+    assert forked > 0 and fresh > 0
+    mpi, gloo = start_figures(StartTimings(mpi=(0.5, 1.0), gloo=(forked, fresh)))
+    assert (mpi.judged, mpi.limit, gloo.limit) == (0.5, None, 0.5)
+    assert gloo.judged == forked / fresh and gloo.baseline == "started afresh"
 
 
 def test_the_figures_table_folds_on_an_80_column_terminal_and_cuts_no_figure() -> None:

@@ -1,5 +1,6 @@
-"""The rank program of the seal's benchmark: a ping-pong between ranks 0 and 1, timed in the
-process that makes the calls (the learner process when sealed, the rank when not)."""
+"""The rank programs of the benchmarks: the seal's ping-pong between ranks 0 and 1, timed in the
+process that makes the calls (the learner process when sealed, the rank when not), and the
+launch benchmark's barrier."""
 
 from __future__ import annotations
 
@@ -24,3 +25,8 @@ def pingpong(comm: Any, solution: Any, nbytes: int, rounds: int) -> float:
             comm.Send(buf, dest=peer)
         times.append(time.perf_counter() - start)
     return float(np.median(times[5:])) / 2
+
+
+def barrier(comm: Any, solution: Any) -> None:
+    """Nothing but meeting the others: what a launch costs beyond the program (start_cost.py)."""
+    comm.Barrier()

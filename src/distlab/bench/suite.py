@@ -9,6 +9,8 @@
    cache-clearing copy (``proxy_cost.py``): report-only rows that explain figure 2.
 5. What the seal costs (``seal_cost.py``): an 8-byte and a 1 MiB message sealed against unsealed
    (target: <= 30 us added per small message), and check 03 sealed against unsealed (<= 1.5x).
+6. What a launch of 8 ranks costs with ranks forked from the zygote against ranks started afresh
+   (``start_cost.py``), on each engine (target on gloo: forked <= 0.5x).
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.bench.mpi_ranks``, which
 writes raw timings as JSON; this module derives ratios, judges targets, prints a table and saves
@@ -39,7 +41,7 @@ from ..errors import HarnessError
 from ..runtime.supervisor import mpi_env, mpiexec_failed_to_start, mpiexec_path
 from ..runtime.supervisor.processes import kill_session
 from ..terminal import folding
-from . import proxy_cost, seal_cost
+from . import proxy_cost, seal_cost, start_cost
 from .timings import (
     PINGPONG_BYTES,
     RANKS,
@@ -276,6 +278,14 @@ def seal_figures(t: seal_cost.SealTimings) -> list[Figure]:
     ]
 
 
+def start_figures(t: start_cost.StartTimings) -> list[Figure]:
+    """An 8-rank launch forked from the zygote against started afresh (start_cost.py)."""
+    def launch(engine: str, forked: float, fresh: float, limit: float | None) -> Figure:
+        return Figure(f"launch of {start_cost.RANKS} ranks, {engine}, forked", forked,
+                      "started afresh", fresh, forked / fresh, "x", limit)
+    return [launch("mpi", *t.mpi, None), launch("gloo", *t.gloo, start_cost.FORKED_GLOO_LIMIT_X)]
+
+
 def figures_from(
     timings: MpiTimings, check_s: float, run32_s: float,
     cost: proxy_cost.ProxyCost | None = None,
@@ -382,7 +392,9 @@ def run_benchmarks(console: Console, quick: bool = False) -> None:
     cost = proxy_cost.measure(rounds=3 if quick else 7)
     console.print("[dim]timing the seal: a message and check 03, sealed and not...[/]")
     sealed = seal_figures(seal_cost.measure(quick, time_check_03))
-    figures = [*figures_from(timings, check_s, run32_s, cost), *sealed]
+    console.print("[dim]timing launches, ranks forked from the zygote and started afresh...[/]")
+    started = start_figures(start_cost.measure(quick))
+    figures = [*figures_from(timings, check_s, run32_s, cost), *sealed, *started]
     console.print(figures_table(figures, f"distlab bench{' --quick' if quick else ''}"))
     met = [f.met is True for f in figures if f.limit is not None]
     # Other work on the machine skews every figure: the load says how much to trust this run.
