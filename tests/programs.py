@@ -142,8 +142,9 @@ def call_forms(comm, solution, args):
 
 
 def process_facts(comm, solution):
-    """How this rank's process was started: (pid, parent pid, session id, its /proc name)."""
+    """How this rank's process was started: (pid, parent pid, session id, its /proc name, whether
+    torch is imported)."""
     with open("/proc/self/comm") as f:
         name = f.read().strip()
     comm.Barrier()
-    return os.getpid(), os.getppid(), os.getsid(0), name
+    return os.getpid(), os.getppid(), os.getsid(0), name, "torch" in __import__("sys").modules

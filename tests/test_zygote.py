@@ -27,15 +27,17 @@ from distlab.runtime.zygote import wire as zygote_wire
 from distlab.runtime.zygote.server import RANK_PROCESS_NAME
 
 
-@pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_each_rank_is_a_fork_of_the_zygote_in_a_session_of_its_own(backend: str) -> None:
-    result = run(make_job("process_facts", [Task(ranks=3)], backend=backend), deadline_s=60)
-    assert result.status == "ok", result.message
-    zygote = zygote_client._zygote
-    assert zygote is not None and zygote.alive()
-    for outcome in result.task_outcomes(0):
-        pid, parent, session, name = outcome.value
-        assert (parent, session, name) == (zygote.process.pid, pid, RANK_PROCESS_NAME.decode())
+def test_each_rank_is_a_fork_of_a_zygote_that_imported_no_more_than_the_rank_would() -> None:
+    # gloo first: its zygote imports torch, which the MPI ranks of a program that does not import
+    # it must not carry (their address space counts against their memory limit).
+    for backend, torch_imported in (("gloo", True), ("mpi", False)):
+        result = run(make_job("process_facts", [Task(ranks=3)], backend=backend), deadline_s=60)
+        assert result.status == "ok", result.message
+        zygotes = {z.process.pid for z in zygote_client._zygotes.values() if z.alive()}
+        for outcome in result.task_outcomes(0):
+            pid, parent, session, name, torch = outcome.value
+            assert parent in zygotes and (session, name) == (pid, RANK_PROCESS_NAME.decode())
+            assert torch is torch_imported, backend
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
@@ -55,7 +57,7 @@ def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> 
     # (rank 0 of two, waiting at the rendezvous for a rank 1 that never comes) must go with it.
     write_pickle_atomically(tmp_path / JOB_FILE, make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"))
     env = dict(rank_env(), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    zygote = zygote_client.zygote_for(rank_env())
+    zygote = zygote_client.zygote_for(rank_env(), [])
     assert zygote is not None
     conn = zygote_wire.connect(zygote.address, patience_s=10)
     log = os.open(tmp_path / "rank.log", os.O_WRONLY | os.O_CREAT)
@@ -70,7 +72,7 @@ def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> 
 def test_the_zygote_leaves_with_its_supervisor() -> None:
     supervisor = subprocess.Popen(
         [sys.executable, "-c", "from distlab.runtime.zygote import client as z; "
-         "print(z.zygote_for({}).process.pid, flush=True); import time; time.sleep(60)"],
+         "print(z.zygote_for({}, []).process.pid, flush=True); import time; time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )
     assert supervisor.stdout is not None
@@ -83,7 +85,7 @@ def test_the_zygote_leaves_with_its_supervisor() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to ask as another user")
 def test_the_zygote_forks_nothing_for_another_user() -> None:
-    zygote = zygote_client.zygote_for(dict(os.environ))
+    zygote = zygote_client.zygote_for(dict(os.environ), [])
     assert zygote is not None
     asker = subprocess.run(
         [sys.executable, "-c", _ASK_AS_NOBODY, zygote.address], capture_output=True, text=True,

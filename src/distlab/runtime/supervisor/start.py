@@ -125,8 +125,8 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir)]
     out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
     # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
-    zygote = zygote_for(rank_env())
     preload = preload_for(job.backend, job.program_file, job.seal)
+    zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
         stand_in = [sys.executable, "-S", "-E", "-s", str(STAND_IN), *worker[3:]]
         command = [

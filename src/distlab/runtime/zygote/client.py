@@ -1,8 +1,9 @@
 """The supervisor's side of the zygote (server.py): start it once, ask it for ranks.
 
-One zygote per supervisor process, started at its first launch with the ranks' environment and
-kept for the next launches; a launch whose environment differs (beyond what differs between ranks
-anyway) gets a new one, since the imports it made could depend on it. A gloo rank is asked for
+A supervisor process keeps a zygote per set of modules to import (numpy and the worker; torch as
+well for gloo or for a program that imports it), started at its first launch with the ranks'
+environment and kept for the next launches; a launch whose environment differs (beyond what
+differs between ranks anyway) gets new ones, since the imports made could depend on it. A gloo rank is asked for
 here (``ForkedRank``: the part of ``Popen`` the supervisor uses, answered from the zygote's
 reports); an MPI rank is asked for by the stand-in mpiexec starts (stand_in.py), which finds
 the zygote through ``DISTLAB_ZYGOTE``. Where the zygote cannot start or answer, the ranks start as
@@ -39,11 +40,11 @@ GLOO_PRELOAD = ("torch", "torch.distributed", "distlab.runtime.engines.gloo")
 
 
 class Zygote:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.key = _key(env)
+    def __init__(self, env: dict[str, str], preload: list[str]) -> None:
         self.address = f"distlab-zygote-{os.getpid()}-{secrets.token_hex(8)}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", ZYGOTE_MODULE, self.address], env=env, stdin=subprocess.PIPE,
+            [sys.executable, "-m", ZYGOTE_MODULE, self.address, *preload], env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
         )
 
@@ -112,22 +113,31 @@ class ForkedRank:
         return self.returncode
 
 
-_zygote: Zygote | None = None
-_zygote_lock = threading.Lock()
+_zygotes: dict[tuple[object, ...], Zygote] = {}  # (environment, preload) -> its zygote
+_zygotes_lock = threading.Lock()
 
 
-def zygote_for(env: dict[str, str]) -> Zygote | None:
-    """This process's zygote for ranks of environment ``env``, started if needed; None when off."""
-    global _zygote
+def zygote_for(env: dict[str, str], preload: list[str]) -> Zygote | None:
+    """This process's zygote for ranks of environment ``env`` that need ``preload`` imported,
+    started if needed; None when off or when it cannot start. One zygote per preload: a rank
+    forked from one that imported more than the rank would have (torch, for a program that never
+    imports it) would carry its address space, which counts against the rank's memory limit."""
     if os.environ.get(OFF_ENV) == "1" or env.get(OFF_ENV) == "1":
         return None
-    with _zygote_lock:
-        if _zygote is not None and (not _zygote.alive() or _zygote.key != _key(env)):
-            _zygote.close()
-            _zygote = None
-        if _zygote is None:
-            _zygote = Zygote({k: v for k, v in env.items() if k not in PER_RANK_VARIABLES})
-        return _zygote
+    environment = _key(env)
+    with _zygotes_lock:
+        for key, zygote in list(_zygotes.items()):
+            if not zygote.alive() or key[0] != environment:
+                zygote.close()
+                del _zygotes[key]
+        key = (environment, tuple(preload))
+        if key not in _zygotes:
+            try:
+                _zygotes[key] = Zygote({k: v for k, v in env.items() if k not in PER_RANK_VARIABLES},
+                                       preload)
+            except OSError:
+                return None
+        return _zygotes[key]
 
 
 def preload_for(backend: str, program_file: str, sealed: bool) -> list[str]:

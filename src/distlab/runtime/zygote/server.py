@@ -61,7 +61,7 @@ def main() -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + sys.argv[1])  # first, so that askers queue while the imports run
     listener.listen(64)
-    for name in BASE_PRELOAD:
+    for name in (*BASE_PRELOAD, *(m for m in sys.argv[2:] if m in PRELOADABLE)):
         importlib.import_module(name)
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
