@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import secrets
+import select
 import socket
 import subprocess
 import sys
@@ -90,6 +91,7 @@ class ForkedRank:
         self.conn = conn
         self.pid = pid
         self.returncode: int | None = None
+        self._answer = b""
 
     def poll(self) -> int | None:
         return self._read(0.0)
@@ -101,13 +103,16 @@ class ForkedRank:
         return code
 
     def _read(self, timeout: float | None) -> int | None:
-        if self.returncode is None:
-            try:
-                answer = zygote_wire.read_line(self.conn, timeout)
-            except TimeoutError:
+        # Bytes are kept across calls: a poll must never lose half an answer to its timeout.
+        while self.returncode is None:
+            if not select.select([self.conn], [], [], timeout)[0]:
                 return None
+            chunk = self.conn.recv(64)
+            self._answer += chunk
+            if chunk and not self._answer.endswith(b"\n"):
+                continue
             # EOF without an exit: the zygote died first, and how the rank ended is unknown.
-            code = zygote_wire.exit_code(answer)
+            code = zygote_wire.exit_code(self._answer.decode().strip())
             self.returncode = 1 if code is None else code
             self.conn.close()
         return self.returncode
