@@ -61,7 +61,7 @@ def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> 
     assert zygote is not None
     conn = zygote_wire.connect(zygote.address, patience_s=10)
     log = os.open(tmp_path / "rank.log", os.O_WRONLY | os.O_CREAT)
-    pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), [], (0, log, log), 60)
+    pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), (0, log, log), 60)
     os.close(log)
     _wait_for(lambda: pid_path(tmp_path, 0).read_text() or None)  # it is in the rendezvous now
     assert psutil.Process(pid).status() != "zombie"
@@ -100,7 +100,7 @@ from distlab.runtime.zygote import wire as zygote_wire
 os.setgid(65534); os.setuid(65534)
 conn = zygote_wire.connect(sys.argv[1], patience_s=10)
 try:
-    zygote_wire.ask(conn, ["--job", "/nonexistent"], {}, "/", [], (0, 1, 2), patience_s=10)
+    zygote_wire.ask(conn, ["--job", "/nonexistent"], {}, "/", (0, 1, 2), patience_s=10)
     print("started")
 except zygote_wire.Refused as exc:
     print(exc)

@@ -139,7 +139,6 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
         env.update(scratch)
         if zygote is not None:
             env[zygote_wire.ZYGOTE_ENV] = zygote.address
-            env[zygote_wire.PRELOAD_ENV] = ",".join(preload)
         if job.mpi_monitoring:
             env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(
@@ -161,7 +160,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
             )
             if zygote is not None:
                 try:
-                    procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log", preload))
+                    procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log"))
                     continue
                 except zygote_wire.Refused:
                     zygote = None  # the ranks not forked yet start as plain processes

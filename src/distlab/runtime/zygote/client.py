@@ -34,7 +34,6 @@ STAND_IN = Path(zygote_wire.__file__).with_name("stand_in.py")
 PER_RANK_VARIABLES = frozenset({
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
     "MASTER_PORT", "DISTLAB_ATTEMPT", "TMPDIR", "PYTEST_CURRENT_TEST", zygote_wire.ZYGOTE_ENV,
-    zygote_wire.PRELOAD_ENV,
 })
 ANSWER_S = 120.0  # a first request waits for the imports, on a loaded machine
 GLOO_PRELOAD = ("torch", "torch.distributed", "distlab.runtime.engines.gloo")
@@ -52,13 +51,13 @@ class Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def fork(self, argv: list[str], env: dict[str, str], log: Path, preload: list[str]) -> ForkedRank:
+    def fork(self, argv: list[str], env: dict[str, str], log: Path) -> ForkedRank:
         """A rank forked with ``env``, its output appended to ``log``; raises ``Refused``."""
         conn = zygote_wire.connect(self.address, patience_s=10.0, alive=self.alive)
         null = zygote_wire.devnull()
         out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            pid = zygote_wire.ask(conn, argv, env, os.getcwd(), preload, (null, out, out), ANSWER_S)
+            pid = zygote_wire.ask(conn, argv, env, os.getcwd(), (null, out, out), ANSWER_S)
         except (OSError, TimeoutError) as exc:
             conn.close()
             raise zygote_wire.Refused(str(exc)) from exc

@@ -16,9 +16,9 @@ gave the process it started, stand_in.py), and it runs each child through multip
 own bootstrap.
 
 The protocol, on a Unix socket of the abstract namespace (no file to leave behind), one connection
-per rank: the asker sends one JSON line ``{"argv": [...], "env": {...}, "cwd": ..., "preload":
-[...]}`` with three file descriptors (the rank's stdin, stdout, stderr); the zygote imports the
-modules of ``preload`` it has not yet, forks, and answers ``started PID``, then ``exited CODE`` once
+per rank: the asker sends one JSON line ``{"argv": [...], "env": {...}, "cwd": ...}`` with three
+file descriptors (the rank's stdin, stdout, stderr); the zygote (which imported the modules named
+after its address on its command line at its start) forks, and answers ``started PID``, then ``exited CODE`` once
 the rank ended (CODE as Popen's returncode: negative for the signal that ended it). An asker that
 closes its end first (the MPI stand-in died) takes its rank with it: the zygote SIGKILLs it. Only
 processes of the zygote's own user are served, and only the rank worker is ever run. The zygote
@@ -46,7 +46,7 @@ from typing import Any
 from .wire import RANK_MODULE
 
 BASE_PRELOAD = ("numpy", RANK_MODULE)
-# What a fork request may ask to have imported first: heavy, and safe to fork after import (they
+# What a zygote may be started to import besides its base: heavy, and safe to fork after import (they
 # start no thread at import with OMP_NUM_THREADS=1, the ranks' setting).
 PRELOADABLE = frozenset({"torch", "torch.distributed", "distlab.runtime.engines.gloo",
                          "distlab.runtime.rank.sealed"})
@@ -101,9 +101,6 @@ def _serve(conn: socket.socket, libc: Any, askers: dict[int, socket.socket],
         if uid != os.getuid():
             raise PermissionError(f"uid {uid} may not ask for ranks")
         request, received = _receive(conn)
-        for name in request.get("preload", ()):
-            if name in PRELOADABLE and name not in sys.modules:
-                importlib.import_module(name)
         if "mpi4py.MPI" in sys.modules or _threads() > 1:
             raise RuntimeError("the zygote is no longer safe to fork")  # never expected
         # Out of the collector's sight: a rank's collections would otherwise write to every

@@ -20,8 +20,7 @@ def main() -> None:
     argv = sys.argv[1:]
     try:
         conn = zygote_wire.connect(os.environ[zygote_wire.ZYGOTE_ENV], patience_s=5.0)
-        preload = [m for m in os.environ.get(zygote_wire.PRELOAD_ENV, "").split(",") if m]
-        pid = zygote_wire.ask(conn, argv, dict(os.environ), os.getcwd(), preload, (0, 1, 2),
+        pid = zygote_wire.ask(conn, argv, dict(os.environ), os.getcwd(), (0, 1, 2),
                               patience_s=120.0)
     except (KeyError, OSError, TimeoutError, zygote_wire.Refused):
         os.execv(sys.executable, [sys.executable, "-m", zygote_wire.RANK_MODULE, *argv])

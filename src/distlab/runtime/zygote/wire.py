@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 ZYGOTE_ENV = "DISTLAB_ZYGOTE"  # the zygote's address, for the MPI stand-ins (set by the supervisor)
-PRELOAD_ENV = "DISTLAB_ZYGOTE_PRELOAD"  # modules for the zygote to import first, comma-separated
 RANK_MODULE = "distlab.runtime.rank.worker"
 
 
@@ -38,9 +37,9 @@ def connect(address: str, patience_s: float, alive: Any = None) -> socket.socket
 
 
 def ask(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: str,
-        preload: list[str], streams: tuple[int, int, int], patience_s: float) -> int:
+        streams: tuple[int, int, int], patience_s: float) -> int:
     """Sends the request; returns the forked rank's pid once the zygote says it started."""
-    request = json.dumps({"argv": argv, "env": env, "cwd": cwd, "preload": preload})
+    request = json.dumps({"argv": argv, "env": env, "cwd": cwd})
     socket.send_fds(conn, [request.encode() + b"\n"], list(streams))
     answer = read_line(conn, patience_s)
     if not answer.startswith("started "):
