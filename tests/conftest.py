@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from distlab.runtime.zygote.client import ZYGOTE_MODULE
+from distlab.runtime.rank.learner_fork import LEARNER_PROCESS_NAME
 from distlab.runtime.zygote.server import RANK_PROCESS_NAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,12 +81,14 @@ def job_processes() -> list[str]:
     return found
 
 
-JOB_COMMANDS = ("distlab.runtime.rank.worker", "distlab.worker", "prterun", "prted", "mpiexec")
+JOB_COMMANDS = ("distlab.runtime.rank.worker", "distlab.runtime.rank.learner_fork", "distlab.worker",
+                "prterun", "prted", "mpiexec")
 
 
 def is_rank_process(proc: Path) -> bool:
-    """A rank forked by a zygote runs under the zygote's command line and this name."""
+    """A rank forked by a zygote runs under the zygote's command line and this name; a learner
+    process forked by its rank, under the rank's, and its own name."""
     try:
-        return (proc / "comm").read_bytes().strip() == RANK_PROCESS_NAME
+        return (proc / "comm").read_bytes().strip() in (RANK_PROCESS_NAME, LEARNER_PROCESS_NAME)
     except OSError:
         return False

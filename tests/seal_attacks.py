@@ -53,6 +53,34 @@ def facts(comm, bank_reference, package_file, port):
     }
 
 
+def search_memory(comm, first_half, second_half):
+    """Whether this process's memory holds first_half directly followed by second_half, found
+    without ever joining the two: the whole string exists only where the job put it."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a change of uid turned it off
+    first, second = first_half.encode(), second_half.encode()
+    found = regions = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                data = mem.read(end - start)
+            except (OSError, OverflowError, ValueError):
+                continue
+            regions += 1
+            at = data.find(first)
+            while at >= 0:
+                if data[at + len(first):at + len(first) + len(second)] == second:
+                    found += 1
+                at = data.find(first, at + 1)
+    return {"found": found, "regions": regions}
+
+
 def forge_request(comm):
     """Writes a request into the arena behind the client's back, then calls as usual."""
     end = comm._end

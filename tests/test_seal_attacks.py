@@ -73,6 +73,23 @@ def test_the_learner_process_holds_nothing_of_the_harness_and_sees_only_itself(b
         assert seen["own folder writable"] is True
 
 
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "unsealed"])
+def test_the_learner_process_memory_holds_nothing_of_its_job(sealed: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A task label is written in the job file and never sent to the learner process: forked as its
+    # rank starts (rank/learner_fork.py), before the rank reads the job, it never had it. Unsealed,
+    # the same search finds it: the test would see a learner forked too late.
+    monkeypatch.setattr(test_launcher, "SEAL", sealed)
+    first, second = "distlab-label-", uuid.uuid4().hex
+    job = test_launcher.make_job("call_solution", [Task(ranks=2, args=("search_memory", first, second),
+                                                        label=first + second)], ATTACKS)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        assert outcome.value["regions"] > 10
+        assert (outcome.value["found"] > 0) is not sealed, outcome.value
+
+
 def test_a_forged_request_is_named_as_tampering() -> None:
     result = attack("forge_request")
     assert result.status == "error", result.message

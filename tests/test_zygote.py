@@ -3,7 +3,8 @@
 The zygote (runtime/zygote/server.py) has imported what ranks import; gloo ranks are forked from it
 at the supervisor's request, MPI ranks at the request of the stand-in that mpiexec starts. These
 tests show that each rank is such a fork, in a session of its own, that turning the zygote off
-gives plain processes and the same results, that a rank dies with the stand-in that asked for it
+gives plain processes and the same results, that a sealed rank forks its learner process (or,
+with the zygote off, starts it afresh), that a rank dies with the stand-in that asked for it
 and the zygote with its supervisor, and that the zygote serves no other user.
 """
 
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import test_launcher
 from test_launcher import make_job, run
 
 from distlab.runtime.jobspec import JOB_FILE, Task, pid_path, write_pickle_atomically
+from distlab.runtime.rank.learner_fork import LEARNER_PROCESS_NAME
 from distlab.runtime.supervisor.start import free_port, rank_env
 from distlab.runtime.zygote import client as zygote_client
 from distlab.runtime.zygote import wire as zygote_wire
@@ -50,6 +53,21 @@ def test_without_the_zygote_ranks_are_plain_processes_with_the_same_results(
     assert result.status == facts.status == "ok", result.message + facts.message
     assert [o.value.tolist() for o in result.task_outcomes(0)] == [[2.0] * 5, [0.0] * 5, [1.0] * 5]
     assert {o.value[3] for o in facts.task_outcomes(0)} == {"python"}
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "no zygote"])
+def test_a_sealed_rank_forks_its_learner_process_unless_the_zygote_is_off(
+    zygote: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rank/learner_fork.py: forked as the rank starts, or, with the zygote off, started afresh;
+    # the same program either way.
+    monkeypatch.setattr(test_launcher, "SEAL", True)
+    if not zygote:
+        monkeypatch.setenv(zygote_client.OFF_ENV, "1")
+    result = run(make_job("process_facts", [Task(ranks=2)]), deadline_s=60)
+    assert result.status == "ok", result.message
+    names = {o.value[3] for o in result.task_outcomes(0)}
+    assert names == {LEARNER_PROCESS_NAME.decode() if zygote else "python"}
 
 
 def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> None:
@@ -113,7 +131,7 @@ def test_the_preload_is_the_engine_and_the_heavy_modules_a_program_imports(tmp_p
                        "def f():\n    import torch.distributed\n")
     assert zygote_client.preload_for("mpi", str(program), sealed=False) == ["torch"]
     assert zygote_client.preload_for("gloo", str(program), sealed=True) == [
-        *zygote_client.GLOO_PRELOAD, "distlab.runtime.rank.sealed",
+        *zygote_client.GLOO_PRELOAD, "distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main",
     ]
     assert zygote_client.preload_for("mpi", str(tmp_path / "missing.py"), sealed=False) == []
 

@@ -1,12 +1,13 @@
 """The learner process of a sealed rank: the problem's rank program and the learner's file, nothing else.
 
-Started by the rank's agent (runtime/rank/sealed.py) as
-``python -m distlab.runtime.rank.learner_main HANDLE SPEC``: HANDLE opens its end of the seal, SPEC (JSON)
-names the program and the solution file and gives the resource limits. It never joins the
-engine: mpi4py, if learner code imports it, is told not to initialize MPI, and the launcher's
-variables are not in this process's environment. It asks the agent for each task of the batch,
-runs ``program(comm, solution, *args, **kwargs)`` with a ``SealedComm``, and hands back the
-value (or the failure, in the words a rank's outcome uses) until the agent says the batch is done.
+A seed forked as the rank started (runtime/rank/learner_fork.py) becomes it by calling ``run``
+with the spec the rank's agent sent (runtime/rank/sealed.py: the program and the solution file,
+the resource limits, what the sandbox hides and keeps) and the descriptors of its end of the seal.
+It never joins the engine: mpi4py, if learner code imports it, is told not to initialize MPI, and
+the launcher's variables are not in this process's environment. It asks the agent for each task
+of the batch, runs ``program(comm, solution, *args, **kwargs)`` with a ``SealedComm``, and hands
+back the value (or the failure, in the words a rank's outcome uses) until the agent says the
+batch is done.
 
 It dies with its agent (PR_SET_PDEATHSIG), runs in the sandbox of runtime/seal/sandbox.py (its own PID
 namespace: every process it starts dies with it; ``enter_sandbox``), and writes its stack to the rank's stack file, which
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import json
 import os
 import pickle
 import signal
@@ -187,10 +187,10 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
             return
 
 
-def main(argv: list[str]) -> int:
-    handle, spec = argv[0], json.loads(argv[1])
+def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, stack_fd: int) -> NoReturn:
     die_with_parent(int(spec["agent_pid"]))
-    end = LearnerEnd.open(handle)  # first: a sandbox that cannot be made is said through it
+    # First: a sandbox that cannot be made is said through it.
+    end = LearnerEnd.attach(arena_fd, int(spec["arena_size"]), bell_fd, float(spec["spin_s"]))
     try:
         enter_sandbox(spec["hidden"], spec["kept"], spec["shared_tmp_folder"])
     except sandbox.SandboxError as exc:
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
             "CAP_SYS_ADMIN, or with --seal off",
             "", ""))
         os._exit(1)
-    stack = os.fdopen(int(spec["stack_fd"]), "w")
+    stack = os.fdopen(stack_fd, "w")
     faulthandler.enable(file=stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
     keep_mpi_uninitialized()
@@ -207,7 +207,3 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # nothing to tear down; interpreter shutdown with torch loaded takes seconds
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """The agent's handle on its learner process: start it, hand it tasks, read its results, end it.
 
-    learner = LearnerProcess.start(job, job_dir, rank, stack_file)   # before the engine joins
+    learner = LearnerProcess.start(seed, job, job_dir, rank, stack_file)  # before the engine joins
     value = learner.run_task(comm, index, task)     # the program's return value, read safely
     learner.finish()                                # the batch is done: the child exits
 
@@ -15,7 +15,6 @@ the learner ended (the same exit status or signal), so that the supervisor's acc
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import select
@@ -40,6 +39,7 @@ from ..seal.errors import LearnerGone
 from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure
+from .learner_fork import ForkedChild, LearnerSeed
 
 ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
 # The launcher's and the engines' variables: without them the learner cannot join the job.
@@ -48,7 +48,7 @@ _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR",
 
 
 class LearnerProcess:
-    def __init__(self, agent: AgentEnd, child: subprocess.Popen[bytes], packages: tuple[str, ...],
+    def __init__(self, agent: AgentEnd, child: ForkedChild | subprocess.Popen[bytes], packages: tuple[str, ...],
                  gone_note: Path) -> None:
         self._agent = agent
         self._child = child
@@ -74,25 +74,26 @@ class LearnerProcess:
         mirror_death(gone)
 
     @classmethod
-    def start(cls, job: Job, job_dir: Path, rank: int, stack_file: IO[str]) -> LearnerProcess:
+    def start(cls, seed: LearnerSeed, job: Job, job_dir: Path, rank: int, stack_file: IO[str]
+              ) -> LearnerProcess:
+        """Makes the seal's channel and hands it, with the learner's spec, to ``seed`` (forked
+        before this process read its job: learner_fork.py)."""
         agent = AgentEnd.create(ARENA_BYTES)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
+        env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
         spec = {
             "program_file": job.program_file, "program_module": job.program_module,
             "program": job.program, "solution_file": job.solution_file, "backend": job.backend,
             "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb],
-            "agent_pid": os.getpid(), "stack_fd": stack_file.fileno(),
+            "agent_pid": os.getpid(), "arena_size": agent.arena.data_size, "spin_s": agent.spin_s,
             "hidden": hidden_paths(job, job_dir),
             "kept": kept_paths(job),
             # Its working folder where the sandbox cannot give it a /tmp of its own (no mounts):
             # inside the job folder, which goes with the job.
             "shared_tmp_folder": str(job_dir / f"learner-{rank}"),
+            "env": env,
         }
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
-        env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
-        child = subprocess.Popen(
-            [sys.executable, "-m", "distlab.runtime.rank.learner_main", agent.handle(), json.dumps(spec)],
-            pass_fds=(*agent.child_fds, stack_file.fileno()), env=env,
-        )
+        child = seed.plant(spec, (*agent.child_fds, stack_file.fileno(), sys.stdout.fileno()))
         agent.watch(child.pid)
         learner_pid_path(job_dir, rank).write_text(str(child.pid))
         package = job.program_module.rpartition(".")[0] or job.program_module

@@ -13,9 +13,11 @@ each task of the batch (ranks outside a task's group wait at a barrier), write t
 atomically, leave. Any learner failure is written to the outcome file first, then the whole job is
 ended, because peers of a failed rank would otherwise wait for it forever.
 
-Sealed (``job.seal``), this process is the rank's agent: the program and the learner's file load
-and run in its learner process (rank/sealed.py starts it before the engine joins), and each task's
-calls are made here on the proxy, as the learner process asks (runtime/seal/service.py).
+Sealed (``job.seal``, and ``--sealed`` from the launcher), this process is the rank's agent: the
+program and the learner's file load and run in its learner process, forked first thing, before
+this process reads its job (rank/learner_fork.py), and handed its spec before the engine joins
+(rank/sealed.py); each task's calls are made here on the proxy, as the learner process asks
+(runtime/seal/service.py).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from .learner import load_module
 
 if TYPE_CHECKING:  # imported by sealed ranks only (see _start_learner)
     from ..seal.errors import LearnerGone
+    from .learner_fork import LearnerSeed
     from .sealed import LearnerProcess
 
 
@@ -109,9 +112,14 @@ def _redirect_output(path: Path) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def run_job(job_dir: Path) -> int:
+def run_job(job_dir: Path, sealed: bool = False) -> int:
+    # Sealed, the learner process is forked first, while this process holds nothing of the job.
+    seed = _fork_learner() if sealed else None
     with open(job_dir / JOB_FILE, "rb") as f:
         job: Job = pickle.load(f)
+    if seed is not None and not job.seal:
+        seed.discard()
+        seed = None
     backend, rank, size = detect_backend()
     pid_path(job_dir, rank).write_text(str(os.getpid()))
     _redirect_output(log_path(job_dir, rank))
@@ -125,7 +133,7 @@ def run_job(job_dir: Path) -> int:
         threading.Thread(target=_watch_supervisor, args=(job.supervisor_pid,), daemon=True).start()
     slot = RankSlot(job_dir / f"state-{rank}.bin")
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
-    learner = _start_learner(job, job_dir, rank, stack_file) if job.seal else None
+    learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
     engine = make_engine(job.backend)
     handed = None
@@ -184,10 +192,20 @@ TaskRunner = Callable[[Comm, int, Any], Any]
 
 # The seal's modules are imported only by a sealed rank: imports are most of a rank's start-up
 # time, which every launch pays once per rank.
-def _start_learner(job: Job, job_dir: Path, rank: int, stack_file: IO[str]) -> LearnerProcess:
+def _fork_learner() -> LearnerSeed:
+    from .learner_fork import LearnerSeed
+
+    return LearnerSeed.start()
+
+
+def _start_learner(seed: LearnerSeed | None, job: Job, job_dir: Path, rank: int,
+                   stack_file: IO[str]) -> LearnerProcess:
+    from .learner_fork import LearnerSeed
     from .sealed import LearnerProcess
 
-    return LearnerProcess.start(job, job_dir, rank, stack_file)
+    # A sealed job's rank started without --sealed (by hand): this process has read the job,
+    # so its learner starts afresh rather than as a fork of it.
+    return LearnerProcess.start(seed or LearnerSeed.start(fork=False), job, job_dir, rank, stack_file)
 
 
 def _is_learner_gone(exc: BaseException) -> TypeGuard[LearnerGone]:
@@ -332,12 +350,14 @@ def run_standalone(problem: str, solution_arg: str, params: dict[str, str]) -> i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distlab.worker")
     parser.add_argument("--job", type=Path, help="job folder written by distlab's launcher")
+    parser.add_argument("--sealed", action="store_true",
+                        help="the job is sealed: fork its learner process before reading it")
     parser.add_argument("--problem", help="problem number, for a run under mpirun/torchrun")
     parser.add_argument("--solution", default="reference", help="'reference', 'starter' or a path")
     parser.add_argument("--param", action="append", default=[], help="NAME=VALUE for main()")
     args = parser.parse_args(argv)
     if args.job:
-        return run_job(args.job)
+        return run_job(args.job, args.sealed)
     if not args.problem:
         parser.error("give --job (from distlab) or --problem")
     params = dict(p.split("=", 1) for p in args.param)

@@ -96,6 +96,10 @@ class AgentEnd:
         assert self._child_sock is not None, "the child's end was closed by watch()"
         return (self.arena.fd, self._child_sock.fileno())
 
+    @property
+    def spin_s(self) -> float:
+        return self._bell.spin_s
+
     def handle(self) -> str:
         """What the learner process needs to open its end: ``LearnerEnd.open(handle)``."""
         arena_fd, sock_fd = self.child_fds

@@ -53,8 +53,12 @@ class LearnerEnd:
             spin_s = float(fields.get("spin", "0"))
         except (KeyError, ValueError):
             raise ValueError(f"not a seal handle: {handle!r}") from None
-        sock = socket.socket(fileno=bell_fd)
-        return cls(Arena.attach(arena_fd, size), Doorbell(sock, spin_s=spin_s))
+        return cls.attach(arena_fd, size, bell_fd, spin_s)
+
+    @classmethod
+    def attach(cls, arena_fd: int, size: int, bell_fd: int, spin_s: float = 0.0) -> LearnerEnd:
+        """Opens the end from its descriptors (received, or inherited at these numbers)."""
+        return cls(Arena.attach(arena_fd, size), Doorbell(socket.socket(fileno=bell_fd), spin_s=spin_s))
 
     def call(self, op: int, args: Sequence[Arg] = (), inputs: Sequence[np.ndarray] = (),
              outputs: Sequence[np.ndarray] = (), timeout: float | None = None) -> Reply:

@@ -122,7 +122,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     # What the processes write to TMPDIR (Open MPI's session folder, the learner's temporary
     # files) stays in the job folder and is removed with it (leftovers.py).
     scratch = {"TMPDIR": str(job_dir / TMP_FOLDER)}
-    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir)]
+    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir), *(["--sealed"] if job.seal else [])]
     out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
     # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
     preload = preload_for(job.backend, job.program_file, job.seal)

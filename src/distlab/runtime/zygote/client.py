@@ -150,7 +150,7 @@ def preload_for(backend: str, program_file: str, sealed: bool) -> list[str]:
     torch there; the supervisor never imports the program itself)."""
     wanted = list(GLOO_PRELOAD) if backend == "gloo" else []
     if sealed:
-        wanted.append("distlab.runtime.rank.sealed")
+        wanted += ["distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main"]
     try:
         tree = ast.parse(Path(program_file).read_text())
     except (OSError, SyntaxError, ValueError):

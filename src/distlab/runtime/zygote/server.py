@@ -49,7 +49,7 @@ BASE_PRELOAD = ("numpy", RANK_MODULE)
 # What a zygote may be started to import besides its base: heavy, and safe to fork after import (they
 # start no thread at import with OMP_NUM_THREADS=1, the ranks' setting).
 PRELOADABLE = frozenset({"torch", "torch.distributed", "distlab.runtime.engines.gloo",
-                         "distlab.runtime.rank.sealed"})
+                         "distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main"})
 RANK_PROCESS_NAME = b"distlab-rank"  # /proc/PID/comm of a forked rank (its cmdline is the zygote's)
 REQUEST_LIMIT = 1 << 20
 
