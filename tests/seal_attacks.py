@@ -99,6 +99,23 @@ def leave_a_child(comm, marker):
     comm.Barrier()
 
 
+def signal_everyone(comm, supervisor_pid):
+    """SIGKILL and SIGSTOP to every process this one can name (its parent, all at once, and the
+    supervisor by its pid on the host), then a collective: whatever they reached, the agent
+    still answers it."""
+    import signal
+
+    tried = {}
+    for name, pid in (("parent", os.getppid()), ("everyone", -1), ("supervisor", supervisor_pid)):
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+                tried[f"{sig.name} to {name}"] = "sent"
+            except OSError as exc:
+                tried[f"{sig.name} to {name}"] = type(exc).__name__
+    return tried, total_of(comm)
+
+
 def total_of(comm):
     got = np.zeros(1)
     comm.Allreduce(np.ones(1), got)

@@ -56,6 +56,14 @@ def test_a_sensible_time_limit_is_kept() -> None:
     assert options.time_limit(0.5) == 0.5 and options.time_limit(None) is None
 
 
+def test_the_seal_is_on_unless_said_off_or_the_run_is_timed_on_the_wall_clock() -> None:
+    assert options.seal(None) is True and options.seal(None, "virtual") is True
+    assert options.seal(None, "wall") is False  # each call's trip through the agent would be timed
+    assert options.seal("on", "wall") is True and options.seal("off") is False
+    with pytest.raises(UsageError, match="unknown seal 'maybe'"):
+        options.seal("maybe")
+
+
 def test_a_json_path_is_refused_when_a_folder_or_a_file_to_keep(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     progress.write_text("{}")

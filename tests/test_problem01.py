@@ -128,6 +128,7 @@ def test_reference_passes_with_metrics(checked: Callable[..., Checked]) -> None:
     r = run.results
     assert r is not None and r["passed"] and r["score"] == r["max_score"] == 14
     assert r["footer"].startswith("passed 01") and f"seed {SEED}" in r["footer"]
+    assert r["seal"] == "on" and "unsealed" not in r["footer"]  # check grades sealed unless told
     assert r["totals"]["launches"] == 1  # every case, the late worker's too, in one launch
     metrics = run.check(MODEL)["metrics"]
     assert metrics["pull_p50_s"] > 0 and metrics["push_p50_s"] > 0

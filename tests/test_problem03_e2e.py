@@ -16,7 +16,14 @@ from typing import Callable
 
 import pytest
 from conftest import FIXTURES
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_output_has,
+    assert_same_verdict,
+    fixture_solution,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +83,16 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
         [],
     ),
 }
+
+
+# The built-in collective (counted by the agent) and a raise (the learner's file and line): judged
+# as they are unsealed. (A deadlock's cycle and stacks through the seal: tests/test_launcher_sealed.py.)
+@pytest.mark.parametrize("name", ["builtin.py", "raises.py"])
+def test_a_fixture_is_judged_the_same_sealed(name: str, checked: Callable[..., Checked]) -> None:
+    sealed, unsealed = checked(*fixture_args(name), "--seal", "on"), checked(*fixture_args(name))
+    assert_clean(sealed)
+    assert_same_verdict(sealed, unsealed)
+    assert_output_has(sealed, BUGGY[name][0])
 
 
 @pytest.mark.parametrize("name", sorted(BUGGY))

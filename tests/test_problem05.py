@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_same_verdict,
+    fixture_solution,
+    leftovers,
+)
 
 from distlab.runtime.jobspec import problem_package
 
@@ -437,6 +444,17 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     if name == "row_split_wrong_dim.py":
         # The MLP crashed, the plan was still graded on its own.
         assert "asking plan on its own" in run.flat
+
+
+@pytest.mark.slow
+def test_a_torch_fixture_is_judged_the_same_sealed(checked: Callable[..., Checked]) -> None:
+    # Torch in the learner process (forked with it imported), its tensors across the seal.
+    args = ("--solution", str(fixture_solution("05", "bias_every_rank.py")))
+    sealed = checked(*args, "--seal", "on")
+    assert_clean(sealed)
+    assert_same_verdict(sealed, checked(*args))
+    for needle in BUGGY["bias_every_rank.py"][1]:
+        assert needle in sealed.messages(), f"{needle!r} missing from:\n{sealed.out}"
 
 
 @pytest.mark.slow

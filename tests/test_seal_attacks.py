@@ -124,6 +124,18 @@ def test_counters_stay_the_agent_s() -> None:
         assert outcome.stats.calls["Allreduce"] == 1
 
 
+def test_signals_from_the_learner_reach_no_process_of_the_harness() -> None:
+    # Its PID namespace holds itself and its reaper (which takes no signal from inside): the agent,
+    # the peers and the supervisor cannot be named, so the run goes on and grades as usual.
+    result = attack("signal_everyone", os.getpid())
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        tried, total = outcome.value
+        assert total == 2.0 and outcome.stats.calls["Allreduce"] == 1
+        # Sent to the reaper and to "everyone" (nobody else in the namespace): nothing happens.
+        assert tried["SIGKILL to supervisor"] == tried["SIGSTOP to supervisor"] == "ProcessLookupError"
+
+
 def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call() -> None:
     result = attack("die_in_recv")
     assert result.status == "crashed" and result.failing_rank == 1, result.message

@@ -199,9 +199,9 @@ def check(
     clock: str = typer.Option(
         "virtual", help="grade performance on the virtual clock, or on wall time (real clusters)"
     ),
-    seal: str = typer.Option(
-        "off", help="on: the learner's code runs in a process of its own per rank, out of the "
-        "grader's reach (not yet the default: see docs/architecture.md, The seal)"
+    seal: Optional[str] = typer.Option(
+        None, help="on (the default; off with --clock wall): the learner's code runs in a process of "
+        "its own per rank, out of the grader's reach; off: in the rank, its counters only advise"
     ),
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
@@ -212,7 +212,8 @@ def check(
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    clock, sealed = opts.clock(clock), opts.seal(seal)
+    clock = opts.clock(clock)
+    sealed = opts.seal(seal, clock)
     # Refused now, not after the checks: the results must have somewhere to go, and never over
     # the learner's progress or their own file.
     json_out = opts.json_path(json_out, keep={

@@ -40,7 +40,9 @@ A waiter may spin on the block's call id for a few microseconds before it blocks
 that saves both wake-ups when the other end answers at once, at the price of that much CPU per
 wait, which ranks sharing two cores cannot spare; 0 (the default) blocks at once. A 30 us spin is
 shorter than the other end's Python and saves little; 300 us saves the wake-ups and costs a core
-per waiting rank. The wiring step may turn it on where cores outnumber processes. A wait that
+per waiting rank. The wiring step may turn it on where cores outnumber processes. Tried on a whole
+check (check 03's reference, sealed, six runs paired against a blocking channel): a 100 us spin
+that yields the CPU on each turn changed its wall time by 0.998x, so it stays off. A wait that
 finds its block ready without having read the ring reads it without blocking, or, if the ring is
 still on its way, the next wait reads it and looks at the call id again: rings never pile up.
 """
