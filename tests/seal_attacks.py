@@ -38,7 +38,8 @@ def facts(comm, bank_reference, package_file, port):
     return {
         "harness objects": sorted({type(o).__name__ for o in gc.get_objects()} & HARNESS_TYPES),
         "mpi initialized": MPI.Is_initialized(),
-        "engine variables": sorted(k for k in os.environ if k.startswith(("OMPI_", "PMIX_", "MASTER_"))),
+        "engine variables": sorted(k for k in os.environ
+                                   if k.startswith(("OMPI_", "PMIX_", "MASTER_", "DISTLAB_ZYGOTE"))),
         "parent pid": os.getppid(),
         "uid": os.getuid(),
         "root's home": _listing("/root"),
