@@ -77,6 +77,16 @@ def test_the_figures_table_folds_on_an_80_column_terminal_and_cuts_no_figure() -
     assert "14.20 ms" in text and "1.14x" in text and "12.3 us" in text, text
 
 
+def test_check_03_is_timed_sealed_and_unsealed_each_said_explicitly() -> None:
+    from distlab.bench.seal_cost import measure_check
+
+    asked: list[tuple[str, ...]] = []
+    timed = measure_check(3, lambda extra: asked.append(extra) or float(len(asked)))
+    # The default of check is sealed: a baseline run without --seal off would be sealed too.
+    assert asked == [("--seal", "on")] * 3 + [("--seal", "off")] * 3
+    assert timed == (2.0, 5.0)  # each the median of its three runs
+
+
 def test_the_seal_s_message_cost_is_measured_sealed_and_unsealed() -> None:
     from distlab.bench.seal_cost import SealTimings, per_message_s
     from distlab.bench.suite import seal_figures

@@ -4,7 +4,8 @@ The per-message figures come from two launches of the same 2-rank ping-pong
 (``seal_ranks.pingpong``) through distlab's launcher, one with learner processes and one without,
 timed where the calls are made; a message of 8 bytes shows the crossing's fixed cost (target: at
 most 30 us added), one of 1 MiB the copies in and out of the arena. Check 03's wall time is
-``distlab check 03 --solution reference`` with and without ``--seal on`` (target: at most 1.5x).
+``distlab check 03 --solution reference`` with ``--seal on`` and with ``--seal off`` (target: at
+most 1.5x).
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ def measure(quick: bool, time_check: Callable[[tuple[str, ...]], float]) -> Seal
     small_rounds, large_rounds = (300, 20) if quick else (2000, 100)
     small = [per_message_s(SMALL_BYTES, small_rounds, seal) for seal in (True, False)]
     large = [per_message_s(LARGE_BYTES, large_rounds, seal) for seal in (True, False)]
-    runs = 1 if quick else 3
-    checks = [statistics.median(time_check(extra) for _ in range(runs))
-              for extra in (("--seal", "on"), ())]
-    return SealTimings(*small, *large, *checks)
+    sealed_s, plain_s = measure_check(1 if quick else 3, time_check)
+    return SealTimings(small[0], small[1], large[0], large[1], sealed_s, plain_s)
+
+
+def measure_check(runs: int, time_check: Callable[[tuple[str, ...]], float]) -> tuple[float, float]:
+    """Check 03's wall time sealed and unsealed, the median of ``runs`` each. Both said
+    explicitly: check grades sealed unless told otherwise."""
+    sealed_s, plain_s = (statistics.median(time_check(extra) for _ in range(runs))
+                         for extra in (("--seal", "on"), ("--seal", "off")))
+    return sealed_s, plain_s

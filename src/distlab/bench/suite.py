@@ -4,7 +4,8 @@
    built-in MPI Allreduce at 4 KiB, 1 MiB and 16 MiB on 4 ranks (target: ring <= 1.2x at 16 MiB).
 2. The proxy's own cost against raw mpi4py: an 8-byte Send/Recv ping-pong (target: <= 30 us added
    per message) and a 1 MiB Sendrecv ring exchange (target: <= 5% slower).
-3. The wall time of ``distlab check 03 --solution reference`` (target: <= 10 s).
+3. The wall time of ``distlab check 03 --solution reference``, as a learner runs it (sealed, the
+   default; target: <= 10 s).
 4. What the proxy's Python costs per Sendrecv with no transport underneath, hot and after a
    cache-clearing copy (``proxy_cost.py``): report-only rows that explain figure 2.
 5. What the seal costs (``seal_cost.py``): an 8-byte and a 1 MiB message sealed against unsealed
