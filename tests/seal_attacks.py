@@ -93,6 +93,19 @@ def forge_request(comm):
     comm.Barrier()
 
 
+def forge_reply(comm):
+    """Answers its own Allreduce: writes the sum (what every rank would get) as the agent's reply
+    without sending the request, then a Barrier through the agent as usual."""
+    from distlab.runtime.seal import wire
+
+    end = comm._end
+    end._call_id += 1
+    end.arena.write_block("reply", end._call_id, wire.framed(wire.encode_reply(wire.Reply(wire.OK))))
+    got = np.full(1, float(comm.Get_size()))  # the answer, without the call
+    comm.Barrier()
+    return float(got[0])
+
+
 def leave_a_child(comm, marker):
     """Starts a process in a session of its own, which would outlive an unsealed rank."""
     subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"],

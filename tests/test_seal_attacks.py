@@ -96,6 +96,16 @@ def test_a_forged_request_is_named_as_tampering() -> None:
     assert "tampered with the channel to its rank's agent" in result.message
 
 
+def test_a_reply_the_learner_forges_for_itself_is_a_call_the_agent_never_counted() -> None:
+    # The learner trusts its agent's replies, and a forged one fools only itself: the counters
+    # the checks read are the agent's, which saw a Barrier and no Allreduce.
+    result = attack("forge_reply")
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        assert outcome.value == 2.0
+        assert outcome.stats.calls.get("Allreduce", 0) == 0 and outcome.stats.calls["Barrier"] == 1
+
+
 def test_a_detached_child_of_the_learner_does_not_outlive_the_run() -> None:
     marker = f"distlab-seal-test-{uuid.uuid4().hex}"
     result = attack("leave_a_child", marker)
