@@ -5,7 +5,7 @@ and 2-3 s more when it imports torch (every gloo rank, and the ranks of the prob
 model); a check starts several ranks per launch and several launches, and on a small machine those
 imports are most of a short check's time. The supervisor keeps one zygote (its side:
 client.py) and asks it for each rank: the fork starts with the modules already
-imported, and runs the worker module as ``python -m`` would, in a session of its own, with the
+imported, and runs the worker's main() as ``python -m`` of it would, in a session of its own, with the
 environment, folder and standard streams it was handed. The zygote holds nothing but imported
 modules (no job, no seed, nothing of another rank's), so a rank's copy of its memory shows the
 learner nothing new. It never imports ``mpi4py.MPI``, which would initialize MPI in the zygote.
@@ -33,7 +33,6 @@ import gc
 import importlib
 import json
 import os
-import runpy
 import select
 import signal
 import socket
@@ -144,7 +143,9 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 def _become_rank(request: dict[str, Any], streams: list[int], libc: Any,
                  zygote_fds: tuple[int, ...]) -> None:
     """In the fork: drop the zygote's loop, take the rank's session, streams and environment, and
-    run the worker module as its __main__. Never returns."""
+    run the worker's main(), as ``python -m`` of it would. Never returns. (Not runpy as
+    __main__: the worker is imported already, so runpy would warn in every rank's output, which a
+    crash's verdict shows, and run a second copy of the module beside the imported one.)"""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -162,9 +163,9 @@ def _become_rank(request: dict[str, Any], streams: list[int], libc: Any,
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # found again from the rank's TMPDIR
-        sys.argv = ["", *request["argv"]]  # runpy puts the module's path first, as -m does
-        runpy.run_module(RANK_MODULE, run_name="__main__", alter_sys=True)
-        code = 0
+        worker = sys.modules[RANK_MODULE]  # imported before any fork (BASE_PRELOAD)
+        sys.argv = [worker.__file__ or RANK_MODULE, *request["argv"]]  # as -m sets it
+        code = worker.main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - reported in the rank's log, as the interpreter would
