@@ -175,3 +175,26 @@ def test_root_without_cap_sys_admin_falls_back_to_user_and_pid_namespaces(tmp_pa
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == [] and job_processes() == []
     assert not Path("/tmp/learner").exists()  # its working folder was the job's, gone with it
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root, and unshare to make a user namespace")
+def test_root_of_a_user_namespace_without_nobody_keeps_the_mounts_as_uid_0(tmp_path: Path) -> None:
+    """Root of a user namespace that maps only itself (`unshare -r`, as in some rootless
+    containers) cannot become nobody (setgroups is denied, uid 65534 is not mapped): the seal
+    keeps its mounts and namespaces with the learner as that uid 0 without capabilities, says so
+    in -v, and the check grades; before, the learner died of a PermissionError."""
+    marker = f"distlab-seal-test-{uuid.uuid4().hex}"
+    solution = tmp_path / "leaves_a_child.py"
+    solution.write_text(REFERENCE_02.read_text() + (
+        "\n\nimport subprocess as _subprocess, sys as _sys\n"
+        f"_subprocess.Popen([_sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],"
+        " start_new_session=True)\n"))
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(["unshare", "-r", *DISTLAB, "check", "02", "--solution", str(solution), "-v"],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, out[-3000:]
+    assert "uid 0 of the harness's user namespace without capabilities (user nobody is not mapped" in out
+    survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert survivors == [] and job_processes() == []

@@ -17,7 +17,8 @@ the learner):
                      behind a folder others cannot enter (the interpreter under /root, 0700; a
                      solution in a private temporary folder) was bound back over an empty tmpfs
                      there; a file or folder only root may read is copied to a readable one
-                     first. Where that would mean copying a large folder, it stays uid 0 without
+                     first. Where that would mean copying a large folder, or where the harness is
+                     root of a user namespace that has no user nobody, it stays uid 0 without
                      capabilities, and ``isolate`` says so.
 
 Where the harness cannot mount (not root, or root without CAP_SYS_ADMIN, as in a container's
@@ -55,7 +56,10 @@ FULL = ("own mount, PID, network and IPC namespaces; read-only filesystem; user 
         "capabilities")
 FULL_AS_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 without "
                 "capabilities (a large folder it needs is readable by root only)")
-MOUNTED = (FULL, FULL_AS_ROOT)  # the isolations with the learner's own mounts and /proc
+FULL_AS_NAMESPACE_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 of "
+                          "the harness's user namespace without capabilities (user nobody is not "
+                          "mapped in it)")
+MOUNTED = (FULL, FULL_AS_ROOT, FULL_AS_NAMESPACE_ROOT)  # with the learner's own mounts and /proc
 COPY_LIMIT_BYTES = 64 << 20  # a folder only root may read is copied for the learner up to this size
 PID_ONLY = ("own user and PID namespaces only (not root with CAP_SYS_ADMIN: the filesystem, "
             "network and /proc are shared)")
@@ -75,10 +79,30 @@ def can_mount() -> bool:
     return bool(effective >> CAP_SYS_ADMIN & 1)
 
 
+def can_become_nobody() -> bool:
+    """Whether this process's user namespace maps user and group nobody and lets it drop its
+    groups: not so for root of a namespace that maps only itself (``unshare -r``, some rootless
+    containers), where setgroups is denied and uid 65534 does not exist."""
+    uid, gid = _nobody()
+    try:
+        allowed = Path("/proc/self/setgroups").read_text().strip() == "allow"
+        return allowed and _mapped(uid, "uid_map") and _mapped(gid, "gid_map")
+    except OSError:
+        return False
+
+
+def _mapped(inner_id: int, table: str) -> bool:
+    for line in Path(f"/proc/self/{table}").read_text().splitlines():
+        start, _, count = (int(x) for x in line.split())
+        if start <= inner_id < start + count:
+            return True
+    return False
+
+
 def expected() -> str:
     """Which isolation ``isolate`` will give on this machine, said before any rank starts."""
     if can_mount():
-        return FULL
+        return FULL if can_become_nobody() else FULL_AS_NAMESPACE_ROOT
     try:
         allowed = int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0
     except (OSError, ValueError):
@@ -131,7 +155,8 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     # A folder inside another kept one comes with it (bound last, it would be bound over).
     covered = [p for p in covered if not any(p.startswith(q + "/") for q in covered if q != p)]
     private = [p for p in kept if not readable_by_others(p)]
-    as_root = any(_size(p) > COPY_LIMIT_BYTES for p in private)
+    as_namespace_root = not can_become_nobody()
+    as_root = as_namespace_root or any(_size(p) > COPY_LIMIT_BYTES for p in private)
     # Opened before the covering mounts, bound back from the descriptor afterwards.
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in covered]
     for scratch in scratches:
@@ -147,7 +172,7 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
             copy = f"/tmp/.distlab-kept/{n}"
             _readable_copy(path, copy)
             _bind(copy, path)
-    return FULL_AS_ROOT if as_root else FULL
+    return FULL_AS_NAMESPACE_ROOT if as_namespace_root else FULL_AS_ROOT if as_root else FULL
 
 
 def closed_folders(paths: Sequence[str]) -> list[str]:
@@ -203,8 +228,8 @@ def mount_proc() -> None:
 
 
 def drop_privileges(isolation: str) -> None:
-    """User nobody (uid 0 for FULL_AS_ROOT) and no capability, now or after any exec (module
-    docstring). The caller sets its parent-death signal again: a change of uid clears it."""
+    """User nobody (uid 0 for FULL_AS_ROOT and FULL_AS_NAMESPACE_ROOT) and no capability, now or
+    after any exec (module docstring). The caller sets its parent-death signal again: a change of uid clears it."""
     _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
