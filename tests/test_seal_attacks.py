@@ -153,18 +153,25 @@ def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call() -> None:
     assert "its learner process died in Recv" in result.message
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root, and setpriv to drop CAP_SYS_ADMIN")
-def test_root_without_cap_sys_admin_falls_back_to_user_and_pid_namespaces(tmp_path: Path) -> None:
-    """Root in a container's default profile has no CAP_SYS_ADMIN, so no mount namespace: the
-    seal says so in -v (user and PID namespaces only), the check still grades, and a detached
-    child of the learner's still dies with it (its PID namespace)."""
+def _reference_02_leaving_a_child(tmp_path: Path) -> tuple[Path, str]:
+    """Problem 02's reference, which also starts a sleeper in a session of its own at import; and
+    the marker on the sleeper's command line."""
     marker = f"distlab-seal-test-{uuid.uuid4().hex}"
     solution = tmp_path / "leaves_a_child.py"
     solution.write_text(REFERENCE_02.read_text() + (
         "\n\nimport subprocess as _subprocess, sys as _sys\n"
         f"_subprocess.Popen([_sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],"
         " start_new_session=True)\n"))
+    return solution, marker
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root, and setpriv to drop CAP_SYS_ADMIN")
+def test_root_without_cap_sys_admin_falls_back_to_user_and_pid_namespaces(tmp_path: Path) -> None:
+    """Root in a container's default profile has no CAP_SYS_ADMIN, so no mount namespace: the
+    seal says so in -v (user and PID namespaces only), the check still grades, and a detached
+    child of the learner's still dies with it (its PID namespace)."""
+    solution, marker = _reference_02_leaving_a_child(tmp_path)
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     proc = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
                            *DISTLAB, "check", "02", "--solution", str(solution), "--seal", "on", "-v"],
@@ -184,12 +191,7 @@ def test_root_of_a_user_namespace_without_nobody_keeps_the_mounts_as_uid_0(tmp_p
     containers) cannot become nobody (setgroups is denied, uid 65534 is not mapped): the seal
     keeps its mounts and namespaces with the learner as that uid 0 without capabilities, says so
     in -v, and the check grades; before, the learner died of a PermissionError."""
-    marker = f"distlab-seal-test-{uuid.uuid4().hex}"
-    solution = tmp_path / "leaves_a_child.py"
-    solution.write_text(REFERENCE_02.read_text() + (
-        "\n\nimport subprocess as _subprocess, sys as _sys\n"
-        f"_subprocess.Popen([_sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],"
-        " start_new_session=True)\n"))
+    solution, marker = _reference_02_leaving_a_child(tmp_path)
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     proc = subprocess.run(["unshare", "-r", *DISTLAB, "check", "02", "--solution", str(solution), "-v"],
                           capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
