@@ -76,6 +76,7 @@ def test_watch_mode_rechecks_on_save_and_answers_keys(one_problem_bank: Path, wo
     mine = workspace / "03-ring-allreduce.py"
     mine.write_text((PROBLEMS / "03-ring-allreduce" / "reference.py").read_text())
     term.expect("passed!")
+    assert "unsealed" not in term.screen  # graded sealed, as `distlab check` grades
     term.press("q")
     term.expect("bye")
     assert term.close() == 0

@@ -174,8 +174,8 @@ def watch_mode(
     from . import watch
     from .grading.runner import Options
 
-    def check_it(entry: Entry, path: Path) -> bool:
-        return bool(_check_and_record(entry, path, Options(), False, own=True).passed)
+    def check_it(entry: Entry, path: Path) -> bool:  # as `distlab check` grades by default: sealed
+        return bool(_check_and_record(entry, path, Options(seal=opts.seal(None)), False, own=True).passed)
 
     raise typer.Exit(watch.run(_bank(), Workspace(), console, poll, check_it,
                                lambda entry: hint(entry.number), list_problems))
