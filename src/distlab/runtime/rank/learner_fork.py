@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -67,10 +68,6 @@ class LearnerSeed:
                                  pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         return cls(child, ours)
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
 
     def plant(self, spec: dict[str, Any], fds: Sequence[int]) -> ForkedChild | subprocess.Popen[bytes]:
         """Hands the seed its spec (JSON; ``env``: its environment) and descriptors (``FDS``);
@@ -122,8 +119,6 @@ class ForkedChild:
 
 
 def _ends_within(pid: int, timeout: float) -> bool:
-    import select
-
     pidfd = os.pidfd_open(pid)
     try:
         return bool(select.select([pidfd], [], [], timeout)[0])
