@@ -144,3 +144,13 @@ def die_in_recv(comm):
         threading.Timer(0.5, os._exit, [3]).start()
         comm.Recv(np.empty(1), source=0)
     comm.Barrier()
+
+
+def call_on_a_forged_communicator(comm):
+    """A client of a communicator handle the agent never gave out, made by hand."""
+    forged = type(comm)(comm._end, comm.Get_rank(), comm.Get_size(), 7)
+    try:
+        forged.Barrier()
+    except Exception:  # noqa: BLE001 - the refusal is the agent's record, not this exception
+        pass
+    comm.Barrier()

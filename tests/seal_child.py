@@ -110,7 +110,7 @@ def forged(seal: LearnerEnd, path: str) -> None:
         "outside": req(Call.ALLREDUCE, (0,), inputs=(Buffer(size - 8, 40, f4, (10,)),), outputs=(ok,)),
         "negative": req(Call.ALLREDUCE, (0,), inputs=(Buffer(-64, 40, f4, (10,)),), outputs=(ok,)),
         "mismatch": req(Call.ALLREDUCE, (0,), inputs=(Buffer(0, 40, f4, (11,)),), outputs=(ok,)),
-        "dtype": framed(struct.pack("<IHBBBBHq", MAGIC, Call.ALLREDUCE, 1, 0, 1, 1, 0, 0)
+        "dtype": framed(struct.pack("<IHHBBBBHq", MAGIC, Call.ALLREDUCE, 0, 1, 0, 1, 1, 0, 0)
                         + struct.pack("<qqBBq", 0, 40, 99, 1, 10)  # dtype code 99
                         + struct.pack("<qqBBq", 64, 40, 11, 1, 10)),
         "dest": req(Call.SEND, (-5, 0), inputs=(ok,)),

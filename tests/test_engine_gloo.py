@@ -41,6 +41,7 @@ import numpy as np
 from distlab import MAX, MIN, PROD, SUM
 from distlab.runtime.comm.proxy import Comm
 from distlab.runtime.comm.requests import Request, Status
+from distlab.runtime.engines.base import split_off
 
 DTYPES = ("float32", "float64", "int64", "int32", "uint8")
 OPS = {"SUM": SUM, "MAX": MAX}
@@ -221,7 +222,7 @@ def split_world(comm):
     engine = comm.engine
     rank, size = engine.rank, engine.size
     members = list(range(size - 1, 0, -1))
-    sub = engine.split(members)
+    sub = split_off(engine, members)
     if sub is None:
         return None
     group = Comm(sub)
@@ -243,7 +244,7 @@ def split_world(comm):
         elif group.rank == group.size - 1:
             group.Send(me, dest=0)
     try:
-        nested = sub.split([0])
+        nested = split_off(sub, [0])
         nested_result = "split" if (nested is not None) == (group.rank == 0) else "wrong"
     except NotImplementedError:
         nested_result = "NotImplementedError"
@@ -475,8 +476,8 @@ def test_split_keeps_the_given_rank_order_and_translates_ranks(batch: Any, backe
         assert np.array_equal(gathered, np.array(members, dtype=float))
         if group_rank == 0:
             assert heard == (2, 1.0)  # group rank 2 is world rank 1
-        # MPI splits any communicator; gloo only the world (see GlooEngine.split).
-        assert nested == ("split" if backend == "mpi" else "NotImplementedError")
+        # A group splits further on both engines (gloo: see GlooEngine.split).
+        assert nested == "split"
 
 
 # -- MPI's send semantics ---------------------------------------------------------------------------

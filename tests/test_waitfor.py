@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distlab.runtime.comm.rankstate import ALL_PEERS, RankState
+from distlab.runtime.comm.rankstate import ALL_PEERS, Communicator, RankState
 from distlab.runtime.supervisor import waitfor
 from distlab.runtime.supervisor.judge import Observation, is_stuck, judge
 
@@ -89,3 +89,35 @@ def test_a_launcher_that_died_before_any_rank_is_retried_only_for_known_reasons(
     assert failed_to_start(pmix)
     assert not failed_to_start(LaunchResult("crashed", "mpi", 2, 0.1, details="Segmentation fault"))
     assert not failed_to_start(LaunchResult("deadlock", "mpi", 2, 0.1, details=pmix.details))
+
+
+# -- sub-communicators: a collective waits on its own members only ---------------------------------
+
+EVENS, ODDS = Communicator("0/0.0", (0, 2, 4, 6)), Communicator("0/0.1", (1, 3, 5, 7))
+BY_CONTEXT = {11: EVENS, 12: ODDS}
+
+
+def in_sub(rank: int, ctx: int, op: str = "Allreduce") -> RankState:
+    return RankState(rank, "blocked", op, (ALL_PEERS,), 0, 1, 0.0, comm=ctx)
+
+
+def test_groups_each_inside_their_own_collective_are_not_stuck() -> None:
+    # The evens' Allreduce has all its members; the odds' lacks 7: the evens go on, so does 7.
+    states = [in_sub(r, 11) for r in (0, 2, 4, 6)] + [in_sub(r, 12) for r in (1, 3, 5)] + [
+        st(7, peers=(0,))]
+    assert not is_stuck(states, 8, BY_CONTEXT)
+    # Without the members, two collectives of one name would pass for one that lacks rank 7.
+    assert is_stuck(states, 8, {})
+
+
+def test_a_cycle_through_two_sub_communicators_is_named_with_them() -> None:
+    states = [in_sub(r, 11) for r in (0, 2, 4)] + [st(6, peers=(1,))] + [
+        in_sub(r, 12) for r in (1, 3, 5)] + [st(7, peers=(0,))]
+    assert is_stuck(states, 8, BY_CONTEXT)
+    graph = waitfor.build(states, 8, BY_CONTEXT)
+    assert graph.edges[0] == (6,) and graph.edges[1] == (7,)  # its communicator's missing member
+    assert graph.cycle == (0, 6, 1, 7)
+    lines = graph.describe().splitlines()
+    assert lines[0] == ("rank 0 is blocked in Allreduce on communicator 0/0.0 (world ranks 0, 2, 4, 6) "
+                        "(waits for every rank of its communicator)")
+    assert lines[6] == "rank 6 waits to receive from 1 in Recv"

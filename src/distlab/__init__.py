@@ -1,15 +1,17 @@
 """distlab: a hands-on problem bank for distributed training.
 
-What learner code may import: the reduction ops, the wildcards and ``IN_PLACE``, with the same
-meaning as mpi4py's ``MPI.SUM``, ``MPI.ANY_SOURCE``, ``MPI.IN_PLACE``.
+What learner code may import: the reduction ops, the wildcards, ``IN_PLACE`` and ``UNDEFINED``
+(a Split's color for a rank that joins no group), with the same meaning as mpi4py's ``MPI.SUM``,
+``MPI.ANY_SOURCE``, ``MPI.IN_PLACE``, ``MPI.UNDEFINED``.
 """
 
 from .ops import MAX, MIN, PROD, SUM, Op
 from .runtime.comm.requests import IN_PLACE, Request, Status
-from .runtime.engines.base import ANY_SOURCE, ANY_TAG
+from .runtime.engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "IN_PLACE", "MAX", "MIN", "Op", "PROD", "Request", "SUM", "Status",
+    "UNDEFINED",
 ]

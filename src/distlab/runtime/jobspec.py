@@ -121,6 +121,9 @@ class TaskOutcome:
     wall_s: float
     trace: list[Any] | None = None  # this rank's events (runtime/trace/events.py) when tracing is on
     marks: list[tuple[str, CommStats]] = field(default_factory=list)  # comm.mark(): name, counters then
+    # The counters of each communicator the task made (Split, Dup, Create_group), by the path of
+    # its group (engines/base.py); ``stats`` above holds the rank's totals over all of them.
+    by_communicator: dict[str, CommStats] = field(default_factory=dict)
 
 
 @dataclass

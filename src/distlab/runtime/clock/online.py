@@ -44,11 +44,25 @@ class RouteTable(Protocol):
     def route(self, src_rank: int, dst_rank: int) -> Any: ...
 
 
-class Timekeeper:
-    """One rank's clock for one communicator, with its side channel for time stamps."""
+class _RankTime:
+    """What the clocks of one rank's communicators share: its time, and when the last message
+    sent to each world rank is delivered (the next one's bytes wait: one channel per pair of
+    ranks, whichever communicator a message goes by, as in the replay)."""
 
-    def __init__(self, platform: RouteTable, side: Engine, start_s: float = 0.0) -> None:
+    __slots__ = ("now", "channel_free")
+
+    def __init__(self, start_s: float) -> None:
         self.now = start_s
+        self.channel_free: dict[int, float] = {}
+
+
+class Timekeeper:
+    """One rank's clock for one communicator, with its side channel for time stamps (a
+    sub-communicator's clock shares the rank's time: ``split``, ``create_group``)."""
+
+    def __init__(self, platform: RouteTable, side: Engine, start_s: float = 0.0,
+                 shared: _RankTime | None = None) -> None:
+        self._time = shared if shared is not None else _RankTime(start_s)
         self._platform = platform
         self._side = side
         self._world = list(side.world_ranks)
@@ -56,11 +70,28 @@ class Timekeeper:
         self._outgoing_stamp = np.zeros(1)
         # (alpha, beta) to each group rank, looked up once: the route map does not change.
         self._links: dict[int, tuple[float, float]] = {}
-        # When the last message sent to each group rank is delivered: the next one's bytes wait.
-        self._channel_free: dict[int, float] = {}
+        self._channel_free = self._time.channel_free
+
+    @property
+    def now(self) -> float:
+        return self._time.now
+
+    @now.setter
+    def now(self, t: float) -> None:
+        self._time.now = t
+
+    def split(self, color: int, key: int) -> Timekeeper | None:
+        """The clock of the communicator split off this one with (color, key): its side channel
+        split alike (collective over this side channel), its time this rank's."""
+        side = self._side.split(color, key)
+        return Timekeeper(self._platform, side, shared=self._time) if side is not None else None
+
+    def create_group(self, ranks: list[int], tag: int) -> Timekeeper:
+        side = self._side.create_group(ranks, tag)
+        return Timekeeper(self._platform, side, shared=self._time)
 
     def compute(self, seconds: float) -> None:
-        self.now += seconds
+        self._time.now += seconds
 
     def arrival(self, dest: int, nbytes: int, action: Any = None) -> float:
         """When a message from this rank to group rank ``dest``, leaving now, is delivered."""
@@ -69,7 +100,7 @@ class Timekeeper:
             route = self._platform.route(self._world[self._side.rank], self._world[dest])
             link = self._links[dest] = (route.alpha_s, route.beta_s_per_byte)
         alpha, beta = link
-        leave = self.now
+        leave = self._time.now
         extra = 0.0
         if action is not None:
             if action.hold_until_s is not None:
@@ -83,8 +114,9 @@ class Timekeeper:
         if action is not None and action.drop:
             return start + moving  # lost on the way: it holds up no later message
         # The channel to dest is first in, first out: its bytes move once the ones before are in.
-        arrival = max(start, self._channel_free.get(dest, 0.0)) + moving
-        self._channel_free[dest] = arrival
+        to = self._world[dest]
+        arrival = max(start, self._channel_free.get(to, 0.0)) + moving
+        self._channel_free[to] = arrival
         return arrival
 
     def route_beta(self, dest: int) -> float:
@@ -98,7 +130,7 @@ class Timekeeper:
     def send_done(self, arrival: float, rendezvous: bool) -> float:
         """When a send leaving now with this ``arrival`` completes for its sender: once copied out
         if eager, once its bytes have arrived if a rendezvous."""
-        return arrival if rendezvous else self.now + SEND_OVERHEAD_S
+        return arrival if rendezvous else self._time.now + SEND_OVERHEAD_S
 
     def receive_stamp(self, source: int, tag: int) -> float:
         """The arrival time of the message just matched from group rank ``source`` with ``tag``.
@@ -109,12 +141,12 @@ class Timekeeper:
         return float(self._stamp[0])
 
     def advance_to(self, t: float) -> None:
-        if t > self.now:
-            self.now = t
+        if t > self._time.now:
+            self._time.now = t
 
     def collective(self, op: str, nbytes: int) -> None:
         """Moves the clock past a built-in collective of the whole group."""
-        latest = np.array([self.now])
+        latest = np.array([self._time.now])
         self._side.allreduce(latest, latest, MAX)
         p = self._side.size
         routes = [
@@ -122,4 +154,4 @@ class Timekeeper:
         ] if p > 1 else []
         alpha = max((r.alpha_s for r in routes), default=0.0)
         beta = max((r.beta_s_per_byte for r in routes), default=0.0)
-        self.now = float(latest[0]) + collective_time(ALIASES.get(op, op), p, nbytes, alpha, beta)
+        self._time.now = float(latest[0]) + collective_time(ALIASES.get(op, op), p, nbytes, alpha, beta)

@@ -33,6 +33,7 @@ class Collectives:
     _clock: Timekeeper | None
     _trace: TraceRecorder | None
     _world_ranks: list[int]
+    _ctx: int
     _unsettled: deque[Request]
     _icoll_free_at: float
     _coll_started: tuple[str, int, int, float]
@@ -50,7 +51,7 @@ class Collectives:
     def _collective(self, op: str, nbytes: int, root: int = -1) -> None:
         self._check_hung()
         self.stats.count_call(op, nbytes)
-        self._slot.blocked(op, (ALL_PEERS,), nbytes)
+        self._slot.blocked(op, (ALL_PEERS,), nbytes, self._ctx)
         self._coll_started = (op, nbytes, root, time.perf_counter())
 
     def _collective_done(self) -> None:

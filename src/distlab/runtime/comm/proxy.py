@@ -11,8 +11,10 @@ this proxy, which
 * records every call as an event for the replay and the trace (runtime/trace);
 * runs ``Iallreduce`` (a nonblocking collective) as a request: its Wait is where the rank waits
   for the whole group, and where the online clock settles it (see ``Comm._settle``);
-* offers the built-in collectives (``collectives.py``), nonblocking requests (``requests.py``) and
-  mpi4py's lowercase calls on Python objects (``objects.py``);
+* offers the built-in collectives (``collectives.py``), nonblocking requests (``requests.py``),
+  mpi4py's lowercase calls on Python objects (``objects.py``) and sub-communicators
+  (``groups.py``: Split, Dup, Create_group, Free), which share the rank's slot, trace, clock,
+  fault plan and marks (``RankBook``) and count their own calls into the rank's totals;
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
   blocking ``Send`` to each other deadlock the same way on every engine and every transport; and
   times them so on the online clock: an eager send is done once copied out (its sender does not
@@ -29,6 +31,7 @@ from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..trace.events import COMPUTE, MARK, TraceRecorder
 from .collectives import Collectives
+from .groups import Communicators, RankBook
 from .objects import ObjectCalls
 from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
@@ -39,7 +42,7 @@ if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (ra
 
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
-class Comm(Collectives, ObjectCalls):
+class Comm(Collectives, Communicators, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE
@@ -59,6 +62,7 @@ class Comm(Collectives, ObjectCalls):
         clock: Timekeeper | None = None,
         faults: MessageFaults | None = None,
         trigger_steps: frozenset[int] = frozenset(),
+        book: RankBook | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
@@ -66,16 +70,14 @@ class Comm(Collectives, ObjectCalls):
         self._clock = clock
         self._faults = faults
         self._trigger_steps = trigger_steps  # steps at which the supervisor kills or stops us
-        self._attempts: dict[int, int] = {}  # sends per destination, lost ones included (faults)
+        self._book = book if book is not None else RankBook()
+        self._book.comms.append(self)
+        self._attempts = self._book.attempts  # sends per world destination, lost ones included
         self._eager_limit = eager_limit
         self._trace = trace
         self._ctx = ctx
         self._compute_multiplier = compute_multiplier
         self._device_flops = device_flops
-        self._steps_started = 0
-        # (mark name, the counters when it was set): the phases a grader reads, kept here with the
-        # counters rather than returned by the rank program, whose values the learner's code can touch.
-        self.marked: list[tuple[str, CommStats]] = []
         # Nonblocking collectives the online clock has not placed yet, in the order they were
         # posted, and when the last one placed ends (they queue on the group's links).
         self._unsettled: deque[Request] = deque()
@@ -98,11 +100,12 @@ class Comm(Collectives, ObjectCalls):
         return self._engine.size
 
     def unwaited(self) -> dict[str, int]:
-        """Sends and nonblocking collectives never completed, by kind ("Isend", "Iallreduce").
+        """Sends and nonblocking collectives never completed on any communicator of the rank, by
+        kind ("Isend", "Iallreduce").
         A receive left behind is not counted: code that waits for a message with a timeout
         abandons the receive of one that was lost, and MPI lets it (MPI_Cancel aside)."""
         counts: dict[str, int] = {}
-        for request in self._outstanding:
+        for request in (r for comm in self._book.comms for r in comm._outstanding):
             kind = request.kind()
             if kind == "Irecv":
                 continue
@@ -122,7 +125,19 @@ class Comm(Collectives, ObjectCalls):
     @property
     def step(self) -> int:
         """The current training step (0 before and during the first marked step)."""
-        return max(self._steps_started - 1, 0)
+        return max(self._book.steps_started - 1, 0)
+
+    @property
+    def marked(self) -> list[tuple[str, CommStats]]:
+        """Every mark of the rank, on any of its communicators, with the rank's totals then."""
+        return self._book.marked
+
+    def total_stats(self) -> CommStats:
+        """The rank's counters over all its communicators (see groups.py)."""
+        return self._book.totals() if len(self._book.comms) > 1 else self.stats
+
+    def stats_by_communicator(self) -> dict[str, CommStats]:
+        return self._book.by_communicator()
 
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
@@ -193,13 +208,14 @@ class Comm(Collectives, ObjectCalls):
 
         ``mark("step")`` at the start of each training step also numbers the steps from 0, which
         fault plans trigger on (``at_step = 30``: when step 30 starts)."""
+        book = self._book
         if name == "step":
-            self._steps_started += 1
-            self._slot.set_step(self._steps_started - 1)
+            book.steps_started += 1
+            self._slot.set_step(book.steps_started - 1)
             if self.step in self._trigger_steps:
                 # Give the supervisor's 50 ms poll time to act at exactly this step.
                 time.sleep(0.15)
-        self.marked.append((name, self.stats.snapshot()))
+        book.marked.append((name, book.totals()))
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))
@@ -267,7 +283,7 @@ class Comm(Collectives, ObjectCalls):
             if self._clock is not None:
                 # The stamp goes first: the receiver must never wait for it once the message is in.
                 self._clock.send_stamp(dest, tag, arrival)
-            self._slot.blocked_on("Send", dst, -1, nbytes)
+            self._slot.blocked_on("Send", dst, -1, nbytes, self._ctx)
             self._engine.send(array, dest, tag, synchronous)
             self._slot.running()
             if self._clock is not None:
@@ -292,7 +308,7 @@ class Comm(Collectives, ObjectCalls):
         world = self._world_ranks
         src = world[source] if source >= 0 else -1
         wall0 = time.perf_counter()
-        self._slot.blocked_on("Recv", src, -1, nbytes)
+        self._slot.blocked_on("Recv", src, -1, nbytes, self._ctx)
         got_source, got_tag = self._engine.recv(array, source, tag)
         self._slot.running()
         got_src = world[got_source]
@@ -380,7 +396,7 @@ class Comm(Collectives, ObjectCalls):
         if self._clock is not None and not dropped:
             self._clock.send_stamp(dest, sendtag, arrival)
         # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
-        self._slot.blocked_on("Sendrecv", src, dst, send_nbytes)
+        self._slot.blocked_on("Sendrecv", src, dst, send_nbytes, self._ctx)
         if dropped:
             got_source, got_tag = self._engine.recv(recv_array, source, recvtag)
         else:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
-# since, training step (counted by problem code's comm.mark("step"); process faults trigger on it).
-_FORMAT = "<BBBBI4iqdI"
+# since, training step (counted by problem code's comm.mark("step"); process faults trigger on it),
+# the context of the communicator the call is on (0: the task's; others: see ``register``).
+_FORMAT = "<BBBBI4iqdIq"
 SIZE = struct.calcsize(_FORMAT)
 MAX_PEERS = 4
 
@@ -52,6 +53,32 @@ def state_path(job_dir: Path, rank: int) -> Path:
     return job_dir / f"state-{rank}.bin"
 
 
+def communicators_path(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"communicators-{rank}.txt"
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """A sub-communicator as its ranks registered it: its group's path and its world ranks."""
+
+    path: str
+    members: tuple[int, ...]
+
+
+def read_communicators(job_dir: Path, world_size: int) -> dict[int, Communicator]:
+    """Every sub-communicator any rank made, by context (runtime/comm/groups.py)."""
+    found: dict[int, Communicator] = {}
+    for rank in range(world_size):
+        try:
+            lines = communicators_path(job_dir, rank).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            ctx, path, members = line.split(" ")
+            found[int(ctx)] = Communicator(path, tuple(int(m) for m in members.split(",")))
+    return found
+
+
 class _Record(ctypes.LittleEndianStructure):
     """The slot's bytes as fields (the same layout as ``_FORMAT``), mapped onto the file: setting
     a field is one store, several times cheaper than packing the whole record again."""
@@ -67,6 +94,7 @@ class _Record(ctypes.LittleEndianStructure):
         ("nbytes", ctypes.c_int64),
         ("since", ctypes.c_double),
         ("step", ctypes.c_uint32),
+        ("comm", ctypes.c_int64),
     ]
 
 
@@ -76,7 +104,8 @@ assert ctypes.sizeof(_Record) == SIZE
 class RankSlot:
     """The writer side, used by one rank. Written on every call of the proxy: kept cheap."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, registry: Path | None = None) -> None:
+        self._registry = registry  # where ``register`` notes sub-communicators (None: nowhere)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.ftruncate(fd, SIZE)
@@ -95,7 +124,15 @@ class RankSlot:
         del self._record, self._peers
         self._map.close()
 
-    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
+    def register(self, ctx: int, path: str, members: list[int]) -> None:
+        """Notes a sub-communicator this rank is in, for the wait-for graph (once, when made)."""
+        if self._registry is None:
+            return
+        with open(self._registry, "a") as registry:
+            registry.write(f"{ctx} {path} {','.join(map(str, members))}\n")
+
+    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0,
+            comm: int = 0) -> None:
         record = self._record
         npeers = min(len(peers), MAX_PEERS)
         for i in range(npeers):
@@ -106,6 +143,7 @@ class RankSlot:
         record.nbytes = nbytes
         record.since = time.monotonic()
         record.step = self.step & 0xFFFFFFFF
+        record.comm = comm
         self._publish(state)
 
     def _publish(self, state: int) -> None:
@@ -114,10 +152,10 @@ class RankSlot:
         self._record.state = state
         self._record.seq = self._seq & 0xFFFFFFFF
 
-    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
-        self.set(BLOCKED, op, peers, nbytes)
+    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0, comm: int = 0) -> None:
+        self.set(BLOCKED, op, peers, nbytes, comm)
 
-    def blocked_on(self, op: str, first: int, second: int, nbytes: int) -> None:
+    def blocked_on(self, op: str, first: int, second: int, nbytes: int, comm: int = 0) -> None:
         """``blocked`` for at most two peers, -1 standing for none: what the proxy's point-to-
         point calls need, without building a tuple of peers on every call. (The task, the step and
         the time since stay as the last ``set`` wrote them: the supervisor reads the state, the
@@ -130,6 +168,7 @@ class RankSlot:
         record.npeers = 0 if first == -1 else 1 if second == -1 else 2
         record.op = OP_CODE[op]
         record.nbytes = nbytes
+        record.comm = comm
         self._seq += 1
         record.state = BLOCKED
         record.seq = self._seq & 0xFFFFFFFF
@@ -156,13 +195,17 @@ class NullSlot:
     def set_step(self, step: int) -> None:
         self.step = step
 
-    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0) -> None:
+    def register(self, ctx: int, path: str, members: list[int]) -> None:
         pass
 
-    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0) -> None:
+    def set(self, state: int, op: str = "-", peers: tuple[int, ...] = (), nbytes: int = 0,
+            comm: int = 0) -> None:
         pass
 
-    def blocked_on(self, op: str, first: int, second: int, nbytes: int) -> None:
+    def blocked(self, op: str, peers: tuple[int, ...], nbytes: int = 0, comm: int = 0) -> None:
+        pass
+
+    def blocked_on(self, op: str, first: int, second: int, nbytes: int, comm: int = 0) -> None:
         pass
 
     def running(self) -> None:
@@ -180,14 +223,20 @@ class RankState:
     since: float
     task: int = 0
     step: int = 0
+    comm: int = 0  # the context of the communicator it waits in (0: the task's)
 
-    def describe(self) -> str:
+    def describe(self, communicator: Communicator | None = None) -> str:
+        """What the rank does, in a line; ``communicator``: the one it waits in, if not the
+        task's (from ``read_communicators``)."""
         if self.state != "blocked":
             return f"rank {self.rank} is {self.state}"
         if self.op == "hung":
             return f"rank {self.rank} is hung (a fault plan froze it in a communication call)"
+        on = (f" on communicator {communicator.path} (world ranks "
+              f"{', '.join(map(str, communicator.members))})") if communicator is not None else ""
         if self.peers == (ALL_PEERS,):
-            return f"rank {self.rank} is blocked in {self.op} (waits for every rank of its group)"
+            group = "its communicator" if communicator is not None else "its group"
+            return f"rank {self.rank} is blocked in {self.op}{on} (waits for every rank of {group})"
         who = ", ".join(str(p) for p in self.peers) if self.peers else "any rank"
         verb = {
             "Send": "waits to send to",
@@ -198,7 +247,7 @@ class RankState:
             "Probe": "waits for a message from",
         }.get(self.op, f"is blocked in {self.op} with")
         size = f" ({self.nbytes} bytes)" if self.nbytes else ""
-        return f"rank {self.rank} {verb} {who} in {self.op}{size}"
+        return f"rank {self.rank} {verb} {who} in {self.op}{size}{on}"
 
 
 def read_state(job_dir: Path, rank: int) -> RankState | None:
@@ -208,10 +257,10 @@ def read_state(job_dir: Path, rank: int) -> RankState | None:
         return None
     if len(data) < SIZE:
         return None
-    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step = struct.unpack_from(
+    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step, comm = struct.unpack_from(
         _FORMAT, data
     )
     peers = (p0, p1, p2, p3)[:npeers]
     name = STATE_NAMES[state] if state < len(STATE_NAMES) else "unknown"
     op_name = OPS[op] if op < len(OPS) else "?"
-    return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step)
+    return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step, comm)

@@ -164,7 +164,7 @@ class Request:
     def Wait(self, status: Any = None) -> None:  # noqa: N802
         if not self._completed:
             comm = self._comm
-            comm._slot.blocked("Wait", self._peers(), self._nbytes)
+            comm._slot.blocked("Wait", self._peers(), self._nbytes, comm._ctx)
             wall0 = time.perf_counter()
             source, tag = self._inner.wait()
             comm._slot.running()
@@ -221,7 +221,7 @@ class Request:
             op, peers = "Wait", (ALL_PEERS,)
         else:
             op, peers = "Waitall", tuple(comm._world(r._peer) for r in pending)
-        comm._slot.blocked(op, peers, sum(r._nbytes for r in pending))
+        comm._slot.blocked(op, peers, sum(r._nbytes for r in pending), comm._ctx)
         wall0 = time.perf_counter()
         for request in pending:
             source, tag = request._inner.wait()

@@ -1,13 +1,19 @@
 """The interface every engine implements, on contiguous NumPy buffers only.
 
 Call order for a rank: an engine is made once per process (``mpi.world()`` or ``gloo.world()``),
-sub-groups come from ``split`` (a collective call over every rank of the parent), and ``close`` runs
-once at the end. Ranks given to and returned by the methods are ranks in *this* engine's group;
-``world_ranks`` maps them to ranks of the whole job (for reports and the wait-for graph).
+sub-groups come from ``split`` (a collective call over every rank of the parent, as MPI_Comm_split),
+and ``close`` runs once at the end. Ranks given to and returned by the methods are ranks in *this*
+engine's group; ``world_ranks`` maps them to ranks of the whole job (for reports and the wait-for
+graph). ``path`` names the group the same way on each of its members and differently from every
+other group of the job: "0" is the world, and the n-th split of a group whose path is P gives the
+members of color c the path "P/n.c" (every member of P splits in the same order, so n agrees);
+``create_group``, which only the new group's members call, names it by its members and tag and
+how many groups of the same members and tag they made from P before ("P/g<tag>.<hash>.<n>").
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Protocol
 
 import numpy as np
@@ -16,6 +22,7 @@ from ...ops import Op
 
 ANY_SOURCE = -1
 ANY_TAG = -1
+UNDEFINED = -32766  # a split's color for a rank that joins no group (MPI.UNDEFINED's value in Open MPI)
 
 
 class EngineRequest(Protocol):
@@ -35,6 +42,7 @@ class Engine(Protocol):
     rank: int
     size: int
     world_ranks: list[int]
+    path: str
 
     def send(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool) -> None:
         """Blocking send; ``synchronous`` waits until the receiver has matched it (rendezvous)."""
@@ -89,8 +97,14 @@ class Engine(Protocol):
         """``recvbuf`` holds ``size`` blocks of ``sendbuf.size`` elements, in rank order."""
         ...
 
-    def split(self, ranks: list[int]) -> "Engine | None":
-        """A sub-group of the given ranks (collective over this group); None on ranks left out."""
+    def split(self, color: int, key: int) -> "Engine | None":
+        """MPI_Comm_split, collective over this group: the ranks of each color >= 0 form a group,
+        ordered by (key, rank here); None on a rank whose color is UNDEFINED."""
+        ...
+
+    def create_group(self, ranks: list[int], tag: int) -> "Engine":
+        """MPI_Comm_create_group: a group of these ranks, in this order, made by them alone (the
+        other ranks of this group do not call it)."""
         ...
 
     def abort(self, code: int) -> None:
@@ -98,3 +112,30 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def split_off(engine: Engine, ranks: list[int]) -> Engine | None:
+    """A group of the given ranks of ``engine``, in that order (collective over ``engine``);
+    None on the ranks left out."""
+    inside = engine.rank in ranks
+    return engine.split(0 if inside else UNDEFINED, ranks.index(engine.rank) if inside else 0)
+
+
+def child_path(parent: str, splits_before: int, color: int) -> str:
+    """The path of a group split off ``parent`` (see the module's docstring)."""
+    return f"{parent}/{splits_before}.{color}"
+
+
+class GroupNames:
+    """The paths of the groups one engine makes with ``create_group`` (see the module's
+    docstring): counted per (members, tag), which every member counts alike."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[tuple[int, ...], int], int] = {}
+
+    def next(self, parent: str, world_ranks: list[int], tag: int) -> str:
+        key = (tuple(world_ranks), tag)
+        n = self._made.get(key, 0)
+        self._made[key] = n + 1
+        members = hashlib.blake2b(repr(key[0]).encode(), digest_size=6).hexdigest()
+        return f"{parent}/g{tag}.{members}.{n}"

@@ -45,6 +45,7 @@ class CountedEngine:
         self.rank: int = inner.rank
         self.size: int = inner.size
         self.world_ranks: list[int] = inner.world_ranks
+        self.path: str = inner.path
 
     def _count(self, dest: int, buf: np.ndarray) -> None:
         self._handed.count(self.world_ranks[dest], buf.nbytes)
@@ -95,10 +96,15 @@ class CountedEngine:
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._inner.allgather(sendbuf, recvbuf)
 
-    def split(self, ranks: list[int]) -> CountedEngine | None:
-        sub = self._inner.split(ranks)
+    def split(self, color: int, key: int) -> CountedEngine | None:
+        sub = self._inner.split(color, key)
         if sub is None:
             return None
+        sub.raw.Set_name(TASK_NAME)
+        return CountedEngine(sub, self._handed)
+
+    def create_group(self, ranks: list[int], tag: int) -> CountedEngine:
+        sub = self._inner.create_group(ranks, tag)
         sub.raw.Set_name(TASK_NAME)
         return CountedEngine(sub, self._handed)
 

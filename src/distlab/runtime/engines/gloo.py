@@ -21,6 +21,14 @@ Where gloo differs from MPI, and what this engine does about it:
   send buffer copied in first): gloo runs it on its own threads while the caller goes on.
 * Point-to-point transfers, broadcasts and allgathers move raw bytes (a ``uint8`` view), so any
   NumPy dtype works there; reductions use the array's own dtype, which torch must support.
+* Sub-groups (``split``) are gloo process groups of their members only, made the way
+  ``new_group`` makes them (``ProcessGroupGloo`` over a prefix of the job's store) but named by
+  the group's path (engines/base.py) instead of torch's per-process group count: ``new_group``
+  needs every rank of the job to call it, and its members-only form
+  (``use_local_synchronization``) hashes the ranks with the number of groups this process has
+  made, which differs between ranks as soon as sibling groups split further. Every call
+  therefore goes to the process group object itself (``group.send([t], dst, tag)``, ...), with
+  ranks of the group, rather than through the functional API, which knows only groups it made.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...ops import Op
-from .base import ANY_SOURCE, ANY_TAG
+from .base import ANY_SOURCE, ANY_TAG, UNDEFINED, GroupNames, child_path
 from .gloo_parts import (
     _EAGER,
     WILDCARD_TAG,
@@ -52,6 +60,11 @@ from .gloo_parts import (
 # before it tears the process group down anyway.
 _DRAIN_S = 2.0
 
+# Every sub-group made in this process, kept until it exits: a peer may still be finishing a
+# transfer over a group this rank is done with (the world's close ends them all together).
+_SUB_GROUPS: list[Any] = []
+_STORE: Any = None
+
 
 class GlooEngine:
     name = "gloo"
@@ -64,13 +77,17 @@ class GlooEngine:
         world_ranks: list[int],
         timeout: timedelta,
         is_world: bool,
+        path: str = "0",
     ) -> None:
         self._group = group
         self.rank = rank
         self.size = size
         self.world_ranks = world_ranks
+        self.path = path
         self._timeout = timeout
         self._is_world = is_world
+        self._splits = 0
+        self._names = GroupNames()
         self._mailbox = _SelfMailbox()
         self._closed = False
 
@@ -85,22 +102,21 @@ class GlooEngine:
             raise RuntimeError(f"an earlier buffered send failed: {error}") from error
 
     # -- point to point ---------------------------------------------------------------------
-    # Ranks are ranks of this group; torch translates them with group_dst/group_src.
+    # Ranks are ranks of this group, as the process group's own methods take them.
 
     def send(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool) -> None:
         self._check_eager()
         if dest == self.rank:
             self._mailbox.deliver(buf, tag)
             return
-        _, dist = _torch()
         if synchronous:
             # A gloo send returns once the receiver has matched it: MPI's Ssend.
-            dist.send(_bytes(buf), group=self._group, group_dst=dest, tag=tag)
+            self._group.send([_bytes(buf)], dest, tag).wait()
             return
         # Standard mode below the eager limit: return at once, as MPI does, by handing gloo a copy
         # (the caller may reuse buf as soon as we return).
         data = _bytes(buf).clone()
-        _EAGER.add(dist.isend(data, group=self._group, group_dst=dest, tag=tag), data)
+        _EAGER.add(self._group.send([data], dest, tag), data)
 
     def recv(self, buf: np.ndarray, source: int, tag: int) -> tuple[int, int]:
         self._check_eager()
@@ -125,9 +141,8 @@ class GlooEngine:
             # Below the eager limit an MPI Isend completes without the receiver: same here.
             self.send(buf, dest, tag, synchronous=False)
             return _Done(ANY_SOURCE, ANY_TAG)
-        _, dist = _torch()
         tensor = _bytes(buf)
-        work = dist.isend(tensor, group=self._group, group_dst=dest, tag=tag)
+        work = self._group.send([tensor], dest, tag)
         return _Request(work, tensor, is_recv=False, source=dest, tag=tag)
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> _Request | _Done | _SelfRecv:
@@ -138,7 +153,7 @@ class GlooEngine:
             got_tag = self._mailbox.take(buf, tag)
             if got_tag is not None:
                 return _Done(self.rank, got_tag)
-        torch, dist = _torch()
+        torch, _ = _torch()
         gloo_tag = WILDCARD_TAG if tag == ANY_TAG else tag
         tensor = _bytes(buf, into=True)
         if source == ANY_SOURCE:
@@ -147,9 +162,9 @@ class GlooEngine:
                 # given source is fine); a receive may be larger than the message, so take the
                 # zero-byte message into a one-byte scratch buffer instead.
                 tensor = torch.empty(1, dtype=torch.uint8)
-            work = dist.irecv(tensor, group=self._group, tag=gloo_tag)
+            work = self._group.recv_anysource([tensor], gloo_tag)
         else:
-            work = dist.irecv(tensor, group=self._group, group_src=source, tag=gloo_tag)
+            work = self._group.recv([tensor], source, gloo_tag)
         return _Request(work, tensor, is_recv=True, source=source, tag=gloo_tag)
 
     def sendrecv(
@@ -173,13 +188,14 @@ class GlooEngine:
 
     def barrier(self) -> None:
         self._check_eager()
-        _, dist = _torch()
-        dist.barrier(group=self._group)
+        self._group.barrier().wait()
 
     def bcast(self, buf: np.ndarray, root: int) -> None:
         self._check_eager()
         _, dist = _torch()
-        dist.broadcast(_bytes(buf, into=self.rank != root), group=self._group, group_src=root)
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = root, 0
+        self._group.broadcast([_bytes(buf, into=self.rank != root)], options).wait()
 
     def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
         self._check_eager()
@@ -192,22 +208,27 @@ class GlooEngine:
             work = recvbuf
         else:
             work = sendbuf.copy()
-        dist.reduce(_typed(work), group=self._group, group_dst=root, op=_reduce_op(op))
+        options = dist.ReduceOptions()
+        options.rootRank, options.reduceOp = root, _reduce_op(op)
+        self._group.reduce([_typed(work)], options).wait()
 
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None:
         self._check_eager()
-        _, dist = _torch()
         recvbuf.reshape(-1)[...] = sendbuf.reshape(-1)
-        dist.all_reduce(_typed(recvbuf), group=self._group, op=_reduce_op(op))
+        self._all_reduce(_typed(recvbuf), op).wait()
 
     def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _CollRequest:
         self._check_eager()
-        _, dist = _torch()
         if sendbuf is not recvbuf:
             recvbuf.reshape(-1)[...] = sendbuf.reshape(-1)
         tensor = _typed(recvbuf)
-        work = dist.all_reduce(tensor, group=self._group, op=_reduce_op(op), async_op=True)
-        return _CollRequest(work, tensor)
+        return _CollRequest(self._all_reduce(tensor, op), tensor)
+
+    def _all_reduce(self, tensor: Any, op: Op) -> Any:
+        _, dist = _torch()
+        options = dist.AllreduceOptions()
+        options.reduceOp = _reduce_op(op)
+        return self._group.allreduce([tensor], options)
 
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
@@ -215,43 +236,50 @@ class GlooEngine:
         # Gloo has no reduce_scatter. An allreduce gives the same values (the proxy charges the
         # traffic of a real reduce-scatter in its counters, not this engine).
         self._check_eager()
-        _, dist = _torch()
         whole = sendbuf.reshape(-1).copy()
-        dist.all_reduce(_typed(whole), group=self._group, op=_reduce_op(op))
+        self._all_reduce(_typed(whole), op).wait()
         start = sum(counts[: self.rank])
         mine = counts[self.rank]
         recvbuf.reshape(-1)[:mine] = whole[start : start + mine]
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._check_eager()
-        _, dist = _torch()
         # Views of recvbuf, one block per rank in rank order: gloo copies each rank's block
         # straight into place (zero-length blocks included).
         out = _bytes(recvbuf, into=True)
         block = sendbuf.nbytes
         blocks = [out[i * block : (i + 1) * block] for i in range(self.size)]
-        dist.all_gather(blocks, _bytes(sendbuf), group=self._group)
+        self._group.allgather([blocks], [_bytes(sendbuf)]).wait()
 
     # -- groups and ending ------------------------------------------------------------------
 
-    def split(self, ranks: list[int]) -> GlooEngine | None:
-        if not self._is_world:
-            # new_group must be called by every rank of the whole job, and ranks outside this
-            # engine's group are not calling; torch's member-only variant
-            # (use_local_synchronization) names groups by a per-process count that differs
-            # between ranks. The worker only ever splits the world.
-            raise NotImplementedError("the gloo engine splits the world group only")
-        _, dist = _torch()
-        members = [self.world_ranks[r] for r in ranks]
-        # Every rank calls new_group (it is collective over the default group), in the same order
-        # on every rank because split is collective too. sort_ranks=False keeps MPI's order:
-        # group rank i is ranks[i].
-        group = dist.new_group(ranks=members, timeout=self._timeout, sort_ranks=False)
-        if self.rank not in ranks:
+    def split(self, color: int, key: int) -> GlooEngine | None:
+        # Every rank learns every rank's (color, key), as MPI_Comm_split does inside.
+        mine = np.array([color, key], dtype=np.int64)
+        table = np.empty(2 * self.size, dtype=np.int64)
+        self.allgather(mine, table)
+        self._splits += 1
+        if color == UNDEFINED:
             return None
-        return GlooEngine(
-            group, ranks.index(self.rank), len(ranks), members, self._timeout, is_world=False
-        )
+        pairs = table.reshape(-1, 2)
+        ranks = sorted((r for r in range(self.size) if pairs[r, 0] == color),
+                       key=lambda r: (int(pairs[r, 1]), r))
+        return self._group_of(ranks, child_path(self.path, self._splits - 1, color))
+
+    def create_group(self, ranks: list[int], tag: int) -> GlooEngine:
+        world = [self.world_ranks[r] for r in ranks]
+        return self._group_of(ranks, self._names.next(self.path, world, tag))
+
+    def _group_of(self, ranks: list[int], path: str) -> GlooEngine:
+        """The process group of these ranks of this group (this rank among them), named by path."""
+        _, dist = _torch()
+        # The members meet under the group's path in the job's store, as new_group's do under
+        # its name; construction returns once all of them are connected.
+        store = dist.PrefixStore(f"distlab/{path}/", _job_store(self._timeout))
+        group = dist.ProcessGroupGloo(store, ranks.index(self.rank), len(ranks), self._timeout)
+        _SUB_GROUPS.append(group)
+        return GlooEngine(group, ranks.index(self.rank), len(ranks),
+                          [self.world_ranks[r] for r in ranks], self._timeout, False, path)
 
     def abort(self, code: int) -> None:
         # Gloo has no job-wide abort: this rank leaves, its peers fail on their next transfer with
@@ -262,7 +290,7 @@ class GlooEngine:
 
     def close(self) -> None:
         # Sub-groups: nothing. Their peers may still be finishing a transfer with this rank, and
-        # the world's close below destroys every group at once.
+        # they live until the process ends (_SUB_GROUPS).
         if not self._is_world or self._closed:
             return
         self._closed = True
@@ -291,4 +319,15 @@ def world(timeout_s: float = 1800.0) -> GlooEngine:
         dist.init_process_group(
             "gloo", init_method="env://", rank=rank, world_size=size, timeout=timeout
         )
-    return GlooEngine(dist.group.WORLD, rank, size, list(range(size)), timeout, is_world=True)
+    return GlooEngine(dist.group.WORLD, rank, size, list(range(size)), timeout, True)
+
+
+def _job_store(timeout: timedelta) -> Any:
+    """A client of the store the world met at (rank 0 hosts it, from MASTER_ADDR and
+    MASTER_PORT): where sub-groups meet. One per process, made at the first split."""
+    global _STORE
+    if _STORE is None:
+        _, dist = _torch()
+        _STORE = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                               is_master=False, timeout=timeout)
+    return _STORE

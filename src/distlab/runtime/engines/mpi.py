@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...ops import Op
+from .base import UNDEFINED, GroupNames, child_path
 
 _MPI: Any = None
 
@@ -48,11 +49,14 @@ class _Request:
 class MpiEngine:
     name = "mpi"
 
-    def __init__(self, comm: Any, world_ranks: list[int]) -> None:
+    def __init__(self, comm: Any, world_ranks: list[int], path: str = "0") -> None:
         self._comm = comm
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self.world_ranks = world_ranks
+        self.path = path
+        self._splits = 0
+        self._names = GroupNames()
         # One Status for the blocking receives, reused: they run one at a time on a rank.
         self._status = _mpi().Status()
 
@@ -125,13 +129,28 @@ class MpiEngine:
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._comm.Allgather(sendbuf, recvbuf)
 
-    def split(self, ranks: list[int]) -> MpiEngine | None:
+    def split(self, color: int, key: int) -> MpiEngine | None:
         MPI = _mpi()
-        inside = self.rank in ranks
-        sub = self._comm.Split(0 if inside else MPI.UNDEFINED, ranks.index(self.rank) if inside else 0)
-        if not inside:
+        sub = self._comm.Split(MPI.UNDEFINED if color == UNDEFINED else color, key)
+        self._splits += 1
+        if sub == MPI.COMM_NULL:
             return None
-        return MpiEngine(sub, [self.world_ranks[r] for r in ranks])
+        # Its members' ranks here, by translating its group into ours: no message needed.
+        theirs, ours = sub.Get_group(), self._comm.Get_group()
+        here = MPI.Group.Translate_ranks(theirs, list(range(sub.Get_size())), ours)
+        theirs.Free()
+        ours.Free()
+        return MpiEngine(sub, [self.world_ranks[r] for r in here],
+                         child_path(self.path, self._splits - 1, color))
+
+    def create_group(self, ranks: list[int], tag: int) -> MpiEngine:
+        ours = self._comm.Get_group()
+        theirs = ours.Incl(ranks)
+        sub = self._comm.Create_group(theirs, tag)
+        ours.Free()
+        theirs.Free()
+        world = [self.world_ranks[r] for r in ranks]
+        return MpiEngine(sub, world, self._names.next(self.path, world, tag))
 
     def abort(self, code: int) -> None:
         self._comm.Abort(code)

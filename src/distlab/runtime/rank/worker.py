@@ -36,9 +36,17 @@ from typing import IO, TYPE_CHECKING, Any, Callable, TypeGuard
 
 from ..clock.online import Timekeeper
 from ..comm.proxy import Comm
-from ..comm.rankstate import FAILED, FINISHED, IDLE, RUNNING, RankSlot
+from ..comm.rankstate import (
+    FAILED,
+    FINISHED,
+    IDLE,
+    RUNNING,
+    RankSlot,
+    communicators_path,
+    state_path,
+)
 from ..comm.stats import CommStats
-from ..engines.base import Engine
+from ..engines.base import Engine, split_off
 from ..engines.counted import harness_engine
 from ..jobspec import (
     JOB_FILE,
@@ -131,7 +139,7 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
     faulthandler.register(signal.SIGUSR1, file=agent_stack, all_threads=True, chain=False)
     if job.supervisor_pid:
         threading.Thread(target=_watch_supervisor, args=(job.supervisor_pid,), daemon=True).start()
-    slot = RankSlot(job_dir / f"state-{rank}.bin")
+    slot = RankSlot(state_path(job_dir, rank), communicators_path(job_dir, rank))
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
@@ -240,11 +248,11 @@ def _run_task(
 ) -> TaskOutcome | None:
     members = list(range(task.ranks))
     # Both splits are collective over every rank of the job, members or not.
-    group = engine if task.ranks == engine.size else engine.split(members)
+    group = engine if task.ranks == engine.size else split_off(engine, members)
     plan = task.faults if task.faults is not None else job.faults
     platform = task.platform if task.platform is not None else job.platform
     clocked = platform is not None and (job.online_clock or plan is not None)
-    side = engine.split(members) if clocked else None
+    side = split_off(engine, members) if clocked else None
     result: TaskOutcome | None = None
     if group is not None:
         slot.set(RUNNING)  # it may still say "idle" from the barrier after the previous task
@@ -268,7 +276,8 @@ def _run_task(
         value = run(comm, index, task)
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
-        result = TaskOutcome(value, comm.stats, time.perf_counter() - start, events, comm.marked)
+        result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
+                             comm.marked, comm.stats_by_communicator())
         if group is not engine:
             group.close()
         if side is not None:

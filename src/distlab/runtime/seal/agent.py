@@ -62,6 +62,7 @@ class Request(NamedTuple):
     inputs: tuple[np.ndarray, ...]
     outputs: tuple[Buffer, ...]  # where the reply's arrays go, as validated
     input_places: tuple[Buffer, ...] = ()  # where the inputs were: an output at one is in place
+    comm: int = 0  # the learner's handle of the communicator it calls on (service.py)
 
 
 class Rejected(NamedTuple):
@@ -136,7 +137,7 @@ class AgentEnd:
         inputs = tuple(self.arena.take(b.offset, b.dtype, b.shape) for b in decoded.inputs)
         self.in_call = decoded.name
         return Request(call_id, decoded.op, decoded.name, decoded.ints, decoded.floats,
-                       decoded.text, inputs, decoded.outputs, decoded.inputs)
+                       decoded.text, inputs, decoded.outputs, decoded.inputs, decoded.comm)
 
     def reply(self, request: Request, ints: Sequence[int] = (), floats: Sequence[float] = (),
               outputs: Sequence[np.ndarray | None] = ()) -> None:
@@ -156,6 +157,12 @@ class AgentEnd:
             self.arena.put(place.offset, np.ascontiguousarray(array))
             written.append(array.nbytes)
         self._answer(request.call_id, Reply(OK, tuple(ints), tuple(floats), tuple(written)))
+
+    def reject(self, request: Request, reason: str) -> Rejected:
+        """Refuses a request that decoded well but asks for what the learner's own client never
+        would (a communicator it does not hold): answered as a failed validation is."""
+        self._answer(request.call_id, Reply(REJECTED, text=reason))
+        return Rejected(request.call_id, reason)
 
     def fail(self, request: Request, error: BaseException) -> None:
         """Answers ``request`` with the exception its call raised, for the learner to raise."""

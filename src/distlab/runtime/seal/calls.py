@@ -11,7 +11,9 @@ The argument order follows mpi4py's, and what the agent answers
 (the agent receives into its own array of that shape) and pass it again as the output of the
 Wait or Test that completes them.
 
-The last three calls are the task protocol (runtime/seal/service.py): the learner process asks
+Every request names the communicator it is made on (wire.py's header: 0 is the task's, and
+Split and Create_group answer with the handle of the new one). NEXT_TASK, TASK_ARGS and RESULT
+are the task protocol (runtime/seal/service.py): the learner process asks
 for the next task of the batch, fetches its arguments (pickled by the agent, which the learner
 trusts) in parts of at most the arena's size, and hands back its result in parts: kind 0 is the
 program's return value, kind 1 a failure (values.py says how each is encoded and read).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from ..engines.base import UNDEFINED
 from .wire import Int, Signature
 
 MAX_RANK = 2**20 - 1
@@ -64,6 +67,9 @@ class Call(IntEnum):
     NEXT_TASK = 23  # -> (task index or -1 when the batch is done, bytes of its arguments, rank, size)
     TASK_ARGS = 24  # ints: (offset,); output: the next part of the task's pickled arguments
     RESULT = 25  # ints: (kind, last part); input: a part of the task's result (values.py)
+    SPLIT = 26  # -> (communicator handle or -1 for none, rank, size)
+    CREATE_GROUP = 27  # input: the group's ranks (int64); -> (communicator handle, rank, size)
+    FREE = 28
 
 
 CALLS: dict[int, Signature] = {
@@ -98,4 +104,7 @@ CALLS: dict[int, Signature] = {
     Call.NEXT_TASK: Signature("next task"),
     Call.TASK_ARGS: Signature("task arguments", (Int("offset", 0, 2**40),), outputs=ONE),
     Call.RESULT: Signature("result", (Int("kind", 0, 1), Int("last", 0, 1)), inputs=ONE),
+    Call.SPLIT: Signature("Split", (Int("color", UNDEFINED, 2**31 - 1), Int("key", -(2**31), 2**31 - 1))),
+    Call.CREATE_GROUP: Signature("Create_group", (Int("tag", 0, MAX_TAG),), inputs=ONE),
+    Call.FREE: Signature("Free"),
 }

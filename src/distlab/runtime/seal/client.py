@@ -10,6 +10,11 @@ the agent announced, because the wire's bounds would otherwise turn a learner's 
 a rejected request. Everything else (sizes, dtypes, the engine's own errors) is the proxy's work
 in the agent, and comes back as the same exception type and message.
 
+Sub-communicators (Split, Dup, Create_group) are clients too, each naming its handle in every
+request; the agent holds the real ones. A ``Group`` here numbers the ranks of the communicator
+it came from (the client knows no world ranks), so ``Create_group`` takes groups made from its
+own communicator's ``Get_group()``; the proxy also takes a group of any communicator.
+
 Nonblocking calls leave their buffer with the request: an Irecv or Iallreduce is answered into the
 learner's array when the Wait, Test or Waitall that completes it replies, which MPI allows (a
 receive buffer is undefined until then).
@@ -23,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
+from ..comm.groups import Group, split_color
 from ..comm.objects import ObjectCalls
 from ..comm.requests import IN_PLACE, LearnerAbort, _buffer, _fill_status, peer_rank
 from ..engines.base import ANY_SOURCE, ANY_TAG
@@ -43,10 +49,12 @@ class SealedComm(ObjectCalls):
     ANY_TAG = ANY_TAG
     IN_PLACE = IN_PLACE
 
-    def __init__(self, end: LearnerEnd, rank: int, size: int) -> None:
+    def __init__(self, end: LearnerEnd, rank: int, size: int, handle: int = 0) -> None:
         self._end = end
         self._rank = rank
         self._size = size
+        self._handle = handle  # the agent's number for this communicator (0: the task's)
+        self._freed = False
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -162,6 +170,44 @@ class SealedComm(ObjectCalls):
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))
 
+    # -- communicators (runtime/comm/groups.py) ---------------------------------------------
+
+    def Split(self, color: Any = 0, key: Any = 0) -> SealedComm | None:  # noqa: N802
+        color, key = split_color(color), int(key)
+        if not -(2**31) <= key < 2**31:
+            raise ValueError(f"Split: key {key} is outside the int32 range MPI takes")
+        return self._made(self._call(Call.SPLIT, (color, key)))
+
+    def Dup(self) -> SealedComm:  # noqa: N802
+        dup = self.Split(0, self._rank)
+        assert dup is not None
+        return dup
+
+    def Get_group(self) -> Group:  # noqa: N802
+        return Group(range(self._size), self._rank, origin=self._handle)
+
+    def Create_group(self, group: Group, tag: int = 0) -> SealedComm:  # noqa: N802
+        if not isinstance(group, Group):
+            raise TypeError(f"Create_group takes a Group (comm.Get_group().Incl(...)), not {group!r}")
+        if group.origin != self._handle:
+            raise ValueError("Create_group: the group was made from another communicator's "
+                             "Get_group(); make it from this communicator's")
+        if self._rank not in group.world:
+            raise ValueError(f"Create_group: this rank ({self._rank}) is not in the group; only "
+                             "the group's members call Create_group")
+        made = self._made(self._call(Call.CREATE_GROUP, (_tag(tag),),
+                                     (np.array(group.world, dtype=np.int64),)))
+        assert made is not None
+        return made
+
+    def Free(self) -> None:  # noqa: N802
+        self._call(Call.FREE)
+        self._freed = True
+
+    def _made(self, reply: Reply) -> SealedComm | None:
+        handle, rank, size = reply.ints
+        return SealedComm(self._end, rank, size, handle) if handle >= 0 else None
+
     # -- the crossing -----------------------------------------------------------------------
 
     def _pair(self, sendbuf: Any, recvbuf: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -174,8 +220,11 @@ class SealedComm(ObjectCalls):
 
     def _call(self, op: int, args: Sequence[Any] = (), inputs: Sequence[np.ndarray] = (),
               outputs: Sequence[np.ndarray] = ()) -> Reply:
+        if self._freed:
+            raise ValueError(f"this communicator ({self._size} ranks) was freed with Free(); "
+                             "make a new one to go on")
         try:
-            return self._end.call(op, args, inputs, outputs)
+            return self._end.call(op, args, inputs, outputs, comm=self._handle)
         except CallFailed as failed:
             raise _as_raised(failed) from None
         except CallRejected as rejected:

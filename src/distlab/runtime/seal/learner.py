@@ -61,9 +61,11 @@ class LearnerEnd:
         return cls(Arena.attach(arena_fd, size), Doorbell(socket.socket(fileno=bell_fd), spin_s=spin_s))
 
     def call(self, op: int, args: Sequence[Arg] = (), inputs: Sequence[np.ndarray] = (),
-             outputs: Sequence[np.ndarray] = (), timeout: float | None = None) -> Reply:
-        """One call through the agent. ``args``: ints (ranks, tags, codes), floats and at most
-        one text, each kind in order. Outputs are filled in place."""
+             outputs: Sequence[np.ndarray] = (), timeout: float | None = None,
+             comm: int = 0) -> Reply:
+        """One call through the agent, on the learner's communicator ``comm``. ``args``: ints
+        (ranks, tags, codes), floats and at most one text, each kind in order. Outputs are
+        filled in place."""
         ints = tuple(int(a) for a in args if isinstance(a, (int, np.integer)))
         floats = tuple(float(a) for a in args if isinstance(a, (float, np.floating)))
         texts = [a for a in args if isinstance(a, str)]
@@ -75,7 +77,7 @@ class LearnerEnd:
         self._call_id += 1
         call_id = self._call_id
         body = encode_request(call_id, op, ints, floats, in_places, out_places,
-                              texts[0] if texts else "")
+                              texts[0] if texts else "", comm)
         self.arena.write_block("request", call_id, framed(body))
         try:
             # A full socket (ring() False) needs no retry: the agent has bytes to read, and

@@ -7,8 +7,12 @@ learner hands back its result. The agent's arrays are its own: inputs are copies
 arena, outputs are allocated here (or are the input itself when the learner laid both in one
 place, which is how an in-place call crosses) and copied back with the reply.
 
-A request that fails validation is answered with a rejection by the seal and remembered here as
-``tampered``: the learner's own client never sends one. Requests the proxy raises on are answered
+Each request names the communicator it is made on: 0 is the task's, and each Split, Dup or
+Create_group the learner makes is numbered here (``_comms``), per task.
+
+A request that fails validation, or names a communicator the learner does not hold, is answered
+with a rejection by the seal and remembered here as ``tampered``: the learner's own client never
+sends one. Requests the proxy raises on are answered
 with the exception, for the learner's code to see as it would have.
 """
 
@@ -39,6 +43,8 @@ class Service:
         self._agent = agent
         self.tampered: list[str] = []  # why each rejected request was rejected
         self._comm: Comm | None = None
+        self._comms: dict[int, Comm] = {}
+        self._next_comm = 1
         self._handles: dict[int, tuple[ProxyRequest, np.ndarray | None]] = {}
         self._next_handle = 1
         self._parts: list[bytes] = []
@@ -51,7 +57,8 @@ class Service:
             Call.IALLREDUCE: self._iallreduce, Call.REDUCE_SCATTER: self._reduce_scatter,
             Call.REDUCE_SCATTER_BLOCK: self._reduce_scatter_block,
             Call.ALLGATHER: self._allgather, Call.COMPUTE: self._compute, Call.MARK: self._mark,
-            Call.NOW: self._now,
+            Call.NOW: self._now, Call.SPLIT: self._split, Call.CREATE_GROUP: self._create_group,
+            Call.FREE: self._free,
         }
 
     def run_task(self, comm: Comm | None, index: int, args: bytes) -> TaskResult | None:
@@ -59,6 +66,7 @@ class Service:
         its start-up, when it failed before asking for a task). With ``index`` -1 it tells the
         learner that the batch is done, and returns None."""
         self._comm, self._handles, self._parts = comm, {}, []
+        self._comms, self._next_comm = ({0: comm} if comm is not None else {}), 1
         agent = self._agent
         while True:
             request = agent.serve()
@@ -83,8 +91,11 @@ class Service:
                     return TaskResult(request.ints[0], b"".join(self._parts))
             elif comm is None:
                 agent.fail(request, RuntimeError(f"{request.name} outside a task"))
+            elif request.comm not in self._comms:
+                reason = f"{request.name} on communicator {request.comm}, which it does not hold"
+                self.tampered.append(agent.reject(request, reason).reason)
             else:
-                self._serve_call(comm, request)
+                self._serve_call(self._comms[request.comm], request)
 
     def _serve_call(self, comm: Comm, request: Request) -> None:
         try:
@@ -216,6 +227,34 @@ class Service:
 
     def _now(self, comm: Comm, request: Request) -> None:
         self._agent.reply(request, floats=(comm.now(),))
+
+    # -- communicators ----------------------------------------------------------------------
+
+    def _hold(self, sub: Comm | None) -> tuple[int, int, int]:
+        """(handle, rank, size) of a new communicator, numbered for the learner; -1 for none."""
+        if sub is None:
+            return (-1, -1, 0)
+        number = self._next_comm
+        self._next_comm += 1
+        self._comms[number] = sub
+        return (number, sub.rank, sub.size)
+
+    def _split(self, comm: Comm, request: Request) -> None:
+        color, key = request.ints
+        self._agent.reply(request, ints=self._hold(comm.Split(color, key)))
+
+    def _create_group(self, comm: Comm, request: Request) -> None:
+        ranks = request.inputs[0]
+        if ranks.dtype != np.int64 or ranks.ndim != 1:
+            raise TypeError(f"Create_group: the group's ranks come as one row of int64, not "
+                            f"{ranks.dtype} of shape {ranks.shape}")
+        group = comm.Get_group().Incl([int(r) for r in ranks])
+        self._agent.reply(request, ints=self._hold(comm.Create_group(group, request.ints[0])))
+
+    def _free(self, comm: Comm, request: Request) -> None:
+        comm.Free()
+        self._comms = {n: c for n, c in self._comms.items() if c is not comm}
+        self._agent.reply(request)
 
 
 def _op(request: Request) -> ops.Op:

@@ -6,7 +6,8 @@ arrays of plain numbers, whose every field the agent checks before it uses any o
 little-endian::
 
     request block   u64 call id, u32 body length, body
-    body            u32 magic, u16 op, u8 #ints, u8 #floats, u8 #inputs, u8 #outputs, u16 #text
+    body            u32 magic, u16 op, u16 communicator, u8 #ints, u8 #floats, u8 #inputs,
+                    u8 #outputs, u16 #text
                     #ints x i64, #floats x f64, (#inputs + #outputs) x buffer, text (UTF-8)
     buffer          i64 offset (in the data region), i64 bytes, u8 dtype code, u8 ndim,
                     ndim x i64 dims
@@ -36,12 +37,13 @@ import numpy as np
 from .arena import CONTROL
 from .errors import BadRequest
 
-MAGIC = 0x31534C44  # "DLS1"
+MAGIC = 0x32534C44  # "DLS2"
 MAX_INTS, MAX_FLOATS, MAX_BUFFERS, MAX_NDIM, MAX_TEXT = 64, 8, 32, 8, 1024
 I64_MAX = 2**63 - 1
 
 _BLOCK = struct.Struct("<QI")  # call id, body length
-_HEAD = struct.Struct("<IHBBBBH")  # magic, op, #ints, #floats, #inputs, #outputs, #text bytes
+# magic, op, communicator, #ints, #floats, #inputs, #outputs, #text bytes
+_HEAD = struct.Struct("<IHHBBBBH")
 _BUF = struct.Struct("<qqBB")  # offset, bytes, dtype code, ndim
 _REPLY = struct.Struct("<BBBBH")  # status, #ints, #floats, #written, #text bytes
 # Compiled once per count: a format built per call costs more than the unpacking it does.
@@ -101,6 +103,7 @@ class Decoded(NamedTuple):
     inputs: tuple[Buffer, ...]
     outputs: tuple[Buffer, ...]
     text: str
+    comm: int = 0  # which of the learner's communicators (0: the task's; service.py numbers the rest)
 
 
 def call_id_of(block: bytes) -> int:
@@ -109,7 +112,8 @@ def call_id_of(block: bytes) -> int:
 
 
 def encode_request(call_id: int, op: int, ints: tuple[int, ...], floats: tuple[float, ...],
-                   inputs: tuple[Buffer, ...], outputs: tuple[Buffer, ...], text: str) -> bytes:
+                   inputs: tuple[Buffer, ...], outputs: tuple[Buffer, ...], text: str,
+                   comm: int = 0) -> bytes:
     """The body of a request block (the learner's end; the call id is written by the arena)."""
     raw_text = text.encode()
     if (len(ints) > MAX_INTS or len(floats) > MAX_FLOATS or len(raw_text) > MAX_TEXT
@@ -119,7 +123,8 @@ def encode_request(call_id: int, op: int, ints: tuple[int, ...], floats: tuple[f
             f"and {MAX_TEXT} bytes of text; this one {len(ints)}, {len(floats)}, "
             f"{len(inputs) + len(outputs)} and {len(raw_text)}"
         )
-    parts = [_HEAD.pack(MAGIC, op, len(ints), len(floats), len(inputs), len(outputs), len(raw_text)),
+    parts = [_HEAD.pack(MAGIC, op, comm, len(ints), len(floats), len(inputs), len(outputs),
+                        len(raw_text)),
              _QS[len(ints)].pack(*ints), _DS[len(floats)].pack(*floats)]
     for buf in inputs + outputs:
         parts.append(_BUF.pack(buf.offset, buf.nbytes, DTYPE_CODE[buf.dtype.str], len(buf.shape)))
@@ -141,7 +146,7 @@ def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
     # Offsets below are in the block; ``end`` is where the body claims to end. Nothing past it
     # is read: every unpack is checked against it first (the block itself is longer).
     at, end = _BLOCK.size, _BLOCK.size + length
-    magic, op, n_ints, n_floats, n_in, n_out, n_text = _HEAD.unpack_from(block, at)
+    magic, op, comm, n_ints, n_floats, n_in, n_out, n_text = _HEAD.unpack_from(block, at)
     if magic != MAGIC:
         raise BadRequest(f"bad magic {magic:#010x} (a request starts with {MAGIC:#010x})")
     sig = table.get(op)
@@ -176,7 +181,7 @@ def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
         except UnicodeDecodeError as e:
             raise BadRequest(f"{sig.name}: the text is not UTF-8 ({e.reason})") from None
     return Decoded(call_id, op, sig.name, ints, floats, tuple(buffers[:n_in]),
-                   tuple(buffers[n_in:]), text)
+                   tuple(buffers[n_in:]), text, comm)
 
 
 def _check_counts(sig: Signature, n_ints: int, n_floats: int, n_in: int, n_out: int,

@@ -6,7 +6,7 @@ starts again. Kept apart from the side effects so they are tested with made-up o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..comm import rankstate
 from ..faults.plans import ProcessAction, ProcessFaults
@@ -24,6 +24,8 @@ class Observation:
     stalled_for_s: float
     killed: frozenset[int] = frozenset()  # ranks a fault SIGKILLed in this attempt
     stopped: frozenset[int] = frozenset()  # ranks a fault holds SIGSTOPped now (no SIGCONT yet)
+    # The sub-communicators the ranks made, by context (read only once the job looks stalled).
+    communicators: Mapping[int, rankstate.Communicator] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,24 +56,42 @@ def judge(obs: Observation, world_size: int, deadline_s: float, stall_s: float) 
         return Verdict("crashed")
     # A rank stopped by a fault is meant to make the job look stuck (problems detect it from
     # inside): only the deadline ends such a run.
-    if obs.stalled_for_s >= stall_s and not obs.stopped and is_stuck(obs.states, world_size):
+    if obs.stalled_for_s >= stall_s and not obs.stopped and is_stuck(obs.states, world_size,
+                                                                      obs.communicators):
         return Verdict("deadlock")
     if obs.elapsed_s >= deadline_s:
         return Verdict("timeout")
     return Verdict("wait")
 
 
-def is_stuck(states: list[rankstate.RankState], world_size: int) -> bool:
-    """Every unfinished rank waits in a call, and not all of them in one collective together."""
+def is_stuck(states: list[rankstate.RankState], world_size: int,
+             communicators: Mapping[int, rankstate.Communicator] | None = None) -> bool:
+    """Every unfinished rank waits in a call, and none of them in a collective that every member
+    of its communicator has entered (that one is under way, and its ranks go on after it)."""
     if len(states) < world_size:
         return False
     waiting = [s for s in states if s.state not in ("finished", "idle")]
     if not waiting or any(s.state != "blocked" for s in waiting):
         return False
-    same_collective = all(s.peers == (rankstate.ALL_PEERS,) for s in waiting) and len(
-        {s.op for s in waiting}
-    ) == 1 and len(waiting) + sum(s.state == "idle" for s in states) == world_size
-    return not same_collective
+    return not any(in_full_collective(s, states, communicators or {}) for s in waiting)
+
+
+def in_full_collective(state: rankstate.RankState, states: list[rankstate.RankState],
+                       communicators: Mapping[int, rankstate.Communicator]) -> bool:
+    """The rank waits in a collective that every member of its communicator waits in too: on a
+    sub-communicator its registered members, on the task's every rank still in the task."""
+    if state.peers != (rankstate.ALL_PEERS,):
+        return False
+
+    def entered(other: rankstate.RankState | None) -> bool:
+        return (other is not None and other.state == "blocked" and other.op == state.op
+                and other.peers == state.peers and other.comm == state.comm)
+
+    registered = communicators.get(state.comm)
+    if registered is not None:
+        by_rank = {s.rank: s for s in states}
+        return all(entered(by_rank.get(m)) for m in registered.members)
+    return all(entered(s) for s in states if s.state != "idle")
 
 
 def survivors_stuck(

@@ -128,7 +128,11 @@ def _run_attempt(
             exited = procs.exited()
             if exited:  # a rank may have written its outcome and left since they were read
                 _collect_outcomes(job_dir, job.world_size, outcomes)
-            obs = Observation(now - started, exited, outcomes, states, now - last_change, killed, stopped)
+            # Who is in which sub-communicator matters only to tell a stall from a collective.
+            communicators = (rankstate.read_communicators(job_dir, job.world_size)
+                             if now - last_change >= stall_s else {})
+            obs = Observation(now - started, exited, outcomes, states, now - last_change, killed,
+                              stopped, communicators)
             verdict = judge(obs, job.world_size, deadline_s, stall_s)
             if verdict.action == "wait":
                 continue

@@ -157,7 +157,8 @@ def _collect_stacks(
     for pid in rank_pids(job_dir, job.world_size):
         signal_quietly(pid, signal.SIGUSR1)
     time.sleep(STACK_WAIT_S)
-    return waitfor.build(states, job.world_size)
+    return waitfor.build(states, job.world_size,
+                         rankstate.read_communicators(job_dir, job.world_size))
 
 
 def _conclude_killed(

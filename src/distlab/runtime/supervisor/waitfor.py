@@ -5,9 +5,10 @@ Pure functions over RankState records, so they are tested without processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from ..comm.rankstate import ALL_PEERS, RankState
+from ..comm.rankstate import ALL_PEERS, Communicator, RankState
 
 
 @dataclass(frozen=True)
@@ -15,28 +16,37 @@ class WaitForGraph:
     states: dict[int, RankState]
     edges: dict[int, tuple[int, ...]]
     cycle: tuple[int, ...] | None
+    communicators: Mapping[int, Communicator] = field(default_factory=dict)
 
     def describe(self, instead: dict[int, str] | None = None) -> str:
         """One line per rank (``instead`` replaces a rank's line: a rank the fault plan froze
         keeps the slot of the call it was stopped in), then the cycle if there is one."""
         instead = instead or {}
-        lines = [instead.get(s.rank) or s.describe() for s in sorted(self.states.values(), key=lambda s: s.rank)]
+        lines = [instead.get(s.rank) or s.describe(self.communicators.get(s.comm))
+                 for s in sorted(self.states.values(), key=lambda s: s.rank)]
         if self.cycle:
             lines.append(cycle_sentence(self.cycle) + ": a cycle, so none of them can go on")
         return "\n".join(lines)
 
 
-def build(states: list[RankState], world_size: int) -> WaitForGraph:
+def build(states: list[RankState], world_size: int,
+          communicators: Mapping[int, Communicator] | None = None) -> WaitForGraph:
+    """``communicators``: the sub-communicators the ranks made (``read_communicators``), whose
+    collectives wait on their members only."""
+    communicators = communicators or {}
     by_rank = {s.rank: s for s in states}
     edges: dict[int, tuple[int, ...]] = {}
     for s in states:
         if s.state != "blocked":
             continue
         if s.peers == (ALL_PEERS,):
-            # A collective waits on every rank that has not entered the same collective.
+            # A collective waits on every rank of its communicator that has not entered it.
+            registered = communicators.get(s.comm)
+            members = registered.members if registered is not None else range(world_size)
             edges[s.rank] = tuple(
-                r for r in range(world_size)
-                if r != s.rank and not (r in by_rank and by_rank[r].op == s.op and by_rank[r].state == "blocked")
+                r for r in members
+                if r != s.rank and not (r in by_rank and by_rank[r].op == s.op
+                                        and by_rank[r].state == "blocked" and by_rank[r].comm == s.comm)
             )
         elif s.op == "Sendrecv":
             # Its send can always complete once the destination posts a receive; what holds a
@@ -45,7 +55,7 @@ def build(states: list[RankState], world_size: int) -> WaitForGraph:
             edges[s.rank] = tuple(p for p in s.peers[:1] if p >= 0) if len(s.peers) > 1 else ()
         else:
             edges[s.rank] = tuple(p for p in s.peers if p >= 0)
-    return WaitForGraph(by_rank, edges, find_cycle(edges))
+    return WaitForGraph(by_rank, edges, find_cycle(edges), communicators)
 
 
 def find_cycle(edges: dict[int, tuple[int, ...]]) -> tuple[int, ...] | None:
