@@ -566,8 +566,8 @@ def test_mismatched_collectives_and_bad_events_are_reported() -> None:
         replay(traces_of(tracers), UniformNet(1e-6, 1e-9))
     with pytest.raises(ReplayError, match="unknown event kind 'sleep'"):
         replay({0: [("sleep", 1.0, 0.0, 0.0)]}, UniformNet(1e-6, 1e-9))
-    with pytest.raises(ReplayError, match="no algorithm for collective 'Alltoall'"):
-        replay(builtin("Alltoall", 2, 64), UniformNet(1e-6, 1e-9))
+    with pytest.raises(ReplayError, match="no algorithm for collective 'Scan'"):
+        replay(builtin("Scan", 2, 64), UniformNet(1e-6, 1e-9))
     with pytest.raises(ReplayError, match="wait on request 9"):
         replay({0: [("wait", (9,), {}, 0.0, 0.0)]}, UniformNet(1e-6, 1e-9))
 

@@ -1,8 +1,8 @@
 """Sub-communicators (runtime/comm/groups.py): Split, Dup, Get_group/Incl, Create_group and
 Free, on both engines and through the seal. Each is a full communicator: its collectives sum
 its own ranks, its calls count in its own counters and in the rank's totals, its messages carry
-world ranks and its own context in the trace, and a message costs on the virtual clock what the
-same message costs on the task's communicator."""
+world ranks and its own context in the trace, a message costs on the virtual clock what the
+same message costs on the task's communicator, and a partition cuts it as it cuts the task's."""
 
 from __future__ import annotations
 
@@ -15,32 +15,49 @@ import test_launcher
 from test_seal_attacks import attack
 
 from distlab.grading import Task, faults
-from distlab.runs import Program, run, run_options
+from distlab.runs import Program, Run, run, run_options
 from distlab.runtime.trace.events import SEND
 
 PROGRAMS = Path(__file__).resolve().parent / "programs.py"
 SOLUTION = Path(__file__).resolve().parent / "subcomm_programs.py"
+PARTITION = faults.plan(faults.partition(groups=[[0, 1], [2, 3]], from_step=2, until_step=5), seed=7)
 
 
-def launch(case: Any, ranks: int, backend: str = "mpi", seal: bool = True, **options: Any) -> Any:
-    done = run(Program(PROGRAMS, "call_solution", SOLUTION), [Task(ranks=ranks, case=case).for_ranks()],
-               run_options(backend, seal=seal, platform=options.pop("platform", "laptop")), **options)
+def launch(tasks: list[Task], backend: str = "mpi", seal: bool = True, platform: str = "laptop",
+           **options: Any) -> Run:
+    done = run(Program(PROGRAMS, "call_solution", SOLUTION), [t.for_ranks() for t in tasks],
+               run_options(backend, seal=seal, platform=platform), **options)
     assert done.ok, done.result.message
-    return done.tasks[0]
+    return done
+
+
+_LAUNCHES: dict[tuple[str, bool], Run] = {}
+
+
+def twelve(backend: str, seal: bool) -> Run:
+    """One launch per engine and seal: the 12-rank split, then (on MPI) the misuses and the
+    partitioned tokens, each its own task."""
+    if (backend, seal) not in _LAUNCHES:
+        tasks = [Task(ranks=12, case="three_groups_of_four")]
+        if backend == "mpi":
+            tasks += [Task(ranks=2, case="bad_calls"),
+                      Task(ranks=4, case="partitioned_tokens", faults=PARTITION)]
+        _LAUNCHES[backend, seal] = launch(tasks, backend, seal)
+    return _LAUNCHES[backend, seal]
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend,seal", [("mpi", True), ("gloo", True), ("mpi", False)])
 def test_split_into_three_groups_of_four_on_twelve_ranks(backend: str, seal: bool) -> None:
-    task = launch("three_groups_of_four", 12, backend, seal)
+    task = twelve(backend, seal).tasks[0]
     x = {r: np.arange(5, dtype=np.float64) * (r + 1) for r in range(12)}
     for r, got in enumerate(task.values):
         members = [q for q in range(12) if q // 4 == r // 4]
         want = sum(x[q] for q in members)
         assert got["total"] == want.tolist() and got["dup_total"] == want.tolist()
         # Keys -r: the group's highest world rank is its rank 0.
-        assert (got["rank"], got["size"]) == (sorted(members, reverse=True).index(r), 4)
         order = sorted(members, reverse=True)
+        assert (got["rank"], got["size"]) == (order.index(r), 4)
         assert got["left"] == float(order[(order.index(r) - 1) % 4])
         assert got["trio"] == ([[0, 5, 11].index(r), 3, 16] if r in (0, 5, 11) else None)
         assert got["left_out"] == (r % 2 == 0) and got["odd_size"] == (6 if r % 2 else 0)
@@ -53,31 +70,9 @@ def test_split_into_three_groups_of_four_on_twelve_ranks(backend: str, seal: boo
         {"Allreduce": 1, "Sendrecv": 1}, {"Allreduce": 1}, {}]  # rank 1: no trio, but the odd ranks
 
 
-def test_a_sub_communicator_s_events_name_world_ranks_and_its_own_context() -> None:
-    task = launch("ring_on_sub", 8, seal=False, platform="rack")
-    for rank, events in task.traces.items():
-        sends = [e for e in events if e[0] == SEND]
-        assert {e[3] for e in sends} == {(rank + 2) % 8}  # the next world rank of its parity
-        assert len({e[2] for e in sends}) == 1 and sends[0][2] != 0  # one context, not the task's
-    mates = {e[2] for r in (0, 2, 4, 6) for e in task.traces[r] if e[0] == SEND}
-    assert len(mates) == 1 and mates != {e[2] for e in task.traces[1] if e[0] == SEND}
-
-
-@pytest.mark.timeout(240)
-def test_a_sub_communicator_s_messages_cost_what_the_task_s_own_cost() -> None:
-    # rack: links of three speeds, so a ring among the even ranks crosses PCIe and QPI links.
-    for size in ("", "big_"):  # eager and rendezvous
-        on_sub = launch(f"{size}ring_on_sub", 8, seal=False, platform="rack", online_clock=True)
-        on_task = launch(f"{size}ring_on_task", 8, seal=False, platform="rack", online_clock=True)
-        assert [v[1] for v in on_sub.values] == [v[1] for v in on_task.values]
-        assert [v[0] for v in on_sub.values] == [v[0] for v in on_task.values]  # comm.now()
-        assert on_sub.replay().finish == on_task.replay().finish  # the graded replay
-        assert min(v[0] for v in on_sub.values) > 0
-
-
 @pytest.mark.parametrize("seal", [True, False])
 def test_each_misuse_is_named(seal: bool) -> None:
-    said = launch("bad_calls", 2, seal=seal).values
+    said = twelve("mpi", seal).tasks[1].values
     for answers in said:
         assert answers["negative color"].startswith("ValueError: Split: color -3 is invalid")
         assert answers["color not an int"].startswith("TypeError: Split: the color must be an int")
@@ -90,12 +85,36 @@ def test_each_misuse_is_named(seal: bool) -> None:
     assert "is not in the group; only the group's members call Create_group" in said[1]["not a member"]
 
 
-def test_a_call_on_a_communicator_the_learner_does_not_hold_is_tampering(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(test_launcher, "SEAL", True)
-    result = attack("call_on_a_forged_communicator")
-    assert result.status == "error", result.message
-    assert "tampered with the channel to its rank's agent" in result.message
+@pytest.mark.parametrize("seal", [True, False])
+def test_a_partition_cuts_a_sub_communicator_too(seal: bool) -> None:
+    # World ranks 0 and 2 are on either side; on the evens' communicator they are its ranks 0, 1.
+    assert twelve("mpi", seal).tasks[2].values[2] == [0, 1, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def rings() -> Run:
+    # rack: links of three speeds, so a ring among the even ranks crosses PCIe and QPI links.
+    names = ["ring_on_sub", "ring_on_task", "big_ring_on_sub", "big_ring_on_task"]
+    return launch([Task(ranks=8, case=name) for name in names], seal=False, platform="rack",
+                  online_clock=True)
+
+
+def test_a_sub_communicator_s_events_name_world_ranks_and_its_own_context(rings: Run) -> None:
+    task = rings.tasks[0]
+    for rank, events in task.traces.items():
+        sends = [e for e in events if e[0] == SEND]
+        assert {e[3] for e in sends} == {(rank + 2) % 8}  # the next world rank of its parity
+        assert len({e[2] for e in sends}) == 1 and sends[0][2] != 0  # one context, not the task's
+    mates = {e[2] for r in (0, 2, 4, 6) for e in task.traces[r] if e[0] == SEND}
+    assert len(mates) == 1 and mates != {e[2] for e in task.traces[1] if e[0] == SEND}
+
+
+def test_a_sub_communicator_s_messages_cost_what_the_task_s_own_cost(rings: Run) -> None:
+    for on_sub, on_task in (rings.tasks[0:2], rings.tasks[2:4]):  # eager, then rendezvous
+        assert [v[1] for v in on_sub.values] == [v[1] for v in on_task.values]
+        assert [v[0] for v in on_sub.values] == [v[0] for v in on_task.values]  # comm.now()
+        assert on_sub.replay().finish == on_task.replay().finish  # the graded replay
+        assert min(v[0] for v in on_sub.values) > 0
 
 
 @pytest.mark.timeout(120)
@@ -110,12 +129,9 @@ def test_a_deadlock_across_sub_communicators_names_each_one_and_the_cycle() -> N
     assert "rank 2 waits to receive from 1 in Recv" in done.result.details
 
 
-@pytest.mark.parametrize("seal", [True, False])
-def test_a_partition_cuts_a_sub_communicator_too(seal: bool) -> None:
-    # World ranks 0 and 2 are on either side; on the evens' communicator they are its ranks 0, 1.
-    split = faults.plan(faults.partition(groups=[[0, 1], [2, 3]], from_step=2, until_step=5), seed=7)
-    done = run(Program(PROGRAMS, "call_solution", SOLUTION),
-               [Task(ranks=4, case="partitioned_tokens", faults=split).for_ranks()],
-               run_options("mpi", seal=seal, platform="laptop"))
-    assert done.ok, done.result.message
-    assert done.tasks[0].values[2] == [0, 1, 5, 6]
+def test_a_call_on_a_communicator_the_learner_does_not_hold_is_tampering(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_launcher, "SEAL", True)
+    result = attack("call_on_a_forged_communicator")
+    assert result.status == "error", result.message
+    assert "tampered with the channel to its rank's agent" in result.message

@@ -119,8 +119,9 @@ def _span(rank: int, event: tuple[Any, ...], begin: float, end: float) -> Span:
     if kind == WAIT:
         received = tuple((ctx, src, rank, tag, k) for ctx, src, tag, k in event[2].values())
         return Span(kind, begin, end, received=received)
-    if kind == COLL:
-        return Span(kind, begin, end, name=str(event[1]), nbytes=int(event[4]))
+    if kind == COLL:  # an Alltoallv's bytes come per destination
+        nbytes = sum(event[4]) if isinstance(event[4], (tuple, list)) else int(event[4])
+        return Span(kind, begin, end, name=str(event[1]), nbytes=nbytes)
     if kind == ICOLL:
         return Span(kind, begin, end, name=str(event[2]), nbytes=int(event[5]))
     if kind == MARK:

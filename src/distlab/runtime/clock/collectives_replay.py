@@ -30,7 +30,7 @@ class _Coll:
         self.event = [0] * self.p  # each member's "coll" or "icoll" event, for FlowRecord.event
         self.end: float | None = None  # set when its last flow has ended
         self.waiters: list[_Rank] = []  # ranks whose current wait includes it (nonblocking)
-        self.nbytes = [0] * self.p
+        self.nbytes: list[Any] = [0] * self.p  # an int per member (Alltoallv: a tuple)
         self.arrived = 0
         self.start = 0.0
         self.schedule: Schedule = ()
@@ -75,7 +75,13 @@ class CollectiveReplay(FluidNetwork):
         coll.arrival[g] = t
         coll.blocking[g] = blocking
         coll.event[g] = i
-        coll.nbytes[g] = self._nbytes(nbytes, r, i)
+        if isinstance(nbytes, (tuple, list)):  # Alltoallv: the bytes for each group rank
+            if len(nbytes) != coll.p:
+                raise ReplayError(f"rank {r}, event {i}: {op} names {len(nbytes)} block sizes "
+                                  f"for a group of {coll.p}", r, i)
+            coll.nbytes[g] = tuple(self._nbytes(n, r, i) for n in nbytes)
+        else:
+            coll.nbytes[g] = self._nbytes(nbytes, r, i)
         coll.arrived += 1
         if coll.arrived == coll.p:
             self._begin(coll, r, i)

@@ -145,9 +145,12 @@ class Timekeeper:
             self._time.now = t
 
     def collective(self, op: str, nbytes: int) -> None:
-        """Moves the clock past a built-in collective of the whole group."""
-        latest = np.array([self._time.now])
+        """Moves the clock past a built-in collective of the whole group: from its last member's
+        arrival, for the time its algorithm takes on the largest block any member brought (the
+        same on every rank; blocks differ only in Allgatherv)."""
+        latest = np.array([self._time.now, float(nbytes)])
         self._side.allreduce(latest, latest, MAX)
+        nbytes = int(latest[1])
         p = self._side.size
         routes = [
             self._platform.route(self._world[r], self._world[(r + 1) % p]) for r in range(p)

@@ -1,5 +1,6 @@
 """The built-in collectives of the learner's ``comm`` (the baselines problems compare with):
-Barrier, Bcast, Reduce, Allreduce, Iallreduce, Reduce_scatter(_block), Allgather, and Abort. Each
+Barrier, Bcast, Reduce, Allreduce, Reduce_scatter(_block), Allgather, the nonblocking Iallreduce,
+Ibcast, Iallgather and Ireduce_scatter_block, and Abort. Each
 is counted, marked in the slot as a wait on every peer, moved on the online clock and traced as
 one "coll" event, which the replay expands into its standard algorithm.
 """
@@ -36,7 +37,7 @@ class Collectives:
     _ctx: int
     _unsettled: deque[Request]
     _icoll_free_at: float
-    _coll_started: tuple[str, int, int, float]
+    _coll_started: tuple[str, int, int, float, tuple[int, ...] | None]
 
     @property
     def size(self) -> int:
@@ -48,23 +49,28 @@ class Collectives:
     def _check_hung(self) -> None:
         raise NotImplementedError
 
-    def _collective(self, op: str, nbytes: int, root: int = -1) -> None:
+    def _collective(self, op: str, nbytes: int, root: int = -1,
+                    per_peer: tuple[int, ...] | None = None) -> None:
+        """Counts and watches a collective about to start. ``per_peer`` (Alltoallv): the bytes
+        sent to each group rank, which its trace event carries instead of the total, and whose
+        largest the online clock charges."""
         self._check_hung()
         self.stats.count_call(op, nbytes)
         self._slot.blocked(op, (ALL_PEERS,), nbytes, self._ctx)
-        self._coll_started = (op, nbytes, root, time.perf_counter())
+        self._coll_started = (op, nbytes, root, time.perf_counter(), per_peer)
 
     def _collective_done(self) -> None:
         self._slot.running()
-        op, nbytes, root, wall0 = self._coll_started
+        op, nbytes, root, wall0, per_peer = self._coll_started
         if self._clock is not None:
             # Earlier nonblocking collectives first: every rank settles them in the same order.
             while self._unsettled:
                 self._settle(self._unsettled[0])
-            self._clock.collective(op, nbytes)
+            self._clock.collective(op, max(per_peer, default=0) if per_peer is not None else nbytes)
         if self._trace is not None:
             group = tuple(self._world_ranks)
-            self._trace.collective(op, group, nbytes, root, wall0, time.perf_counter())
+            recorded = per_peer if per_peer is not None else nbytes
+            self._trace.collective(op, group, recorded, root, wall0, time.perf_counter())
 
     def Barrier(self) -> None:  # noqa: N802
         self._collective("Barrier", 0)
@@ -108,20 +114,49 @@ class Collectives:
         send_array = _buffer(sendbuf, "Iallreduce sendbuf")
         recv_array = _buffer(recvbuf, "Iallreduce recvbuf")
         _same_size(send_array, recv_array, "Iallreduce")
+        send = _distinct_or_same(send_array, recv_array)
+        return self._nonblocking("Allreduce", send_array.nbytes, -1, (send, recv_array),
+                                 lambda: self._engine.iallreduce(send, recv_array, ops.resolve(op)))
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
+        """Nonblocking Bcast; buf holds the root's data once the request has completed."""
+        array = _buffer(buf, "Ibcast buffer")
+        root = self._peer(root, "root")
+        return self._nonblocking("Bcast", array.nbytes, root, array,
+                                 lambda: self._engine.ibcast(array, root))
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        """Nonblocking Allgather."""
+        send_array = _buffer(sendbuf, "Iallgather sendbuf")
+        recv_array = _buffer(recvbuf, "Iallgather recvbuf")
+        _gathers_into(send_array, recv_array, self.size, "Iallgather")
+        return self._nonblocking("Allgather", send_array.nbytes, -1, (send_array, recv_array),
+                                 lambda: self._engine.iallgather(send_array, recv_array))
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> Request:  # noqa: N802
+        """Nonblocking Reduce_scatter_block: rank r's recvbuf gets block r of the reduction."""
+        send_array = _buffer(sendbuf, "Ireduce_scatter_block sendbuf")
+        recv_array = _buffer(recvbuf, "Ireduce_scatter_block recvbuf")
+        _gathers_into(recv_array, send_array, self.size, "Ireduce_scatter_block", "sendbuf")
+        return self._nonblocking(
+            "Reduce_scatter", send_array.nbytes, -1, (send_array, recv_array),
+            lambda: self._engine.ireduce_scatter_block(send_array, recv_array, ops.resolve(op)))
+
+    def _nonblocking(self, op: str, nbytes: int, root: int, buffers: Any, start: Any) -> Request:
+        """Starts a nonblocking collective (``start()`` hands it to the engine, which works on
+        ``buffers`` until it completes) as a Request.
+        Counted under the collective's own name, so stats.collectives_used() and per-op counts
+        see it; blocking or not shows in the trace ("coll" versus "icoll")."""
         self._check_hung()
-        nbytes = send_array.nbytes
-        # Counted under the collective's own name, so stats.collectives_used() and per-op counts
-        # see it; blocking or not shows in the trace ("coll" versus "icoll").
-        self.stats.count_call("Allreduce", nbytes)
+        self.stats.count_call(op, nbytes)
         wall0 = time.perf_counter()
-        inner = self._engine.iallreduce(
-            _distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op)
-        )
+        inner = start()
         req = 0
         if self._trace is not None:
             group = tuple(self._world_ranks)
-            req = self._trace.icollective("Allreduce", group, nbytes, -1, wall0, time.perf_counter())
-        handle = Request(cast("Comm", self), inner, -1, -1, nbytes, False, req, collective="Allreduce")
+            req = self._trace.icollective(op, group, nbytes, root, wall0, time.perf_counter())
+        handle = Request(cast("Comm", self), inner, -1, -1, nbytes, False, req, collective=op,
+                         buffers=buffers)
         if self._clock is not None:
             handle._posted_at = self._clock.now
             self._unsettled.append(handle)
@@ -172,11 +207,7 @@ class Collectives:
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send_array = _buffer(sendbuf, "Allgather sendbuf")
         recv_array = _buffer(recvbuf, "Allgather recvbuf")
-        if recv_array.size != send_array.size * self.size:
-            raise ValueError(
-                f"Allgather: recvbuf has {recv_array.size} elements, needs "
-                f"{self.size} x {send_array.size}"
-            )
+        _gathers_into(send_array, recv_array, self.size, "Allgather")
         self._collective("Allgather", send_array.nbytes)
         self._engine.allgather(send_array, recv_array)
         self._collective_done()
@@ -211,3 +242,10 @@ def _same_size(a: np.ndarray, b: np.ndarray, what: str) -> None:
         raise ValueError(
             f"{what}: sendbuf ({a.size} x {a.dtype}) and recvbuf ({b.size} x {b.dtype}) differ"
         )
+
+
+def _gathers_into(block: np.ndarray, whole: np.ndarray, p: int, what: str,
+                  whole_name: str = "recvbuf") -> None:
+    """``whole`` (recvbuf of a gather, sendbuf of a scatter) must hold p blocks."""
+    if whole.size != block.size * p:
+        raise ValueError(f"{what}: {whole_name} has {whole.size} elements, needs {p} x {block.size}")

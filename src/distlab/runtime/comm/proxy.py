@@ -11,7 +11,7 @@ this proxy, which
 * records every call as an event for the replay and the trace (runtime/trace);
 * runs ``Iallreduce`` (a nonblocking collective) as a request: its Wait is where the rank waits
   for the whole group, and where the online clock settles it (see ``Comm._settle``);
-* offers the built-in collectives (``collectives.py``), nonblocking requests (``requests.py``),
+* offers the built-in collectives (``collectives.py``, ``gathers.py``), nonblocking requests (``requests.py``),
   mpi4py's lowercase calls on Python objects (``objects.py``) and sub-communicators
   (``groups.py``: Split, Dup, Create_group, Free), which share the rank's slot, trace, clock,
   fault plan and marks (``RankBook``) and count their own calls into the rank's totals;
@@ -31,8 +31,10 @@ from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..trace.events import COMPUTE, MARK, TraceRecorder
 from .collectives import Collectives
+from .gathers import Gathers
 from .groups import Communicators, RankBook
 from .objects import ObjectCalls
+from .probes import Probes
 from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (ra
 
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
-class Comm(Collectives, Communicators, ObjectCalls):
+class Comm(Collectives, Gathers, Communicators, Probes, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE
@@ -346,7 +348,7 @@ class Comm(Collectives, Communicators, ObjectCalls):
             if self._clock is not None:
                 self._clock.send_stamp(dest, tag, arrival)
             request = self._engine.isend(array, dest, tag, synchronous=rendezvous)
-        handle = Request(self, request, dest, tag, nbytes, False, req)
+        handle = Request(self, request, dest, tag, nbytes, False, req, buffers=array)
         if self._clock is not None:  # when its Wait returns on the online clock
             dropped = action is not None and action.drop
             handle.arrival = self._clock.now if dropped else self._clock.send_done(arrival, rendezvous)
@@ -362,7 +364,7 @@ class Comm(Collectives, Communicators, ObjectCalls):
             src = self._world_ranks[source] if source >= 0 else -1
             req = self._trace.recv(self._ctx, src, tag, array.nbytes, time.perf_counter())
         request = self._engine.irecv(array, source, tag)
-        return Request(self, request, source, tag, array.nbytes, True, req)
+        return Request(self, request, source, tag, array.nbytes, True, req, buffers=array)
 
     def Sendrecv(  # noqa: N802
         self,

@@ -43,6 +43,12 @@ OPS = (
     "Probe",
     "delay",
     "hung",
+    "Gather",
+    "Scatter",
+    "Allgatherv",
+    "Alltoall",
+    "Waitany",
+    "Alltoallv",
 )
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
@@ -244,6 +250,7 @@ class RankState:
             "Sendrecv": "waits to exchange with",
             "Wait": "waits on a request with",
             "Waitall": "waits on requests with",
+            "Waitany": "waits on any request with",
             "Probe": "waits for a message from",
         }.get(self.op, f"is blocked in {self.op} with")
         size = f" ({self.nbytes} bytes)" if self.nbytes else ""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ...ops import as_numpy
-from ..engines.base import ANY_SOURCE, ANY_TAG, EngineRequest
+from ..engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED, EngineRequest
 from .rankstate import ALL_PEERS
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class Status:
         self.source = ANY_SOURCE
         self.tag = ANY_TAG
         self.count = 0
+        self.nbytes: int | None = None  # set by Probe/Iprobe, which know bytes, not elements
 
     def Get_source(self) -> int:  # noqa: N802
         return self.source
@@ -49,18 +50,38 @@ class Status:
         return self.tag
 
     def Get_count(self, datatype: Any = None) -> int:  # noqa: N802
-        return self.count
+        """Elements received; after a probe, the message's bytes over ``datatype``'s size (an
+        mpi4py datatype such as MPI.DOUBLE, or a NumPy dtype), or its bytes without one."""
+        if self.nbytes is None:
+            return self.count
+        if datatype is None:
+            return self.nbytes
+        size = datatype.Get_size() if hasattr(datatype, "Get_size") else np.dtype(datatype).itemsize
+        return self.nbytes // size
 
 
 def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
     if status is None:
         return
     if isinstance(status, Status):
-        status.source, status.tag, status.count = source, tag, count
+        status.source, status.tag, status.count, status.nbytes = source, tag, count, None
         return
     # An mpi4py MPI.Status passed by learner code.
     status.Set_source(source)
     status.Set_tag(tag)
+
+
+def _fill_probe_status(status: Any, source: int, tag: int, nbytes: int) -> None:
+    if status is None:
+        return
+    if isinstance(status, Status):
+        status.source, status.tag, status.count, status.nbytes = source, tag, nbytes, nbytes
+        return
+    status.Set_source(source)  # an mpi4py MPI.Status: its count is set in bytes
+    status.Set_tag(tag)
+    from mpi4py import MPI
+
+    status.Set_elements(MPI.BYTE, nbytes)
 
 
 def peer_rank(peer: Any, what: str, size: int, wildcard: bool = False) -> int:
@@ -133,6 +154,7 @@ class Request:
         is_recv: bool,
         trace_id: int,
         collective: str | None = None,
+        buffers: Any = None,
     ) -> None:
         self._comm = comm
         self._inner = inner
@@ -148,6 +170,9 @@ class Request:
         self._posted_at = 0.0
         self._settled = False  # the online clock has placed it (see Comm._settle)
         self.arrival = 0.0  # virtual time at which it completes (set on completion for a receive)
+        # The arrays the engine works on until completion, held here: a learner's temporary
+        # (comm.Ireduce_scatter_block(np.ones(n), out)) must not be freed under MPI's feet.
+        self._buffers = buffers
         comm._outstanding.add(self)
 
     def kind(self) -> str:
@@ -194,6 +219,7 @@ class Request:
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
+        self._buffers = None
         self._comm._outstanding.discard(self)
         if self._collective is not None:
             if self._comm._clock is not None:
@@ -229,3 +255,45 @@ class Request:
         comm._slot.running()
         comm._record_wait(tuple(pending), wall0)
         comm._advance(pending)
+
+    @staticmethod
+    def Waitany(requests: Sequence["Request"], status: Any = None) -> int:  # noqa: N802
+        """Waits until one of the requests completes and returns its index (mpi4py's
+        ``MPI.UNDEFINED`` when none is pending); a completed one is never returned twice."""
+        if requests and not isinstance(requests[0], Request):
+            return type(requests[0]).Waitany(requests, status)  # type: ignore[no-any-return]
+        pending = [(i, r) for i, r in enumerate(requests) if not r._completed]
+        if not pending:
+            return UNDEFINED
+        comm = pending[0][1]._comm
+        peers = tuple(dict.fromkeys(p for _, r in pending for p in r._peers()))
+        comm._slot.blocked("Waitany", peers, sum(r._nbytes for _, r in pending), comm._ctx)
+        wall0 = time.perf_counter()
+        pause = 20e-6
+        while True:
+            done = next(((i, r) for i, r in pending if r._inner.test()), None)
+            if done is not None:
+                break
+            time.sleep(pause)  # engines have no wait-for-any: poll, backing off to 1 ms
+            pause = min(pause * 2, 1e-3)
+        index, request = done
+        source, tag = request._inner.wait()
+        request._finish(source, tag)
+        comm._slot.running()
+        comm._record_wait((request,), wall0)
+        comm._advance((request,))
+        _fill_status(status, *request._matched, request._nbytes)
+        return index
+
+    @staticmethod
+    def Testall(requests: Sequence["Request"], statuses: Any = None) -> bool:  # noqa: N802
+        """True, with every request completed, once all of them have; else False, and none is
+        completed by this call (as MPI_Testall)."""
+        if requests and not isinstance(requests[0], Request):
+            return type(requests[0]).Testall(requests, statuses)  # type: ignore[no-any-return]
+        pending = [r for r in requests if not r._completed]
+        if not all(r._inner.test() for r in pending):
+            return False
+        if pending:
+            Request.Waitall(pending)  # each one is done: this returns at once
+        return True

@@ -6,9 +6,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-POINT_TO_POINT = frozenset({"Send", "Recv", "Isend", "Irecv", "Sendrecv"})
+POINT_TO_POINT = frozenset({"Send", "Recv", "Isend", "Irecv", "Sendrecv", "Probe", "Iprobe"})
 COLLECTIVES = frozenset(
-    {"Barrier", "Bcast", "Reduce", "Allreduce", "Reduce_scatter", "Reduce_scatter_block", "Allgather"}
+    {"Barrier", "Bcast", "Reduce", "Allreduce", "Reduce_scatter", "Reduce_scatter_block", "Allgather",
+     "Gather", "Scatter", "Allgatherv", "Alltoall", "Alltoallv"}
 )
 
 

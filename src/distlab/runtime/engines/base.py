@@ -60,6 +60,11 @@ class Engine(Protocol):
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> EngineRequest: ...
 
+    def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
+        """(source, tag, bytes) of a message that a receive from (source, tag) would match,
+        without receiving it; waits for one when ``block``, else None if none is there yet."""
+        ...
+
     def sendrecv(
         self,
         sendbuf: np.ndarray,
@@ -87,6 +92,17 @@ class Engine(Protocol):
         result once the request has completed; neither buffer may be touched before that."""
         ...
 
+    def ibcast(self, buf: np.ndarray, root: int) -> EngineRequest:
+        """Nonblocking bcast: ``buf`` holds the root's data once the request has completed."""
+        ...
+
+    def iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> EngineRequest: ...
+
+    def ireduce_scatter_block(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> EngineRequest:
+        """Nonblocking reduce-scatter of ``size`` equal blocks: block r of the reduction lands in
+        rank r's ``recvbuf`` once the request has completed."""
+        ...
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
@@ -95,6 +111,32 @@ class Engine(Protocol):
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         """``recvbuf`` holds ``size`` blocks of ``sendbuf.size`` elements, in rank order."""
+        ...
+
+    def gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
+        """The root's ``recvbuf`` holds ``size`` blocks of ``sendbuf``'s size, in rank order;
+        ``recvbuf`` is None on the other ranks."""
+        ...
+
+    def scatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> None:
+        """Rank r receives the r-th of the root's ``size`` equal blocks of ``sendbuf`` (None on
+        the other ranks)."""
+        ...
+
+    def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                   displs: list[int]) -> None:
+        """Rank r's ``counts[r]`` elements land in ``recvbuf`` from element ``displs[r]`` on."""
+        ...
+
+    def alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        """Block j of ``sendbuf`` (``size`` equal blocks) goes to rank j, landing as block r of its
+        ``recvbuf`` where r is this rank."""
+        ...
+
+    def alltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                  recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> None:
+        """Rank j gets ``counts[j]`` elements of ``sendbuf`` from ``displs[j]`` on (the send
+        layout); what rank j sends lands in ``recvbuf`` at the receive layout's j-th place."""
         ...
 
     def split(self, color: int, key: int) -> "Engine | None":

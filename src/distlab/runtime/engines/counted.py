@@ -64,6 +64,9 @@ class CountedEngine:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> EngineRequest:
         return self._inner.irecv(buf, source, tag)
 
+    def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
+        return self._inner.probe(source, tag, block)
+
     def sendrecv(
         self, sendbuf: np.ndarray, dest: int, sendtag: int, recvbuf: np.ndarray, source: int,
         recvtag: int,
@@ -88,6 +91,15 @@ class CountedEngine:
     def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> EngineRequest:
         return self._inner.iallreduce(sendbuf, recvbuf, op)
 
+    def ibcast(self, buf: np.ndarray, root: int) -> EngineRequest:
+        return self._inner.ibcast(buf, root)
+
+    def iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> EngineRequest:
+        return self._inner.iallgather(sendbuf, recvbuf)
+
+    def ireduce_scatter_block(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> EngineRequest:
+        return self._inner.ireduce_scatter_block(sendbuf, recvbuf, op)
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
@@ -95,6 +107,23 @@ class CountedEngine:
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._inner.allgather(sendbuf, recvbuf)
+
+    def gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
+        self._inner.gather(sendbuf, recvbuf, root)
+
+    def scatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> None:
+        self._inner.scatter(sendbuf, recvbuf, root)
+
+    def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                   displs: list[int]) -> None:
+        self._inner.allgatherv(sendbuf, recvbuf, counts, displs)
+
+    def alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        self._inner.alltoall(sendbuf, recvbuf)
+
+    def alltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                  recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> None:
+        self._inner.alltoallv(sendbuf, send_layout, recvbuf, recv_layout)
 
     def split(self, color: int, key: int) -> CountedEngine | None:
         sub = self._inner.split(color, key)

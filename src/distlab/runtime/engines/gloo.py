@@ -167,6 +167,11 @@ class GlooEngine:
             work = self._group.recv([tensor], source, gloo_tag)
         return _Request(work, tensor, is_recv=True, source=source, tag=gloo_tag)
 
+    def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
+        raise NotImplementedError(
+            "Probe and Iprobe need MPI: torch.distributed (gloo) cannot look at a message before "
+            "receiving it; run with --backend mpi, or send the size first")
+
     def sendrecv(
         self,
         sendbuf: np.ndarray,
@@ -230,6 +235,30 @@ class GlooEngine:
         options.reduceOp = _reduce_op(op)
         return self._group.allreduce([tensor], options)
 
+    def ibcast(self, buf: np.ndarray, root: int) -> _CollRequest:
+        self._check_eager()
+        _, dist = _torch()
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = root, 0
+        tensor = _bytes(buf, into=self.rank != root)
+        return _CollRequest(self._group.broadcast([tensor], options), tensor)
+
+    def iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> _CollRequest:
+        self._check_eager()
+        blocks, send = self._blocks(recvbuf, sendbuf.nbytes), _bytes(sendbuf)
+        return _CollRequest(self._group.allgather([blocks], [send]), (blocks, send))
+
+    def ireduce_scatter_block(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _CollRequest:
+        # As reduce_scatter below: an allreduce of a copy, this rank's block copied out once done.
+        self._check_eager()
+        whole = sendbuf.reshape(-1).copy()
+        mine = recvbuf.size
+
+        def copy_out() -> None:
+            recvbuf.reshape(-1)[...] = whole[self.rank * mine : (self.rank + 1) * mine]
+
+        return _CollRequest(self._all_reduce(_typed(whole), op), whole, copy_out)
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
@@ -250,6 +279,68 @@ class GlooEngine:
         block = sendbuf.nbytes
         blocks = [out[i * block : (i + 1) * block] for i in range(self.size)]
         self._group.allgather([blocks], [_bytes(sendbuf)]).wait()
+
+    def gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
+        self._check_eager()
+        _, dist = _torch()
+        options = dist.GatherOptions()
+        options.rootRank = root
+        outputs = [self._blocks(recvbuf, sendbuf.nbytes)] if recvbuf is not None else []
+        self._group.gather(outputs, [_bytes(sendbuf)], options).wait()
+
+    def scatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> None:
+        self._check_eager()
+        _, dist = _torch()
+        options = dist.ScatterOptions()
+        options.rootRank = root
+        inputs = [self._blocks(sendbuf, recvbuf.nbytes, into=False)] if sendbuf is not None else []
+        self._group.scatter([_bytes(recvbuf, into=True)], inputs, options).wait()
+
+    def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                   displs: list[int]) -> None:
+        # Gloo gathers equal blocks only: each rank's block padded to the largest, then every
+        # block copied to its place (the proxy counts the real blocks, not this padding).
+        item = recvbuf.itemsize
+        block = max(counts, default=0) * item
+        mine = np.zeros(block, dtype=np.uint8)
+        mine[: sendbuf.nbytes] = sendbuf.reshape(-1).view(np.uint8)
+        padded = np.empty(block * self.size, dtype=np.uint8)
+        self.allgather(mine, padded)
+        out = recvbuf.reshape(-1).view(np.uint8)
+        for r, (count, start) in enumerate(zip(counts, displs)):
+            out[start * item : (start + count) * item] = padded[r * block : r * block + count * item]
+
+    def alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        self._check_eager()
+        _, dist = _torch()
+        # Equal splits of the byte views along their only dimension: block j goes to rank j.
+        self._group.alltoall_base(_bytes(recvbuf, into=True), _bytes(sendbuf), [], [],
+                                  dist.AllToAllOptions()).wait()
+
+    def alltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                  recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> None:
+        # Gloo splits contiguous buffers only: the blocks are packed in rank order, exchanged
+        # with alltoall_base's split sizes (in bytes), and each received one put at its place.
+        self._check_eager()
+        _, dist = _torch()
+        item = sendbuf.itemsize
+        source, target = sendbuf.reshape(-1).view(np.uint8), recvbuf.reshape(-1).view(np.uint8)
+        (send_counts, send_at), (recv_counts, recv_at) = send_layout, recv_layout
+        packed = np.concatenate([source[d * item : (d + c) * item] for c, d in zip(send_counts, send_at)]
+                                or [np.empty(0, np.uint8)])
+        landed = np.empty(sum(recv_counts) * item, dtype=np.uint8)
+        self._group.alltoall_base(_bytes(landed, into=True), _bytes(packed),
+                                  [c * item for c in recv_counts], [c * item for c in send_counts],
+                                  dist.AllToAllOptions()).wait()
+        start = 0
+        for count, at in zip(recv_counts, recv_at):
+            target[at * item : (at + count) * item] = landed[start : start + count * item]
+            start += count * item
+
+    def _blocks(self, buf: np.ndarray, block: int, into: bool = True) -> list[Any]:
+        """``size`` byte views of ``buf``, ``block`` bytes each, in rank order."""
+        whole = _bytes(buf, into=into)
+        return [whole[i * block : (i + 1) * block] for i in range(self.size)]
 
     # -- groups and ending ------------------------------------------------------------------
 

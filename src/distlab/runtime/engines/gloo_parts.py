@@ -134,16 +134,19 @@ class _Request:
 class _CollRequest:
     """A pending nonblocking collective: torch's ``Work``, whose completion gloo does report."""
 
-    def __init__(self, work: Any, keep: Any) -> None:
+    def __init__(self, work: Any, keep: Any, then: Any = None) -> None:
         self._work = work
-        self._keep = keep  # the tensor over recvbuf, alive until the collective completes
+        self._keep = keep  # the tensors under the collective, alive until it completes
+        self._then = then  # what to do once it has (copy a block out), or None
         self._done = False
 
     def wait(self) -> tuple[int, int]:
         if not self._done:
             self._work.wait()
             self._done = True
-            self._keep = None
+            if self._then is not None:
+                self._then()
+            self._keep = self._then = None
         return ANY_SOURCE, ANY_TAG
 
     def test(self) -> bool:

@@ -83,6 +83,14 @@ class MpiEngine:
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> _Request:
         return _Request(self._comm.Irecv(buf, source=source, tag=tag), is_recv=True)
 
+    def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
+        status = _mpi().Status()
+        if block:
+            self._comm.Probe(source, tag, status)
+        elif not self._comm.Iprobe(source, tag, status):
+            return None
+        return status.Get_source(), status.Get_tag(), status.Get_count(_mpi().BYTE)
+
     def sendrecv(
         self,
         sendbuf: np.ndarray,
@@ -121,6 +129,16 @@ class MpiEngine:
         send = _mpi().IN_PLACE if sendbuf is recvbuf else sendbuf
         return _Request(self._comm.Iallreduce(send, recvbuf, op=_mpi_op(op)), is_recv=False)
 
+    def ibcast(self, buf: np.ndarray, root: int) -> _Request:
+        return _Request(self._comm.Ibcast(buf, root=root), is_recv=False)
+
+    def iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> _Request:
+        return _Request(self._comm.Iallgather(sendbuf, recvbuf), is_recv=False)
+
+    def ireduce_scatter_block(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _Request:
+        return _Request(self._comm.Ireduce_scatter_block(sendbuf, recvbuf, op=_mpi_op(op)),
+                        is_recv=False)
+
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
@@ -128,6 +146,23 @@ class MpiEngine:
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._comm.Allgather(sendbuf, recvbuf)
+
+    def gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
+        self._comm.Gather(sendbuf, recvbuf, root=root)
+
+    def scatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> None:
+        self._comm.Scatter(sendbuf, recvbuf, root=root)
+
+    def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                   displs: list[int]) -> None:
+        self._comm.Allgatherv(sendbuf, [recvbuf, (counts, displs)])
+
+    def alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        self._comm.Alltoall(sendbuf, recvbuf)
+
+    def alltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                  recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> None:
+        self._comm.Alltoallv([sendbuf, send_layout], [recvbuf, recv_layout])
 
     def split(self, color: int, key: int) -> MpiEngine | None:
         MPI = _mpi()

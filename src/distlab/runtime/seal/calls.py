@@ -70,6 +70,21 @@ class Call(IntEnum):
     SPLIT = 26  # -> (communicator handle or -1 for none, rank, size)
     CREATE_GROUP = 27  # input: the group's ranks (int64); -> (communicator handle, rank, size)
     FREE = 28
+    GATHER = 29
+    SCATTER = 30
+    # inputs: the block, (counts, displacements) as one row of int64, and the receive buffer as
+    # it is (laid where the output goes: what no block covers keeps the learner's values)
+    ALLGATHERV = 31
+    ALLTOALL = 32
+    WAITANY = 33  # ints: the requests; outputs: the buffers of those that have one, in order
+    #  -> (index or -1 when none is pending, source, tag, count)
+    TESTALL = 34  # as WAITALL -> (all done,)
+    IBCAST = 35  # -> (request,)
+    IALLGATHER = 36  # -> (request,)
+    IREDUCE_SCATTER_BLOCK = 37  # -> (request,)
+    ALLTOALLV = 38  # inputs: the send buffer, both layouts as one row of int64, the receive buffer
+    PROBE = 39  # -> (source, tag, bytes)
+    IPROBE = 40  # -> (found, source, tag, bytes)
 
 
 CALLS: dict[int, Signature] = {
@@ -107,4 +122,17 @@ CALLS: dict[int, Signature] = {
     Call.SPLIT: Signature("Split", (Int("color", UNDEFINED, 2**31 - 1), Int("key", -(2**31), 2**31 - 1))),
     Call.CREATE_GROUP: Signature("Create_group", (Int("tag", 0, MAX_TAG),), inputs=ONE),
     Call.FREE: Signature("Free"),
+    Call.GATHER: Signature("Gather", (ROOT,), inputs=ONE, outputs=MAYBE),
+    Call.SCATTER: Signature("Scatter", (ROOT,), inputs=MAYBE, outputs=ONE),
+    Call.ALLGATHERV: Signature("Allgatherv", inputs=range(3, 4), outputs=ONE),
+    Call.ALLTOALL: Signature("Alltoall", inputs=ONE, outputs=ONE),
+    Call.WAITANY: Signature("Waitany", more=REQUEST, outputs=range(0, 33)),
+    Call.TESTALL: Signature("Testall", more=REQUEST, outputs=range(0, 33)),
+    Call.IBCAST: Signature("Ibcast", (ROOT,), inputs=MAYBE, outputs=ONE),
+    Call.IALLGATHER: Signature("Iallgather", inputs=ONE, outputs=ONE),
+    Call.IREDUCE_SCATTER_BLOCK: Signature("Ireduce_scatter_block", (REDUCE_OP,), inputs=ONE,
+                                          outputs=ONE),
+    Call.ALLTOALLV: Signature("Alltoallv", inputs=range(3, 4), outputs=ONE),
+    Call.PROBE: Signature("Probe", (SOURCE, RECV_TAG)),
+    Call.IPROBE: Signature("Iprobe", (SOURCE, RECV_TAG)),
 }

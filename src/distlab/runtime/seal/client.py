@@ -28,14 +28,23 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
+from ..comm.gathers import block_buffer, vector_layout
 from ..comm.groups import Group, split_color
 from ..comm.objects import ObjectCalls
-from ..comm.requests import IN_PLACE, LearnerAbort, _buffer, _fill_status, peer_rank
+from ..comm.requests import (
+    IN_PLACE,
+    LearnerAbort,
+    _buffer,
+    _fill_probe_status,
+    _fill_status,
+    peer_rank,
+)
 from ..engines.base import ANY_SOURCE, ANY_TAG
 from .calls import MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
 from .learner import LearnerEnd
-from .wire import MAX_BUFFERS, MAX_INTS, Reply
+from .requests import SealedRequest
+from .wire import Reply
 
 _OP_CODE = {name: code for code, name in enumerate(REDUCE_OPS)}
 
@@ -127,6 +136,16 @@ class SealedComm(ObjectCalls):
         reply = self._call(Call.SENDRECV, args, (send,), (recv,))
         _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
 
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> None:  # noqa: N802
+        reply = self._call(Call.PROBE, (self._peer(source, "source", True), _tag(tag, True)))
+        _fill_probe_status(status, *reply.ints)
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
+        reply = self._call(Call.IPROBE, (self._peer(source, "source", True), _tag(tag, True)))
+        if reply.ints[0]:
+            _fill_probe_status(status, *reply.ints[1:])
+        return bool(reply.ints[0])
+
     # -- collectives ------------------------------------------------------------------------
 
     def Barrier(self) -> None:  # noqa: N802
@@ -151,6 +170,22 @@ class SealedComm(ObjectCalls):
         reply = self._call(Call.IALLREDUCE, (_op(op),), (send,), (recv,))
         return SealedRequest(self, reply.ints[0], recv)
 
+    def Ibcast(self, buf: Any, root: int = 0) -> SealedRequest:  # noqa: N802
+        array, root = _buffer(buf, "Ibcast buffer"), self._peer(root, "root")
+        reply = self._call(Call.IBCAST, (root,), (array,) if self._rank == root else (), (array,))
+        return SealedRequest(self, reply.ints[0], array)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> SealedRequest:  # noqa: N802
+        send, recv = _buffer(sendbuf, "Iallgather sendbuf"), _buffer(recvbuf, "Iallgather recvbuf")
+        reply = self._call(Call.IALLGATHER, (), (send,), (recv,))
+        return SealedRequest(self, reply.ints[0], recv)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> SealedRequest:  # noqa: N802
+        send = _buffer(sendbuf, "Ireduce_scatter_block sendbuf")
+        recv = _buffer(recvbuf, "Ireduce_scatter_block recvbuf")
+        reply = self._call(Call.IREDUCE_SCATTER_BLOCK, (_op(op),), (send,), (recv,))
+        return SealedRequest(self, reply.ints[0], recv)
+
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
                        recvcounts: Sequence[int] | None = None, op: Any = ops.SUM) -> None:
         send = _buffer(sendbuf, "Reduce_scatter sendbuf")
@@ -158,7 +193,7 @@ class SealedComm(ObjectCalls):
         counts = tuple(int(c) for c in recvcounts) if recvcounts is not None else ()
         self._call(Call.REDUCE_SCATTER, (_op(op), *counts), (send,), (recv,))
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+    def Reduce_scatterblock_buffer(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
         send = _buffer(sendbuf, "Reduce_scatter sendbuf")
         recv = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
         self._call(Call.REDUCE_SCATTER_BLOCK, (_op(op),), (send,), (recv,))
@@ -166,6 +201,32 @@ class SealedComm(ObjectCalls):
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send = _buffer(sendbuf, "Allgather sendbuf")
         self._call(Call.ALLGATHER, (), (send,), (_buffer(recvbuf, "Allgather recvbuf"),))
+
+    def Gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0) -> None:  # noqa: N802
+        root, send = self._peer(root, "root"), block_buffer(sendbuf, "Gather sendbuf")
+        outputs = (_buffer(recvbuf, "Gather recvbuf"),) if self._rank == root else ()
+        self._call(Call.GATHER, (root,), (send,), outputs)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        root, recv = self._peer(root, "root"), block_buffer(recvbuf, "Scatter recvbuf")
+        inputs = (_buffer(sendbuf, "Scatter sendbuf"),) if self._rank == root else ()
+        self._call(Call.SCATTER, (root,), inputs, (recv,))
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        recv, counts, displs = vector_layout(recvbuf, "Allgatherv recvbuf", self._size)
+        layout = np.array(counts + displs, dtype=np.int64)
+        send = block_buffer(sendbuf, "Allgatherv sendbuf")
+        self._call(Call.ALLGATHERV, (), (send, layout, recv), (recv,))
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send = block_buffer(sendbuf, "Alltoall sendbuf")
+        self._call(Call.ALLTOALL, (), (send,), (_buffer(recvbuf, "Alltoall recvbuf"),))
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send, send_counts, send_at = vector_layout(sendbuf, "Alltoallv sendbuf", self._size)
+        recv, recv_counts, recv_at = vector_layout(recvbuf, "Alltoallv recvbuf", self._size)
+        layout = np.array(send_counts + send_at + recv_counts + recv_at, dtype=np.int64)
+        self._call(Call.ALLTOALLV, (), (send, layout, recv), (recv,))
 
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))
@@ -229,59 +290,6 @@ class SealedComm(ObjectCalls):
             raise _as_raised(failed) from None
         except CallRejected as rejected:
             raise TamperSuspected(f"the rank's agent refused a request: {rejected}") from None
-
-
-class SealedRequest:
-    """A pending Isend, Irecv or Iallreduce, as mpi4py's ``MPI.Request``; the agent holds the
-    real one under ``handle``."""
-
-    def __init__(self, comm: SealedComm, handle: int, buffer: np.ndarray | None) -> None:
-        self._comm = comm
-        self._handle = handle
-        self._buffer = buffer  # filled when the request completes
-        self._status: tuple[int, int, int] | None = None
-
-    def Wait(self, status: Any = None) -> None:  # noqa: N802
-        if self._status is None:
-            reply = self._comm._call(Call.WAIT, (self._handle,), outputs=self._outputs())
-            self._status = (reply.ints[0], reply.ints[1], reply.ints[2])
-        _fill_status(status, *self._status)
-
-    def Test(self, status: Any = None) -> bool:  # noqa: N802
-        if self._status is None:
-            reply = self._comm._call(Call.TEST, (self._handle,), outputs=self._outputs())
-            if reply.ints[0]:
-                self._status = (reply.ints[1], reply.ints[2], reply.ints[3])
-        if self._status is not None:
-            _fill_status(status, *self._status)
-        return self._status is not None
-
-    def wait(self, status: Any = None) -> None:
-        self.Wait(status)
-
-    def test(self, status: Any = None) -> tuple[bool, None]:
-        return self.Test(status), None
-
-    def _outputs(self) -> tuple[np.ndarray, ...]:
-        return (self._buffer,) if self._buffer is not None else ()
-
-    @staticmethod
-    def Waitall(requests: Sequence[SealedRequest], statuses: Any = None) -> None:  # noqa: N802
-        pending = [r for r in requests if r._status is None]
-        # wire.py carries at most MAX_BUFFERS buffers and MAX_INTS ints a call: more requests
-        # wait in rounds.
-        while pending:
-            batch: list[SealedRequest] = []
-            outputs: list[np.ndarray] = []
-            while (pending and len(batch) < MAX_INTS
-                   and len(outputs) + len(pending[0]._outputs()) <= MAX_BUFFERS):
-                request = pending.pop(0)
-                batch.append(request)
-                outputs.extend(request._outputs())
-            comm = batch[0]._comm
-            comm._call(Call.WAITALL, tuple(r._handle for r in batch), outputs=outputs)
-            for request in batch:
-                request._status = (-1, -1, 0)
 
 
 def _in_place(buf: Any) -> bool:

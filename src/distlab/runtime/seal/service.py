@@ -58,7 +58,11 @@ class Service:
             Call.REDUCE_SCATTER_BLOCK: self._reduce_scatter_block,
             Call.ALLGATHER: self._allgather, Call.COMPUTE: self._compute, Call.MARK: self._mark,
             Call.NOW: self._now, Call.SPLIT: self._split, Call.CREATE_GROUP: self._create_group,
-            Call.FREE: self._free,
+            Call.FREE: self._free, Call.GATHER: self._gather, Call.SCATTER: self._scatter,
+            Call.ALLGATHERV: self._allgatherv, Call.ALLTOALL: self._alltoall,
+            Call.WAITANY: self._waitany, Call.TESTALL: self._testall, Call.IBCAST: self._ibcast,
+            Call.IALLGATHER: self._iallgather, Call.IREDUCE_SCATTER_BLOCK: self._ireduce_scatter_block,
+            Call.ALLTOALLV: self._alltoallv, Call.PROBE: self._probe, Call.IPROBE: self._iprobe,
         }
 
     def run_task(self, comm: Comm | None, index: int, args: bytes) -> TaskResult | None:
@@ -127,6 +131,17 @@ class Service:
         comm.Sendrecv(request.inputs[0], dest, sendtag, buf, source, recvtag, status)
         self._agent.reply(request, ints=(status.source, status.tag, status.count), outputs=(buf,))
 
+    def _probe(self, comm: Comm, request: Request) -> None:
+        status = Status()
+        comm.Probe(request.ints[0], request.ints[1], status)
+        self._agent.reply(request, ints=(status.source, status.tag, status.Get_count()))
+
+    def _iprobe(self, comm: Comm, request: Request) -> None:
+        status = Status()
+        found = comm.Iprobe(request.ints[0], request.ints[1], status)
+        self._agent.reply(request, ints=(int(found), status.source, status.tag,
+                                         status.Get_count() if found else 0))
+
     def _keep(self, handle: ProxyRequest, buffer: np.ndarray | None) -> int:
         number = self._next_handle
         self._next_handle += 1
@@ -145,6 +160,21 @@ class Service:
     def _iallreduce(self, comm: Comm, request: Request) -> None:
         send, (recv,) = request.inputs[0], self._outputs(request)
         handle = comm.Iallreduce(send, recv, _op(request))
+        self._agent.reply(request, ints=(self._keep(handle, recv),))
+
+    def _ibcast(self, comm: Comm, request: Request) -> None:
+        (buf,) = self._outputs(request)
+        handle = comm.Ibcast(buf, request.ints[0])
+        self._agent.reply(request, ints=(self._keep(handle, buf),))
+
+    def _iallgather(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        handle = comm.Iallgather(request.inputs[0], recv)
+        self._agent.reply(request, ints=(self._keep(handle, recv),))
+
+    def _ireduce_scatter_block(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        handle = comm.Ireduce_scatter_block(request.inputs[0], recv, _op(request))
         self._agent.reply(request, ints=(self._keep(handle, recv),))
 
     def _request(self, number: int) -> tuple[ProxyRequest, np.ndarray | None]:
@@ -176,6 +206,26 @@ class Service:
         for number in request.ints:
             self._handles.pop(number, None)
         self._agent.reply(request, outputs=[buf for _, buf in pairs if buf is not None])
+
+    def _waitany(self, comm: Comm, request: Request) -> None:
+        pairs = [self._request(number) for number in request.ints]
+        status = Status()
+        index = ProxyRequest.Waitany([handle for handle, _ in pairs], status)
+        done = pairs[index][1] if index >= 0 else None
+        del self._handles[request.ints[index]]
+        # Only the completed request's buffer is written: the others' places stay untouched.
+        outputs = [buf if buf is done else None for _, buf in pairs if buf is not None]
+        self._agent.reply(request, ints=(index, status.source, status.tag, status.count),
+                          outputs=outputs)
+
+    def _testall(self, comm: Comm, request: Request) -> None:
+        pairs = [self._request(number) for number in request.ints]
+        done = ProxyRequest.Testall([handle for handle, _ in pairs])
+        if done:
+            for number in request.ints:
+                self._handles.pop(number, None)
+        outputs = [buf for _, buf in pairs if buf is not None] if done else []
+        self._agent.reply(request, ints=(int(done),), outputs=outputs)
 
     def _barrier(self, comm: Comm, request: Request) -> None:
         comm.Barrier()
@@ -211,6 +261,34 @@ class Service:
     def _allgather(self, comm: Comm, request: Request) -> None:
         (recv,) = self._outputs(request)
         comm.Allgather(request.inputs[0], recv)
+        self._agent.reply(request, outputs=(recv,))
+
+    def _gather(self, comm: Comm, request: Request) -> None:
+        outputs = self._outputs(request)
+        comm.Gather(request.inputs[0], outputs[0] if outputs else None, request.ints[0])
+        self._agent.reply(request, outputs=outputs)
+
+    def _scatter(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        comm.Scatter(request.inputs[0] if request.inputs else None, recv, request.ints[0])
+        self._agent.reply(request, outputs=(recv,))
+
+    def _allgatherv(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        counts, displs = _layout(request, comm.size, 2)
+        comm.Allgatherv(request.inputs[0], [recv.reshape(-1), (counts, displs)])
+        self._agent.reply(request, outputs=(recv,))
+
+    def _alltoallv(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        send_counts, send_at, recv_counts, recv_at = _layout(request, comm.size, 4)
+        comm.Alltoallv([request.inputs[0].reshape(-1), (send_counts, send_at)],
+                       [recv.reshape(-1), (recv_counts, recv_at)])
+        self._agent.reply(request, outputs=(recv,))
+
+    def _alltoall(self, comm: Comm, request: Request) -> None:
+        (recv,) = self._outputs(request)
+        comm.Alltoall(request.inputs[0], recv)
         self._agent.reply(request, outputs=(recv,))
 
     def _compute(self, comm: Comm, request: Request) -> None:
@@ -259,3 +337,12 @@ class Service:
 
 def _op(request: Request) -> ops.Op:
     return ops.BY_NAME[REDUCE_OPS[request.ints[0]]]
+
+
+def _layout(request: Request, p: int, rows: int) -> list[list[int]]:
+    """The ``rows`` lists of p ints (counts, displacements) a v-call sends as its second input."""
+    layout = request.inputs[1]
+    if layout.dtype != np.int64 or layout.shape != (rows * p,):
+        raise TypeError(f"{request.name}: the layout comes as {rows * p} int64, not "
+                        f"{layout.dtype} of shape {layout.shape}")
+    return [layout[k * p : (k + 1) * p].tolist() for k in range(rows)]

@@ -23,6 +23,8 @@ Event kinds (the first field), with wall-clock begin and end (``time.perf_counte
   ("coll", op, group, index, nbytes, root, wall0, wall1)
       a built-in collective over ``group`` (a tuple of world ranks, in group-rank order);
       ``index`` counts collectives on that group, so the replay can line up the participants.
+      ``nbytes`` is the caller's buffer (runtime/clock/collectives_cost.py says which), except
+      for "Alltoallv": a tuple of the bytes this rank sends to each group rank.
   ("icoll", req, op, group, index, nbytes, root, wall0, wall1)
       a nonblocking collective is posted (``comm.Iallreduce``: op "Allreduce"), as request
       ``req``; the other fields as for "coll", and ``index`` shares the group's count with the
@@ -120,7 +122,8 @@ class TraceRecorder:
         ))
 
     def collective(
-        self, op: str, group: tuple[int, ...], nbytes: int, root: int, wall0: float, wall1: float
+        self, op: str, group: tuple[int, ...], nbytes: int | tuple[int, ...], root: int,
+        wall0: float, wall1: float,
     ) -> None:
         self._log.append((_COLL, op, group, nbytes, root, wall0, wall1))
 
