@@ -2,16 +2,18 @@
 
 What learner code may import: the reduction ops, the wildcards, ``IN_PLACE`` and ``UNDEFINED``
 (a Split's color for a rank that joins no group), with the same meaning as mpi4py's ``MPI.SUM``,
-``MPI.ANY_SOURCE``, ``MPI.IN_PLACE``, ``MPI.UNDEFINED``.
+``MPI.ANY_SOURCE``, ``MPI.IN_PLACE``, ``MPI.UNDEFINED``; and ``CommTimeout``, what a call that
+waited past its timeout raises (a store's get, for now).
 """
 
 from .ops import MAX, MIN, PROD, SUM, Op
+from .runtime.comm.errors import CommTimeout
 from .runtime.comm.requests import IN_PLACE, Request, Status
 from .runtime.engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ANY_SOURCE", "ANY_TAG", "IN_PLACE", "MAX", "MIN", "Op", "PROD", "Request", "SUM", "Status",
-    "UNDEFINED",
+    "ANY_SOURCE", "ANY_TAG", "CommTimeout", "IN_PLACE", "MAX", "MIN", "Op", "PROD", "Request", "SUM",
+    "Status", "UNDEFINED",
 ]

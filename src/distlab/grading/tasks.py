@@ -41,11 +41,12 @@ class Task:
     faults: FaultPlan | None = None  # this task's own fault plan (faults.py builds one)
     platform: Platform | None = None  # this task's own cluster (a hidden variant)
     label: str = ""  # how a failure names the task: "while running <label>"
+    store: bool = False  # comm.store(): a key-value store of the task's own
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
-                        platform=self.platform)
+                        platform=self.platform, store=self.store)
 
 
 @dataclass

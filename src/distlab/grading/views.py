@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..runtime.comm.stats import CommStats, Readings
-from ..runtime.trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT
+from ..runtime.trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, STORE, WAIT
 
 if TYPE_CHECKING:
     from ..runs import TaskRun
@@ -72,7 +72,7 @@ class Span:
     """One call of one rank on the virtual clock, in the rank's program order.
 
     ``kind`` is "compute", "send", "recv", "wait", "coll" (a blocking collective), "icoll" (a
-    nonblocking one posted) or "mark"; ``name`` is the compute's label, the mark's name or the
+    nonblocking one posted), "mark" or "store" (a call on the task's store, no time); ``name`` is the compute's label, the mark's name or the
     collective's operation ("Allreduce"); ``peer`` the destination of a send or the source of a
     receive (-1: any); ``message`` names a send's message, ``received`` the messages a wait's
     receives matched."""
@@ -126,6 +126,8 @@ def _span(rank: int, event: tuple[Any, ...], begin: float, end: float) -> Span:
         return Span(kind, begin, end, name=str(event[2]), nbytes=int(event[5]))
     if kind == MARK:
         return Span(kind, begin, end, name=str(event[1]))
+    if kind == STORE:  # name: the call ("get"); nbytes: its value's
+        return Span(kind, begin, end, name=str(event[1]), nbytes=int(event[3]))
     raise ValueError(f"rank {rank}: an event of unknown kind {kind!r} in the trace")
 
 

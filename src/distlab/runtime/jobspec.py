@@ -44,6 +44,7 @@ class Task:
     # cluster, so one launch can cover several); None: the job's. Its online clock, its devices'
     # FLOP/s and its replay all follow it.
     platform: Any = None
+    store: bool = False  # comm.store(): a key-value store of the task's own (runtime/comm/store.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class Job:
     # engine, the counters and the clock only through the seal (runtime/seal/).
     seal: bool = False
     private: tuple[str, ...] = ()  # paths the learner process must not see, beyond the job's own
+    # Some task asks for a store (Task.store): the supervisor hosts a TCPStore for the launch,
+    # and ``store_address`` ("host:port") is where, once it runs.
+    store: bool = False
+    store_address: str = ""
 
 
 def make_job(
@@ -110,6 +115,7 @@ def make_job(
         backend=backend,
         world_size=world,
         supervisor_pid=os.getpid(),
+        store=any(task.store for task in tasks),
         **options,
     )
 

@@ -66,7 +66,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, WAIT, Event
+from ..trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, STORE, WAIT, Event
 from .collectives_replay import CollectiveReplay, _Coll
 from .fairshare import max_min_rates
 from .flows import _START, _Flow
@@ -248,6 +248,8 @@ class _Replayer(CollectiveReplay):
             elif kind == MARK:
                 spans.append((t, t))
                 rs.marks.append((str(e[1]), t))
+            elif kind == STORE:  # the side channel: no time on the modelled network
+                spans.append((t, t))
             else:
                 raise ReplayError(f"rank {r}, event {i}: unknown event kind {kind!r}", r, i)
             i += 1

@@ -46,6 +46,8 @@ class RankBook:
         self.marked: list[tuple[str, CommStats]] = []
         self.steps_started = 0
         self.attempts: dict[int, int] = {}  # sends per world destination, lost ones included
+        self.store_link: Any = None  # where the task's store is (store.py), if it has one
+        self.store: Any = None  # the rank's handle on it, made at the first comm.store()
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

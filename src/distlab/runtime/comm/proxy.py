@@ -38,13 +38,14 @@ from .probes import Probes
 from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
+from .store import StoreAccess
 
 if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (rank/worker.py)
     from ..faults.decide import MessageAction, MessageFaults
 
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
-class Comm(Collectives, Gathers, Communicators, Probes, ObjectCalls):
+class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE

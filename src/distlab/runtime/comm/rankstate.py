@@ -49,6 +49,8 @@ OPS = (
     "Alltoall",
     "Waitany",
     "Alltoallv",
+    "store.get",
+    "store.wait",
 )
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
@@ -238,6 +240,8 @@ class RankState:
             return f"rank {self.rank} is {self.state}"
         if self.op == "hung":
             return f"rank {self.rank} is hung (a fault plan froze it in a communication call)"
+        if self.op.startswith("store."):
+            return f"rank {self.rank} waits on the task's store ({self.op}) for a key no rank has set"
         on = (f" on communicator {communicator.path} (world ranks "
               f"{', '.join(map(str, communicator.members))})") if communicator is not None else ""
         if self.peers == (ALL_PEERS,):

@@ -162,6 +162,19 @@ class MessageFaults:
         """True: this rank is hung; the communication call it is entering must never return."""
         return self.hung_by(step, vtime_s) is not None
 
+    def store_cut(self, step: int, vtime_s: float) -> str | None:
+        """Why this rank cannot reach the task's store now, or None. The store lives beside rank
+        0 (where a job's coordinator runs): a partition that puts this rank on another side, or
+        a dead fault on this rank, cuts it off."""
+        for f in self._dead:
+            if self.rank in (f.ranks or ()) and f.triggered(step, vtime_s):
+                return f"fault[{f.index}] dead"
+        for f in self.plan.of_kind("partition"):
+            if f.window.contains(step, vtime_s) and f.groups and not any(
+                    self.rank in g and 0 in g for g in f.groups):
+                return f"fault[{f.index}] partition: rank 0's side holds the store"
+        return None
+
     def dead_peers(self, step: int, vtime_s: float) -> frozenset[int]:
         """Ranks that are dead to the network by this rank's counters (for wait-for reports)."""
         return frozenset(r for f in self._dead if f.triggered(step, vtime_s) for r in f.ranks or ())

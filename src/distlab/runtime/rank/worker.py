@@ -46,6 +46,7 @@ from ..comm.rankstate import (
     state_path,
 )
 from ..comm.stats import CommStats
+from ..comm.store import StoreLink
 from ..engines.base import Engine, split_off
 from ..engines.counted import harness_engine
 from ..jobspec import (
@@ -272,12 +273,17 @@ def _run_task(
             clock=Timekeeper(platform, side) if side is not None else None,
             **_fault_layers(plan, world_rank),
         )
+        if task.store and job.store_address:
+            host, port = job.store_address.rsplit(":", 1)
+            comm._book.store_link = StoreLink(host, int(port), f"task{index}/")
         start = time.perf_counter()
         value = run(comm, index, task)
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
                              comm.marked, comm.stats_by_communicator())
+        if comm._book.store is not None:
+            comm._book.store.close()
         if group is not engine:
             group.close()
         if side is not None:

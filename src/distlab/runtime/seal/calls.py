@@ -39,6 +39,9 @@ RECV_TAG = Int("tag", -1, MAX_TAG)  # -1: ANY_TAG
 REQUEST = Int("request", 0, MAX_REQUEST)
 REDUCE_OP = Int("op", 0, len(REDUCE_OPS) - 1)
 ONE, MAYBE = range(1, 2), range(0, 2)
+KEY = 256  # the longest store key, in bytes
+TIMED = Int("timed", 0, 1)  # 1: the float that follows is the call's own timeout
+MAX_STORE_VALUE = 64 * 1024  # the largest value a store get returns across the seal
 
 
 class Call(IntEnum):
@@ -85,6 +88,15 @@ class Call(IntEnum):
     ALLTOALLV = 38  # inputs: the send buffer, both layouts as one row of int64, the receive buffer
     PROBE = 39  # -> (source, tag, bytes)
     IPROBE = 40  # -> (found, source, tag, bytes)
+    # The task's store (runtime/comm/store.py); the text is the key (wait: keys joined by NUL).
+    STORE_SET = 41  # input: the value
+    STORE_GET = 42  # ints: (has a timeout,); floats: (timeout,); output: a place for the value
+    STORE_ADD = 43  # ints: (amount,) -> (total,)
+    STORE_COMPARE_SET = 44  # inputs: expected, desired; output: a place for the value then
+    STORE_WAIT = 45  # ints: (has a timeout,); floats: (timeout,)
+    STORE_DELETE = 46  # -> (deleted,)
+    STORE_NUM_KEYS = 47  # -> (keys,)
+    STORE_TIMEOUT = 48  # floats: (timeout,)
 
 
 CALLS: dict[int, Signature] = {
@@ -135,4 +147,12 @@ CALLS: dict[int, Signature] = {
     Call.ALLTOALLV: Signature("Alltoallv", inputs=range(3, 4), outputs=ONE),
     Call.PROBE: Signature("Probe", (SOURCE, RECV_TAG)),
     Call.IPROBE: Signature("Iprobe", (SOURCE, RECV_TAG)),
+    Call.STORE_SET: Signature("store.set", inputs=ONE, text=KEY),
+    Call.STORE_GET: Signature("store.get", (TIMED,), floats=1, outputs=ONE, text=KEY),
+    Call.STORE_ADD: Signature("store.add", (Int("amount", -(2**62), 2**62),), text=KEY),
+    Call.STORE_COMPARE_SET: Signature("store.compare_set", inputs=range(2, 3), outputs=ONE, text=KEY),
+    Call.STORE_WAIT: Signature("store.wait", (TIMED,), floats=1, text=1024),
+    Call.STORE_DELETE: Signature("store.delete_key", text=KEY),
+    Call.STORE_NUM_KEYS: Signature("store.num_keys"),
+    Call.STORE_TIMEOUT: Signature("store.set_timeout", floats=1),
 }

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
+from ..comm.errors import comm_timeout_from
 from ..comm.gathers import block_buffer, vector_layout
 from ..comm.groups import Group, split_color
 from ..comm.objects import ObjectCalls
@@ -44,6 +45,7 @@ from .calls import MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
 from .learner import LearnerEnd
 from .requests import SealedRequest
+from .store_client import SealedStore
 from .wire import Reply
 
 _OP_CODE = {name: code for code, name in enumerate(REDUCE_OPS)}
@@ -231,6 +233,10 @@ class SealedComm(ObjectCalls):
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))
 
+    def store(self) -> SealedStore:
+        """The task's key-value store, through the agent (runtime/seal/store_client.py)."""
+        return SealedStore(self)
+
     # -- communicators (runtime/comm/groups.py) ---------------------------------------------
 
     def Split(self, color: Any = 0, key: Any = 0) -> SealedComm | None:  # noqa: N802
@@ -319,6 +325,12 @@ _NAMED_ERRORS: dict[str, type[BaseException]] = {}
 
 
 def _as_raised(failed: CallFailed) -> BaseException:
+    if failed.kind == "CommTimeout":  # distlab's own, for learner code that catches it by name
+        return comm_timeout_from(failed.message)
+    return _named(failed)
+
+
+def _named(failed: CallFailed) -> BaseException:
     """The exception the call raised in the agent, as the learner's code would have seen it: the
     built-in type of that name, or a RuntimeError subclass of that name (an engine's own error),
     so that "RuntimeError: Connection reset by peer" reads the same sealed or not."""

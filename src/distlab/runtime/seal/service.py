@@ -28,6 +28,7 @@ from ..comm.requests import Request as ProxyRequest
 from ..comm.requests import Status
 from .agent import AgentEnd, Rejected, Request
 from .calls import REDUCE_OPS, Call
+from .store_service import store_handlers
 
 VALUE, FAILURE = 0, 1  # the kinds of a RESULT (calls.py)
 
@@ -63,6 +64,7 @@ class Service:
             Call.WAITANY: self._waitany, Call.TESTALL: self._testall, Call.IBCAST: self._ibcast,
             Call.IALLGATHER: self._iallgather, Call.IREDUCE_SCATTER_BLOCK: self._ireduce_scatter_block,
             Call.ALLTOALLV: self._alltoallv, Call.PROBE: self._probe, Call.IPROBE: self._iprobe,
+            **store_handlers(agent),
         }
 
     def run_task(self, comm: Comm | None, index: int, args: bytes) -> TaskResult | None:

@@ -38,6 +38,7 @@ from .leftovers import claim, new_job_dir
 from .process_faults import FaultState, apply_due_faults, process_faults
 from .processes import rank_pids
 from .start import Processes, failed_to_start, start_ranks
+from .store_host import hosted_store
 from .verdicts import LaunchResult, conclude
 
 POLL_S = 0.05
@@ -60,6 +61,12 @@ def launch(
         keep_root = Path(os.environ["DISTLAB_KEEP_JOBS"])
         keep_root.mkdir(parents=True, exist_ok=True)
         keep_dir = Path(tempfile.mkdtemp(prefix="distlab-job-", dir=keep_root))
+    with hosted_store(job) as job:
+        return _attempts(job, deadline_s, stall_s, keep_dir)
+
+
+def _attempts(job: Job, deadline_s: float, stall_s: float, keep_dir: Path | None) -> LaunchResult:
+    """The attempts of a launch: one, or more under a ``restart`` fault."""
     faults = process_faults(job)
     started = time.monotonic()  # the clock of the deadline and of at_s triggers, for every attempt
     earlier: list[str] = []

@@ -125,7 +125,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir), *(["--sealed"] if job.seal else [])]
     out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
     # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
-    preload = preload_for(job.backend, job.program_file, job.seal)
+    preload = preload_for(job.backend, job.program_file, job.seal, job.store)
     zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
         stand_in = [sys.executable, "-S", "-E", "-s", str(STAND_IN), *worker[3:]]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .events import COLL, COMPUTE, MARK, RECV, SEND, WAIT, Event
+from .events import COLL, COMPUTE, MARK, RECV, SEND, STORE, WAIT, Event
 
 VIRTUAL_TID, WALL_TID = 0, 1
 
@@ -45,6 +45,8 @@ def describe_event(event: Event) -> tuple[str, str, dict[str, Any]]:
         return "I" + str(event[2]).lower(), "comm", {"group": list(event[3]), "bytes": event[5]}
     if kind == MARK:
         return event[1], "mark", {}
+    if kind == STORE:
+        return f"store.{event[1]}", "store", {"key": event[2], "bytes": event[3]}
     return str(kind), "other", {}
 
 

@@ -34,6 +34,10 @@ Event kinds (the first field), with wall-clock begin and end (``time.perf_counte
       posted it, and its flows run while the ranks compute.
   ("mark", name, wall0, wall1)
       a marker set by problem code (for example "step" at each training step boundary).
+  ("store", op, key, nbytes, wall0, wall1)
+      a call on the task's key-value store (runtime/comm/store.py: "set", "get", ...), which
+      costs nothing on the virtual clock (it goes to the supervisor, not over the modelled
+      network); ``nbytes`` is the value's size, ``key`` the key (keys, comma-joined, for wait).
 
 Ranks in events are world ranks.
 """
@@ -46,6 +50,7 @@ Event = tuple[Any, ...]
 
 COMPUTE, SEND, RECV, WAIT, COLL, MARK = "compute", "send", "recv", "wait", "coll", "mark"
 ICOLL = "icoll"
+STORE = "store"
 
 # What the hot path logs: one short tuple per call, its first field one of these codes. Numbering
 # messages and collectives (the ``k`` and ``index`` above) waits until someone reads ``events``:

@@ -144,11 +144,14 @@ def zygote_for(env: dict[str, str], preload: list[str]) -> Zygote | None:
         return _zygotes[key]
 
 
-def preload_for(backend: str, program_file: str, sealed: bool) -> list[str]:
-    """What the zygote should import before forking the ranks of a job: the engine's modules, and
-    the heavy modules its program file imports at its top (a problem that trains a model imports
-    torch there; the supervisor never imports the program itself)."""
+def preload_for(backend: str, program_file: str, sealed: bool, store: bool = False) -> list[str]:
+    """What the zygote should import before forking the ranks of a job: the engine's modules,
+    torch.distributed for a job with a store (its client is torch's TCPStore), and the heavy
+    modules its program file imports at its top (a problem that trains a model imports torch
+    there; the supervisor never imports the program itself)."""
     wanted = list(GLOO_PRELOAD) if backend == "gloo" else []
+    if store and backend != "gloo":
+        wanted += ["torch", "torch.distributed"]
     if sealed:
         wanted += ["distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main"]
     try:
