@@ -33,9 +33,10 @@ def tasks_on(backend: str, seal: bool) -> Run:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend,seal", [("mpi", True), ("gloo", True), ("mpi", False)])
-def test_waitany_returns_the_first_request_done_and_testall_all_or_none(backend: str, seal: bool) -> None:
-    done = tasks_on(backend, seal)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_waitany_returns_the_first_request_done_and_testall_all_or_none(backend: str) -> None:
+    # Sealed: the agent waits on the proxy's requests, as an unsealed rank does itself.
+    done = tasks_on(backend, True)
     got = done.tasks[0].values[0]
     (first, *early), (second, *late) = got["seen"]
     assert first == 1 and early == [2, 6, [2.0, 2.0], [0.0, 0.0]]  # rank 1's is not in yet
@@ -48,9 +49,8 @@ def test_waitany_returns_the_first_request_done_and_testall_all_or_none(backend:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("seal", [True, False])
-def test_a_probe_tells_the_size_before_the_receive(seal: bool) -> None:
-    task = tasks_on("mpi", seal).tasks[1]
+def test_a_probe_tells_the_size_before_the_receive() -> None:
+    task = tasks_on("mpi", True).tasks[1]
     got = task.values[0]
     assert got == {"early": False, "source": 1, "tag": 3, "bytes": 40, "got": [0.0, 1.0, 2.0, 3.0, 4.0],
                    "late": 2}

@@ -83,6 +83,8 @@ class SealedRequest:
         outputs = [buf for _, r in pending for buf in r._outputs()]
         reply = pending[0][1]._comm._call(Call.WAITANY, tuple(r._handle for _, r in pending),
                                           outputs=outputs)
+        if reply.ints[0] < 0:  # the agent found none of them pending
+            return UNDEFINED
         index, request = pending[reply.ints[0]]
         request._status = (reply.ints[1], reply.ints[2], reply.ints[3])
         _fill_status(status, *request._status)

@@ -26,6 +26,7 @@ from ... import ops
 from ..comm.proxy import Comm
 from ..comm.requests import Request as ProxyRequest
 from ..comm.requests import Status
+from ..engines.base import UNDEFINED
 from .agent import AgentEnd, Rejected, Request
 from .calls import REDUCE_OPS, Call
 from .store_service import store_handlers
@@ -213,7 +214,10 @@ class Service:
         pairs = [self._request(number) for number in request.ints]
         status = Status()
         index = ProxyRequest.Waitany([handle for handle, _ in pairs], status)
-        done = pairs[index][1] if index >= 0 else None
+        if index == UNDEFINED:  # every one had completed already: nothing to wait for
+            self._agent.reply(request, ints=(-1, -1, -1, 0))
+            return
+        done = pairs[index][1]
         del self._handles[request.ints[index]]
         # Only the completed request's buffer is written: the others' places stay untouched.
         outputs = [buf if buf is done else None for _, buf in pairs if buf is not None]
