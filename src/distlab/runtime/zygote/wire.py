@@ -40,7 +40,10 @@ def ask(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: str,
         streams: tuple[int, int, int], patience_s: float) -> int:
     """Sends the request; returns the forked rank's pid once the zygote says it started."""
     request = json.dumps({"argv": argv, "env": env, "cwd": cwd})
-    socket.send_fds(conn, [request.encode() + b"\n"], list(streams))
+    try:
+        socket.send_fds(conn, [request.encode() + b"\n"], list(streams))
+    except BrokenPipeError:
+        pass  # it refused us as soon as we connected and hung up: its reason is still to read
     answer = read_line(conn, patience_s)
     if not answer.startswith("started "):
         raise Refused(answer or "the zygote closed the connection")
