@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine
-from .requests import _fill_probe_status
+from .requests import _fill_status
 from .stats import CommStats
 
 
@@ -42,7 +42,7 @@ class Probes:
         self._slot.running()
         self.stats.count_call("Probe", 0)
         assert found is not None  # a blocking probe returns a message
-        _fill_probe_status(status, *found)
+        _fill_status(status, *found, probed=True)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
         """True, with ``status`` filled, if a message from ``source`` with ``tag`` can be received
@@ -52,5 +52,5 @@ class Probes:
         found = self._engine.probe(source, tag, block=False)
         self.stats.count_call("Iprobe", 0)
         if found is not None:
-            _fill_probe_status(status, *found)
+            _fill_status(status, *found, probed=True)
         return found is not None

@@ -60,28 +60,22 @@ class Status:
         return self.nbytes // size
 
 
-def _fill_status(status: Any, source: int, tag: int, count: int) -> None:
+def _fill_status(status: Any, source: int, tag: int, count: int, probed: bool = False) -> None:
+    """Fills the learner's status (distlab's or mpi4py's): ``count`` elements received, or, for a
+    probe (``probed``), the message's bytes."""
     if status is None:
         return
     if isinstance(status, Status):
-        status.source, status.tag, status.count, status.nbytes = source, tag, count, None
+        status.source, status.tag, status.count = source, tag, count
+        status.nbytes = count if probed else None
         return
     # An mpi4py MPI.Status passed by learner code.
     status.Set_source(source)
     status.Set_tag(tag)
+    if probed:
+        from mpi4py import MPI
 
-
-def _fill_probe_status(status: Any, source: int, tag: int, nbytes: int) -> None:
-    if status is None:
-        return
-    if isinstance(status, Status):
-        status.source, status.tag, status.count, status.nbytes = source, tag, nbytes, nbytes
-        return
-    status.Set_source(source)  # an mpi4py MPI.Status: its count is set in bytes
-    status.Set_tag(tag)
-    from mpi4py import MPI
-
-    status.Set_elements(MPI.BYTE, nbytes)
+        status.Set_elements(MPI.BYTE, count)
 
 
 def peer_rank(peer: Any, what: str, size: int, wildcard: bool = False) -> int:

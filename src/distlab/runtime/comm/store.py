@@ -186,6 +186,16 @@ class StoreAccess:
             book.store = Store(book.store_link, book.comms[0])
         return book.store  # type: ignore[no-any-return]
 
+    def attach_store(self, link: StoreLink) -> None:
+        """The harness's: gives the task the store at ``link`` (Task(store=True))."""
+        self._book.store_link = link
+
+    def release_store(self) -> None:
+        """The harness's, at the task's end: closes the rank's client, if it made one."""
+        if self._book.store is not None:
+            self._book.store.close()
+            self._book.store = None
+
     def _store_cut(self) -> str | None:
         """Why the fault plan keeps this rank from the store now, or None."""
         if self._faults is None:

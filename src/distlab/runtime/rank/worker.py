@@ -275,15 +275,14 @@ def _run_task(
         )
         if task.store and job.store_address:
             host, port = job.store_address.rsplit(":", 1)
-            comm._book.store_link = StoreLink(host, int(port), f"task{index}/")
+            comm.attach_store(StoreLink(host, int(port), f"task{index}/"))
         start = time.perf_counter()
         value = run(comm, index, task)
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
                              comm.marked, comm.stats_by_communicator())
-        if comm._book.store is not None:
-            comm._book.store.close()
+        comm.release_store()
         if group is not engine:
             group.close()
         if side is not None:

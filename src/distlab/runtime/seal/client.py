@@ -36,7 +36,6 @@ from ..comm.requests import (
     IN_PLACE,
     LearnerAbort,
     _buffer,
-    _fill_probe_status,
     _fill_status,
     peer_rank,
 )
@@ -140,12 +139,12 @@ class SealedComm(ObjectCalls):
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> None:  # noqa: N802
         reply = self._call(Call.PROBE, (self._peer(source, "source", True), _tag(tag, True)))
-        _fill_probe_status(status, *reply.ints)
+        _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2], probed=True)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
         reply = self._call(Call.IPROBE, (self._peer(source, "source", True), _tag(tag, True)))
         if reply.ints[0]:
-            _fill_probe_status(status, *reply.ints[1:])
+            _fill_status(status, reply.ints[1], reply.ints[2], reply.ints[3], probed=True)
         return bool(reply.ints[0])
 
     # -- collectives ------------------------------------------------------------------------
