@@ -343,3 +343,23 @@ def test_the_decoder_answers_garbage_with_bad_request_only() -> None:
             outcomes.append("rejected")
     assert set(outcomes[:300]) == {"rejected"}, "a random block decoded"
     assert outcomes[300:].count("rejected") > 2000 and "valid" in outcomes[300:]
+
+
+def test_a_blocking_call_may_carry_its_timeout_and_no_other_call_may() -> None:
+    """One float more than its signature's is a timed call's own timeout (calls.py); on a call
+    that takes none, or two more, the decoder refuses the request."""
+    size = 1 << 20
+    f8 = np.dtype("<f8")
+
+    def decode(op: int, floats: tuple[float, ...], outputs: tuple[Buffer, ...] = ()) -> Any:
+        body = encode_request(5, op, (1, 0), floats, (), outputs, "")
+        block = struct.pack("<Q", 5) + framed(body)
+        return decode_request(block + bytes(CONTROL - len(block)), CALLS, size, 4)
+
+    place = (Buffer(0, 80, f8, (10,)),)
+    assert decode(Call.RECV, (), place).floats == ()
+    assert decode(Call.RECV, (0.5,), place).floats == (0.5,)
+    with pytest.raises(BadRequest, match=r"Recv takes 0 floats \(or 1, with a timeout\), not 2"):
+        decode(Call.RECV, (0.5, 0.5), place)
+    with pytest.raises(BadRequest, match=r"Irecv takes 0 floats, not 1"):
+        decode(Call.IRECV, (0.5,), place)

@@ -65,7 +65,7 @@ def test_each_bad_store_call_is_named(seal: bool) -> None:
     said = stored("mpi", seal).tasks[0].values[0]
     assert said["key not a str"] == "TypeError: a store key is a non-empty str without NUL characters, not 5"
     assert said["value not bytes"] == "TypeError: a store value is bytes or str, not float"
-    assert said["timeout not > 0"] == "ValueError: a store timeout is a number of seconds > 0, not 0"
+    assert said["timeout not > 0"] == "ValueError: store: a timeout is a number of seconds > 0, not 0"
 
 
 @pytest.mark.parametrize("seal", [True, False])

@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..runtime.comm.stats import CommStats, Readings
-from ..runtime.trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, STORE, WAIT
+from ..runtime.trace.events import (
+    COLL,
+    COMPUTE,
+    ICOLL,
+    MARK,
+    RECV,
+    SEND,
+    STORE,
+    TIMEOUT,
+    WAIT,
+)
 
 if TYPE_CHECKING:
     from ..runs import TaskRun
@@ -72,9 +82,11 @@ class Span:
     """One call of one rank on the virtual clock, in the rank's program order.
 
     ``kind`` is "compute", "send", "recv", "wait", "coll" (a blocking collective), "icoll" (a
-    nonblocking one posted), "mark" or "store" (a call on the task's store, no time); ``name`` is the compute's label, the mark's name or the
-    collective's operation ("Allreduce"); ``peer`` the destination of a send or the source of a
-    receive (-1: any); ``message`` names a send's message, ``received`` the messages a wait's
+    nonblocking one posted), "mark", "store" (a call on the task's store, no time) or "timeout"
+    (a call that waited its timeout and gave up); ``name`` is the compute's label, the mark's
+    name, the collective's operation ("Allreduce") or the call that timed out; ``peer`` the
+    destination of a send, the source of a receive or the rank a timed-out call waited on (-1:
+    any); ``message`` names a send's message, ``received`` the messages a wait's
     receives matched."""
 
     kind: str
@@ -120,15 +132,21 @@ def _span(rank: int, event: tuple[Any, ...], begin: float, end: float) -> Span:
         received = tuple((ctx, src, rank, tag, k) for ctx, src, tag, k in event[2].values())
         return Span(kind, begin, end, received=received)
     if kind == COLL:  # an Alltoallv's bytes come per destination
-        nbytes = sum(event[4]) if isinstance(event[4], (tuple, list)) else int(event[4])
-        return Span(kind, begin, end, name=str(event[1]), nbytes=nbytes)
+        return Span(kind, begin, end, name=str(event[1]), nbytes=_total(event[4]))
     if kind == ICOLL:
-        return Span(kind, begin, end, name=str(event[2]), nbytes=int(event[5]))
+        return Span(kind, begin, end, name=str(event[2]), nbytes=_total(event[5]))
     if kind == MARK:
         return Span(kind, begin, end, name=str(event[1]))
     if kind == STORE:  # name: the call ("get"); nbytes: its value's
         return Span(kind, begin, end, name=str(event[1]), nbytes=int(event[3]))
+    if kind == TIMEOUT:
+        peer = event[2] if isinstance(event[2], int) else None
+        return Span(kind, begin, end, name=str(event[1]), peer=peer)
     raise ValueError(f"rank {rank}: an event of unknown kind {kind!r} in the trace")
+
+
+def _total(nbytes: Any) -> int:
+    return sum(nbytes) if isinstance(nbytes, (tuple, list)) else int(nbytes)
 
 
 class Timeline:

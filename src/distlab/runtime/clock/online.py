@@ -20,7 +20,10 @@ sharing, so both agree wherever no two flows share a link:
   receive (the sender would need the receiver's post time, a reply that could deadlock a correct
   program: a receiver may complete its Irecv only after it needs something from the sender);
 * a built-in collective starts when its last member arrives (an allreduce of the clocks on the
-  side communicator) and costs its algorithm's time on the group's slowest ring link.
+  side communicator) and costs its algorithm's time on the group's slowest ring link. A call with
+  a timeout makes that exchange nonblocking, polled to the same deadline; a rank whose collective
+  timed out still posts its part of the exchange (``abandon_exchange``), and never waits for it, so that
+  members that do finish the collective get their exchange, as they get the collective.
 
 Everything is local arithmetic plus one 8-byte message per message, so the clock is deterministic:
 the same program on the same platform reaches the same times on every run.
@@ -33,11 +36,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...ops import MAX
-from ..engines.base import Engine
+from ..engines.base import Engine, abandon, finished_by
 from .collectives_cost import ALIASES, collective_time
 
 EAGER_LIMIT = 64 * 1024  # bytes: sends up to this size are eager (the proxy's and the replay's default)
 SEND_OVERHEAD_S = 0.0  # what an eager send costs its sender on the virtual clock: its copy, not modelled
+
+
+class ExchangeTimedOut(Exception):
+    """The clocks' exchange of a collective with a timeout did not end by its deadline."""
 
 
 class RouteTable(Protocol):
@@ -144,12 +151,21 @@ class Timekeeper:
         if t > self._time.now:
             self._time.now = t
 
-    def collective(self, op: str, nbytes: int) -> None:
+    def collective(self, op: str, nbytes: int, deadline: float | None = None) -> None:
         """Moves the clock past a built-in collective of the whole group: from its last member's
         arrival, for the time its algorithm takes on the largest block any member brought (the
-        same on every rank; blocks differ only in Allgatherv)."""
+        same on every rank; blocks differ only in Allgatherv). With a ``deadline``
+        (``time.perf_counter()``) the exchange raises ExchangeTimedOut if it has not ended by
+        then, and the clock stays where it was."""
         latest = np.array([self._time.now, float(nbytes)])
-        self._side.allreduce(latest, latest, MAX)
+        if deadline is None:
+            self._side.allreduce(latest, latest, MAX)
+        else:
+            exchange = self._side.iallreduce(latest, latest, MAX)
+            if not finished_by(exchange, deadline):
+                abandon(exchange, latest)
+                raise ExchangeTimedOut(op)
+            exchange.wait()
         nbytes = int(latest[1])
         p = self._side.size
         routes = [
@@ -158,3 +174,9 @@ class Timekeeper:
         alpha = max((r.alpha_s for r in routes), default=0.0)
         beta = max((r.beta_s_per_byte for r in routes), default=0.0)
         self._time.now = float(latest[0]) + collective_time(ALIASES.get(op, op), p, nbytes, alpha, beta)
+
+    def abandon_exchange(self, nbytes: int) -> None:
+        """This rank's part of a collective's exchange, posted and never waited on: its
+        collective timed out here, and the members that finish it exchange with this."""
+        latest = np.array([self._time.now, float(nbytes)])
+        abandon(self._side.iallreduce(latest, latest, MAX), latest)

@@ -66,7 +66,18 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..trace.events import COLL, COMPUTE, ICOLL, MARK, RECV, SEND, STORE, WAIT, Event
+from ..trace.events import (
+    COLL,
+    COMPUTE,
+    ICOLL,
+    MARK,
+    RECV,
+    SEND,
+    STORE,
+    TIMEOUT,
+    WAIT,
+    Event,
+)
 from .collectives_replay import CollectiveReplay, _Coll
 from .fairshare import max_min_rates
 from .flows import _START, _Flow
@@ -250,6 +261,13 @@ class _Replayer(CollectiveReplay):
                 rs.marks.append((str(e[1]), t))
             elif kind == STORE:  # the side channel: no time on the modelled network
                 spans.append((t, t))
+            elif kind == TIMEOUT:  # a call waited its whole timeout, then gave up
+                seconds = float(e[3])
+                if not seconds >= 0 or seconds == math.inf:
+                    raise ReplayError(f"rank {r}, event {i}: a timeout of {e[3]!r} seconds", r, i)
+                spans.append((t, t + seconds))
+                t += seconds
+                rs.comm += seconds
             else:
                 raise ReplayError(f"rank {r}, event {i}: unknown event kind {kind!r}", r, i)
             i += 1

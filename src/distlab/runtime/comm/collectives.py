@@ -2,20 +2,22 @@
 Barrier, Bcast, Reduce, Allreduce, Reduce_scatter(_block), Allgather, the nonblocking Iallreduce,
 Ibcast, Iallgather and Ireduce_scatter_block, and Abort. Each
 is counted, marked in the slot as a wait on every peer, moved on the online clock and traced as
-one "coll" event, which the replay expands into its standard algorithm.
+one "coll" event, which the replay expands into its standard algorithm. A blocking collective
+with a timeout (``timeout=``, ``comm.set_timeout``: timed.py) runs its nonblocking form to the
+deadline, and one that gives up stays under way, traced as an "icoll" never waited on.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
 from ... import ops
-from ..clock.online import Timekeeper
-from ..engines.base import Engine
+from ..clock.online import ExchangeTimedOut, Timekeeper
+from ..engines.base import Engine, EngineRequest
 from ..trace.events import TraceRecorder
 from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .requests import IN_PLACE, LearnerAbort, Request, _buffer
@@ -38,6 +40,9 @@ class Collectives:
     _unsettled: deque[Request]
     _icoll_free_at: float
     _coll_started: tuple[str, int, int, float, tuple[int, ...] | None]
+    _coll_limit: float | None  # the timeout of the collective under way, None: none
+    _size: int
+    _broken: str | None
 
     @property
     def size(self) -> int:
@@ -49,42 +54,71 @@ class Collectives:
     def _check_hung(self) -> None:
         raise NotImplementedError
 
+    def _check_broken(self) -> None:
+        raise NotImplementedError
+
+    def _clock_by(self, deadline: float, op: str, largest: int) -> None:
+        raise NotImplementedError
+
+    def _limit(self, timeout: Any, call: str) -> float | None:
+        raise NotImplementedError
+
+    def _timed_collective(self, limit: float, start: Callable[[], EngineRequest],
+                          buffers: Any) -> None:
+        raise NotImplementedError
+
     def _collective(self, op: str, nbytes: int, root: int = -1,
-                    per_peer: tuple[int, ...] | None = None) -> None:
+                    per_peer: tuple[int, ...] | None = None, timeout: Any = None) -> None:
         """Counts and watches a collective about to start. ``per_peer`` (Alltoallv): the bytes
         sent to each group rank, which its trace event carries instead of the total, and whose
-        largest the online clock charges."""
+        largest the online clock charges; ``timeout``: the call's own (timed.py)."""
+        self._check_broken()
+        self._coll_limit = self._limit(timeout, op)
         self._check_hung()
         self.stats.count_call(op, nbytes)
         self._slot.blocked(op, (ALL_PEERS,), nbytes, self._ctx)
         self._coll_started = (op, nbytes, root, time.perf_counter(), per_peer)
 
-    def _collective_done(self) -> None:
+    def _complete(self, run: Callable[[], None], start: Callable[[], EngineRequest],
+                  buffers: Any) -> None:
+        """Runs the collective ``_collective`` started: ``run()``, the engine's blocking call,
+        or, with a timeout, ``start()``, its nonblocking form on ``buffers``, to the deadline."""
+        if self._coll_limit is None:
+            run()
+            self._collective_done()
+        else:
+            self._timed_collective(self._coll_limit, start, buffers)
+
+    def _collective_done(self, deadline: float | None = None) -> None:
         self._slot.running()
         op, nbytes, root, wall0, per_peer = self._coll_started
         if self._clock is not None:
-            # Earlier nonblocking collectives first: every rank settles them in the same order.
-            while self._unsettled:
-                self._settle(self._unsettled[0])
-            self._clock.collective(op, max(per_peer, default=0) if per_peer is not None else nbytes)
+            largest = max(per_peer, default=0) if per_peer is not None else nbytes
+            if deadline is None:
+                # Earlier nonblocking collectives first: every rank settles them in the same order.
+                while self._unsettled:
+                    self._settle(self._unsettled[0])
+                self._clock.collective(op, largest)
+            else:
+                self._clock_by(deadline, op, largest)  # timed.py
         if self._trace is not None:
             group = tuple(self._world_ranks)
             recorded = per_peer if per_peer is not None else nbytes
             self._trace.collective(op, group, recorded, root, wall0, time.perf_counter())
 
-    def Barrier(self) -> None:  # noqa: N802
-        self._collective("Barrier", 0)
-        self._engine.barrier()
-        self._collective_done()
+    def Barrier(self, timeout: Any = None) -> None:  # noqa: N802
+        self._collective("Barrier", 0, timeout=timeout)
+        self._complete(self._engine.barrier, self._engine.ibarrier, None)
 
-    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+    def Bcast(self, buf: Any, root: int = 0, timeout: Any = None) -> None:  # noqa: N802
         array = _buffer(buf, "Bcast buffer")
         root = self._peer(root, "root")
-        self._collective("Bcast", array.nbytes, root)
-        self._engine.bcast(array, root)
-        self._collective_done()
+        self._collective("Bcast", array.nbytes, root, timeout=timeout)
+        self._complete(lambda: self._engine.bcast(array, root),
+                       lambda: self._engine.ibcast(array, root), array)
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0,  # noqa: N802
+               timeout: Any = None) -> None:
         root = self._peer(root, "root")
         if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
             sendbuf = recvbuf
@@ -92,19 +126,24 @@ class Collectives:
         recv_array = (
             _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
         )
-        self._collective("Reduce", send_array.nbytes, root)
-        self._engine.reduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op), root)
-        self._collective_done()
+        self._collective("Reduce", send_array.nbytes, root, timeout=timeout)
+        send, reduction = _distinct_or_same(send_array, recv_array), ops.resolve(op)
+        self._complete(lambda: self._engine.reduce(send, recv_array, reduction, root),
+                       lambda: self._engine.ireduce(send, recv_array, reduction, root),
+                       (send, recv_array))
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM,  # noqa: N802
+                  timeout: Any = None) -> None:
         if sendbuf is IN_PLACE or _is_mpi_in_place(sendbuf):
             sendbuf = recvbuf
         send_array = _buffer(sendbuf, "Allreduce sendbuf")
         recv_array = _buffer(recvbuf, "Allreduce recvbuf")
         _same_size(send_array, recv_array, "Allreduce")
-        self._collective("Allreduce", send_array.nbytes)
-        self._engine.allreduce(_distinct_or_same(send_array, recv_array), recv_array, ops.resolve(op))
-        self._collective_done()
+        self._collective("Allreduce", send_array.nbytes, timeout=timeout)
+        send, reduction = _distinct_or_same(send_array, recv_array), ops.resolve(op)
+        self._complete(lambda: self._engine.allreduce(send, recv_array, reduction),
+                       lambda: self._engine.iallreduce(send, recv_array, reduction),
+                       (send, recv_array))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> Request:  # noqa: N802
         """Nonblocking Allreduce: starts it and returns a Request; recvbuf holds the result once
@@ -147,6 +186,7 @@ class Collectives:
         ``buffers`` until it completes) as a Request.
         Counted under the collective's own name, so stats.collectives_used() and per-op counts
         see it; blocking or not shows in the trace ("coll" versus "icoll")."""
+        self._check_broken()
         self._check_hung()
         self.stats.count_call(op, nbytes)
         wall0 = time.perf_counter()
@@ -162,7 +202,7 @@ class Collectives:
             self._unsettled.append(handle)
         return handle
 
-    def _settle(self, request: Request) -> None:
+    def _settle(self, request: Request, deadline: float | None = None) -> None:
         """Places nonblocking collectives on the online clock, in the order they were posted, up
         to ``request``; sets each one's ``arrival`` (its end).
 
@@ -171,20 +211,25 @@ class Collectives:
         start is agreed on with the blocking collective's clock exchange (``Timekeeper.collective``
         from a clock set to the post time), so every rank must settle the same collectives in the
         same order: they do, in post order, at a Wait or Test that completes one, or before the
-        next blocking collective."""
+        next blocking collective. ``deadline``: that blocking collective's, if it has a timeout."""
         clock = self._clock
         assert clock is not None
         while not request._settled and self._unsettled:
             first = self._unsettled.popleft()
             now = clock.now
             clock.now = max(first._posted_at, self._icoll_free_at)
-            clock.collective(first._collective or "Allreduce", first._nbytes)
+            try:
+                clock.collective(first._collective or "Allreduce", first._nbytes, deadline)
+            except ExchangeTimedOut:
+                first.arrival, first._settled, clock.now = now, True, now
+                raise
             first.arrival = self._icoll_free_at = clock.now
             clock.now = now
             first._settled = True
 
     def Reduce_scatter(  # noqa: N802
-        self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None, op: Any = ops.SUM
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int] | None = None,
+        op: Any = ops.SUM, timeout: Any = None,
     ) -> None:
         send_array = _buffer(sendbuf, "Reduce_scatter sendbuf")
         recv_array = _buffer(recvbuf, "Reduce_scatter recvbuf")
@@ -196,21 +241,26 @@ class Collectives:
                 f"Reduce_scatter: recvcounts {counts} must have {self.size} entries summing to "
                 f"the send size {send_array.size}"
             )
-        self._collective("Reduce_scatter", send_array.nbytes)
-        self._engine.reduce_scatter(send_array, recv_array, counts, ops.resolve(op))
-        self._collective_done()
+        self._collective("Reduce_scatter", send_array.nbytes, timeout=timeout)
+        reduction = ops.resolve(op)
+        self._complete(
+            lambda: self._engine.reduce_scatter(send_array, recv_array, counts, reduction),
+            lambda: self._engine.ireduce_scatter(send_array, recv_array, counts, reduction),
+            (send_array, recv_array))
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM,  # noqa: N802
+                             timeout: Any = None) -> None:
         recv_array = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
-        self.Reduce_scatter(sendbuf, recvbuf, [recv_array.size] * self.size, op)
+        self.Reduce_scatter(sendbuf, recvbuf, [recv_array.size] * self.size, op, timeout)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Allgather(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         send_array = _buffer(sendbuf, "Allgather sendbuf")
         recv_array = _buffer(recvbuf, "Allgather recvbuf")
         _gathers_into(send_array, recv_array, self.size, "Allgather")
-        self._collective("Allgather", send_array.nbytes)
-        self._engine.allgather(send_array, recv_array)
-        self._collective_done()
+        self._collective("Allgather", send_array.nbytes, timeout=timeout)
+        self._complete(lambda: self._engine.allgather(send_array, recv_array),
+                       lambda: self._engine.iallgather(send_array, recv_array),
+                       (send_array, recv_array))
 
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))

@@ -1,7 +1,8 @@
 """The collectives of the learner's ``comm`` that move blocks rather than reduce them: Gather,
 Scatter, Allgatherv, Alltoall and Alltoallv, with mpi4py's signatures. Like the others (collectives.py) each
 is counted, watched in the slot, moved on the online clock and traced as one "coll" event, which
-the replay expands into the algorithm runtime/clock/collectives_cost.py documents with its cost.
+the replay expands into the algorithm runtime/clock/collectives_cost.py documents with its cost;
+each takes a ``timeout=`` as they do.
 
 ``vector_layout`` reads mpi4py's vector buffer specifications (``[buf, counts]``,
 ``[buf, (counts, displs)]``, ``[buf, counts, displs, MPI.DOUBLE]``, ...) for the v-forms; the
@@ -10,11 +11,11 @@ learner's sealed client (runtime/seal/client.py) uses it too, so both say the sa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..engines.base import Engine
+from ..engines.base import Engine, EngineRequest
 from .collectives import _is_mpi_in_place
 from .requests import IN_PLACE, _buffer
 
@@ -32,13 +33,15 @@ class Gathers:
         raise NotImplementedError
 
     def _collective(self, op: str, nbytes: int, root: int = -1,
-                    per_peer: tuple[int, ...] | None = None) -> None:
+                    per_peer: tuple[int, ...] | None = None, timeout: Any = None) -> None:
         raise NotImplementedError
 
-    def _collective_done(self) -> None:
+    def _complete(self, run: Callable[[], None], start: Callable[[], EngineRequest],
+                  buffers: Any) -> None:
         raise NotImplementedError
 
-    def Gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0) -> None:  # noqa: N802
+    def Gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0,  # noqa: N802
+               timeout: Any = None) -> None:
         """The root's recvbuf holds every rank's sendbuf, in rank order (recvbuf matters on the
         root only)."""
         root = self._peer(root, "root")
@@ -47,11 +50,12 @@ class Gathers:
         if self._engine.rank == root:
             recv = _buffer(recvbuf, "Gather recvbuf")
             _blocks_fit(recv, send, self._engine.size, "Gather", "recvbuf", "sendbuf")
-        self._collective("Gather", send.nbytes, root)
-        self._engine.gather(send, recv, root)
-        self._collective_done()
+        self._collective("Gather", send.nbytes, root, timeout=timeout)
+        self._complete(lambda: self._engine.gather(send, recv, root),
+                       lambda: self._engine.igather(send, recv, root), (send, recv))
 
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0,  # noqa: N802
+                timeout: Any = None) -> None:
         """Rank r's recvbuf receives the r-th of the root's ``size`` equal blocks of sendbuf."""
         root = self._peer(root, "root")
         recv = block_buffer(recvbuf, "Scatter recvbuf")
@@ -59,11 +63,11 @@ class Gathers:
         if self._engine.rank == root:
             send = _buffer(sendbuf, "Scatter sendbuf")
             _blocks_fit(send, recv, self._engine.size, "Scatter", "sendbuf", "recvbuf")
-        self._collective("Scatter", recv.nbytes, root)
-        self._engine.scatter(send, recv, root)
-        self._collective_done()
+        self._collective("Scatter", recv.nbytes, root, timeout=timeout)
+        self._complete(lambda: self._engine.scatter(send, recv, root),
+                       lambda: self._engine.iscatter(send, recv, root), (send, recv))
 
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         """Every rank's sendbuf, each at its displacement of recvbuf: ``recvbuf`` is
         ``[buf, counts]``, ``[buf, (counts, displs)]`` or either with a datatype."""
         send = block_buffer(sendbuf, "Allgatherv sendbuf")
@@ -72,11 +76,11 @@ class Gathers:
         if send.dtype != recv.dtype or send.size != counts[me]:
             raise ValueError(f"Allgatherv: rank {me} sends {send.size} x {send.dtype}, but recvbuf "
                              f"holds {counts[me]} x {recv.dtype} for it")
-        self._collective("Allgatherv", send.nbytes)
-        self._engine.allgatherv(send, recv, counts, displs)
-        self._collective_done()
+        self._collective("Allgatherv", send.nbytes, timeout=timeout)
+        self._complete(lambda: self._engine.allgatherv(send, recv, counts, displs),
+                       lambda: self._engine.iallgatherv(send, recv, counts, displs), (send, recv))
 
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         """Block j of sendbuf (``size`` equal blocks) goes to rank j, as block r of its recvbuf
         (r: this rank)."""
         send = block_buffer(sendbuf, "Alltoall sendbuf")
@@ -85,12 +89,11 @@ class Gathers:
         if send.size != recv.size or send.dtype != recv.dtype or send.size % p:
             raise ValueError(f"Alltoall: sendbuf ({send.size} x {send.dtype}) and recvbuf "
                              f"({recv.size} x {recv.dtype}) must be alike and hold {p} equal blocks")
-        self._collective("Alltoall", send.nbytes)
-        self._engine.alltoall(send, recv)
-        self._collective_done()
+        self._collective("Alltoall", send.nbytes, timeout=timeout)
+        self._complete(lambda: self._engine.alltoall(send, recv),
+                       lambda: self._engine.ialltoall(send, recv), (send, recv))
 
-
-    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         """Alltoall with a block of its own size for each pair: ``sendbuf`` and ``recvbuf`` are
         vector buffers (``[buf, counts]``, ``[buf, (counts, displs)]``, ...); rank j gets the
         send layout's j-th block, and rank i's block for this rank lands at the receive
@@ -101,9 +104,11 @@ class Gathers:
         if send.dtype != recv.dtype:
             raise ValueError(f"Alltoallv: sendbuf holds {send.dtype}, recvbuf {recv.dtype}")
         per_peer = tuple(c * send.itemsize for c in send_counts)
-        self._collective("Alltoallv", sum(per_peer), per_peer=per_peer)
-        self._engine.alltoallv(send, (send_counts, send_at), recv, (recv_counts, recv_at))
-        self._collective_done()
+        self._collective("Alltoallv", sum(per_peer), per_peer=per_peer, timeout=timeout)
+        layouts = (send_counts, send_at), (recv_counts, recv_at)
+        self._complete(lambda: self._engine.alltoallv(send, layouts[0], recv, layouts[1]),
+                       lambda: self._engine.ialltoallv(send, layouts[0], recv, layouts[1]),
+                       (send, recv))
 
 
 def block_buffer(buf: Any, what: str) -> np.ndarray:

@@ -147,6 +147,10 @@ class Communicators:
     _clock: Timekeeper | None
     _faults: Any
     _trigger_steps: frozenset[int]
+    _timeout_s: float | None
+
+    def _check_broken(self) -> None:
+        raise NotImplementedError
 
     def _derive(self, engine: Engine, clock: Timekeeper | None) -> Comm:
         """A communicator over ``engine`` (a sub-group of this one's) sharing the rank's book."""
@@ -154,9 +158,11 @@ class Communicators:
 
         ctx = context_of(engine.path)
         self._slot.register(ctx, engine.path, list(engine.world_ranks))
-        return Comm(engine, self._slot, CommStats(), self._eager_limit, self._trace, ctx,
+        made = Comm(engine, self._slot, CommStats(), self._eager_limit, self._trace, ctx,
                     self._compute_multiplier, self._device_flops, clock, self._faults,
                     self._trigger_steps, self._book)
+        made._timeout_s = self._timeout_s  # it starts with this one's timeout (timed.py)
+        return made
 
     def _clock_split(self, color: int, key: int) -> Timekeeper | None:
         return self._clock.split(color, key) if self._clock is not None else None
@@ -169,6 +175,7 @@ class Communicators:
         communicator, ordered by (key, rank here). A rank whose color is UNDEFINED gets None
         (mpi4py's COMM_NULL)."""
         color, key = split_color(color), int(key)
+        self._check_broken()
         sub = self._engine.split(color, key)
         side = self._clock_split(color, key)
         return self._derive(sub, side) if sub is not None else None

@@ -15,6 +15,8 @@ this proxy, which
   mpi4py's lowercase calls on Python objects (``objects.py``) and sub-communicators
   (``groups.py``: Split, Dup, Create_group, Free), which share the rank's slot, trace, clock,
   fault plan and marks (``RankBook``) and count their own calls into the rank's totals;
+* gives up a blocking call at its timeout (``comm.set_timeout``, a call's ``timeout=``:
+  ``timed.py``) with ``distlab.CommTimeout``;
 * sends above the eager limit synchronously, as real MPI transports do, so that two ranks doing a
   blocking ``Send`` to each other deadlock the same way on every engine and every transport; and
   times them so on the online clock: an eager send is done once copied out (its sender does not
@@ -29,8 +31,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
-from ..trace.events import COMPUTE, MARK, TraceRecorder
+from ..trace.events import TraceRecorder
 from .collectives import Collectives
+from .declared import Declarations
+from .faulted import MessageFaultsApplied
 from .gathers import Gathers
 from .groups import Communicators, RankBook
 from .objects import ObjectCalls
@@ -39,13 +43,15 @@ from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
 from .store import StoreAccess
+from .timed import TimedCalls
 
 if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (rank/worker.py)
-    from ..faults.decide import MessageAction, MessageFaults
+    from ..faults.decide import MessageFaults
 
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
-class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls):
+class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers, Communicators,
+           Probes, StoreAccess, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE
@@ -88,6 +94,9 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         # function returns without completing is a bug MPI punishes later (unwaited()).
         self._outstanding: set[Request] = set()
         self._icoll_free_at = 0.0
+        self._timeout_s: float | None = None  # set_timeout's (timed.py)
+        self._broken: str | None = None  # why a timed-out collective left this unusable
+        self._coll_limit: float | None = None
         # Read on every call: kept as plain attributes rather than looked up through the engine.
         self._size = engine.size
         self._world_ranks = list(engine.world_ranks)
@@ -126,11 +135,6 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         return self._engine
 
     @property
-    def step(self) -> int:
-        """The current training step (0 before and during the first marked step)."""
-        return max(self._book.steps_started - 1, 0)
-
-    @property
     def marked(self) -> list[tuple[str, CommStats]]:
         """Every mark of the rank, on any of its communicators, with the rank's totals then."""
         return self._book.marked
@@ -152,97 +156,11 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
             return peer  # the common case, answered first: this runs on every call
         return peer_rank(peer, what, self._size, wildcard)
 
-    def _outgoing(self, dest: int, tag: int, nbytes: int) -> tuple[MessageAction | None, float]:
-        """Applies the fault plan to one outgoing message; returns (action, virtual arrival)."""
-        action = None
-        if self._faults is not None:
-            dst = self._world(dest)
-            k = self._attempts.get(dst, 0)
-            self._attempts[dst] = k + 1
-            action = self._faults.decide(dst, nbytes, tag, k, self.step, self.now())
-            if action.untouched:
-                action = None
-            elif action.hang:
-                self._hang()
-            elif action.wall_sleep_s > 0:
-                self._slot.set(1, "delay")
-                time.sleep(action.wall_sleep_s)
-        arrival = self._clock.arrival(dest, nbytes, action) if self._clock is not None else 0.0
-        return action, arrival
-
-    def _hang(self) -> None:
-        """A `hung` fault: this call never returns (the supervisor or a watchdog must act)."""
-        self._slot.blocked("hung", ())
-        while True:
-            time.sleep(3600)
-
-    def _check_hung(self) -> None:
-        if self._faults is not None and self._faults.on_call(self.step, self.now()):
-            self._hang()
-
     def _advance(self, requests: Sequence[Request]) -> None:
         if self._clock is not None:
             self._clock.advance_to(max(r.arrival for r in requests))
 
-    # -- what problem code declares (not part of mpi4py's API) -------------------------------
-
-    def compute(self, seconds: float | None = None, flops: float | None = None, label: str = "") -> None:
-        """Declares work for the virtual clock: seconds, or FLOPs over this rank's device."""
-        if (seconds is None) == (flops is None):
-            raise TypeError("compute() takes seconds= or flops=, exactly one")
-        if flops is not None:
-            if not self._device_flops:
-                raise ValueError("compute(flops=...) needs a platform with a device profile")
-            seconds = flops / self._device_flops
-        assert seconds is not None
-        seconds *= self._compute_multiplier
-        if self._clock is not None:
-            self._clock.compute(seconds)
-        if self._trace is not None:
-            now = time.perf_counter()
-            self._trace.add((COMPUTE, seconds, label, now, now))
-
-    def now(self) -> float:
-        """This rank's virtual time, in seconds (0 when no virtual clock runs)."""
-        return self._clock.now if self._clock is not None else 0.0
-
-    def mark(self, name: str) -> None:
-        """A point in the trace, such as the start of a training step.
-
-        ``mark("step")`` at the start of each training step also numbers the steps from 0, which
-        fault plans trigger on (``at_step = 30``: when step 30 starts)."""
-        book = self._book
-        if name == "step":
-            book.steps_started += 1
-            self._slot.set_step(book.steps_started - 1)
-            if self.step in self._trigger_steps:
-                # Give the supervisor's 50 ms poll time to act at exactly this step.
-                time.sleep(0.15)
-        book.marked.append((name, book.totals()))
-        if self._trace is not None:
-            now = time.perf_counter()
-            self._trace.add((MARK, name, now, now))
-
     # -- recording ---------------------------------------------------------------------------
-
-    def _send_fault(self, dest: int, action: MessageAction | None) -> tuple[float, float, bool] | None:
-        """How the replay must treat a faulted send: (extra latency, bandwidth factor, dropped)."""
-        if action is None:
-            return None
-        if action.drop:
-            return (0.0, 1.0, True)
-        held = max((action.hold_until_s or 0.0) - self.now(), 0.0)
-        return (action.extra_latency_s + held, self._clock_beta_factor(dest, action), False)
-
-    def _clock_beta_factor(self, dest: int, action: MessageAction) -> float:
-        """How much of the route's bandwidth a faulted message gets (1.0: all of it)."""
-        if action.bandwidth_factor == 1.0 and action.bandwidth_cap_gbps is None:
-            return 1.0
-        if self._clock is None:
-            return action.bandwidth_factor
-        route_beta = self._clock.route_beta(dest)
-        slowed = action.effective_beta(route_beta)
-        return route_beta / slowed if slowed > 0 else 1.0
 
     def _record_wait(self, requests: Sequence[Request], wall0: float) -> None:
         if self._trace is None:
@@ -262,15 +180,19 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
     # engine, and then counts and records with plain attribute and dict operations. The fault
     # plan and the online clock cost nothing when they are off.
 
-    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._send(buf, dest, tag, synchronous=None)
+    def Send(self, buf: Any, dest: int, tag: int = 0, timeout: Any = None) -> None:  # noqa: N802
+        self._send(buf, dest, tag, None, timeout, "Send")
 
-    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._send(buf, dest, tag, synchronous=True)
+    def Ssend(self, buf: Any, dest: int, tag: int = 0, timeout: Any = None) -> None:  # noqa: N802
+        self._send(buf, dest, tag, True, timeout, "Ssend")
 
-    def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None) -> None:
+    def _send(self, buf: Any, dest: int, tag: int, synchronous: bool | None, timeout: Any,
+              call: str) -> None:
         array = _buffer(buf, "Send buffer")
         dest, tag = self._peer(dest, "dest"), _tag(tag)
+        if self._broken is not None:
+            self._check_broken()
+        limit = self._timeout_s if timeout is None else self._limit(timeout, call)
         nbytes = array.nbytes
         if synchronous is None:
             synchronous = nbytes > self._eager_limit
@@ -282,14 +204,18 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         # Read before the send moves the clock: a held message waits from now.
         fault = self._send_fault(dest, action) if action is not None else None
         wall0 = time.perf_counter()
+        sent = True
         if action is None or not action.drop:
             if self._clock is not None:
                 # The stamp goes first: the receiver must never wait for it once the message is in.
                 self._clock.send_stamp(dest, tag, arrival)
             self._slot.blocked_on("Send", dst, -1, nbytes, self._ctx)
-            self._engine.send(array, dest, tag, synchronous)
+            if limit is None or not synchronous:  # an eager send never waits for its receiver
+                self._engine.send(array, dest, tag, synchronous)
+            else:
+                sent = self._timed_send(array, dest, tag, limit, wall0)
             self._slot.running()
-            if self._clock is not None:
+            if self._clock is not None and sent:
                 # Eager: done once copied out; a rendezvous, once the bytes have moved.
                 self._clock.advance_to(self._clock.send_done(arrival, synchronous))
         stats = self.stats
@@ -297,14 +223,23 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         stats.op_bytes["Send"] += nbytes
         stats.sent_msgs[dst] += 1
         stats.sent_bytes[dst] += nbytes
+        if not sent:  # the message stays under way, posted: it may still be received
+            if self._trace is not None:
+                self._trace.send(self._ctx, dst, tag, nbytes, fault, wall0)
+            assert limit is not None
+            raise self._timed_out(call, dest, limit, wall0, "no rank took the message")
         if self._trace is not None:
             self._trace.blocking_send(self._ctx, dst, tag, nbytes, fault, wall0, time.perf_counter())
 
     def Recv(  # noqa: N802
-        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None
+        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None,
+        timeout: Any = None,
     ) -> None:
         array = _buffer(buf, "Recv buffer")
         source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
+        if self._broken is not None:
+            self._check_broken()
+        limit = self._timeout_s if timeout is None else self._limit(timeout, "Recv")
         if self._faults is not None:
             self._check_hung()
         nbytes = array.nbytes
@@ -312,7 +247,10 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         src = world[source] if source >= 0 else -1
         wall0 = time.perf_counter()
         self._slot.blocked_on("Recv", src, -1, nbytes, self._ctx)
-        got_source, got_tag = self._engine.recv(array, source, tag)
+        if limit is None:
+            got_source, got_tag = self._engine.recv(array, source, tag)
+        else:
+            got_source, got_tag = self._timed_recv(array, source, tag, limit, wall0)
         self._slot.running()
         got_src = world[got_source]
         stats = self.stats
@@ -332,6 +270,7 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array = _buffer(buf, "Isend buffer")
         dest, tag = self._peer(dest, "dest"), _tag(tag)
+        self._check_broken()
         self._check_hung()
         nbytes = array.nbytes
         action, arrival = self._outgoing(dest, tag, nbytes)
@@ -358,6 +297,7 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         array = _buffer(buf, "Irecv buffer")
         source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
+        self._check_broken()
         self._check_hung()
         self.stats.count_call("Irecv", array.nbytes)
         req = 0
@@ -376,6 +316,7 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         source: int = ANY_SOURCE,
         recvtag: int = ANY_TAG,
         status: Any = None,
+        timeout: Any = None,
     ) -> None:
         if recvbuf is None:
             raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
@@ -383,6 +324,8 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
         recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
         dest, sendtag = self._peer(dest, "dest"), _tag(sendtag)
         source, recvtag = self._peer(source, "source", wildcard=True), _tag(recvtag)
+        self._check_broken()
+        limit = self._limit(timeout, "Sendrecv")
         send_nbytes, recv_nbytes = send_array.nbytes, recv_array.nbytes
         action, arrival = None, 0.0
         if self._faults is not None or self._clock is not None:
@@ -400,33 +343,46 @@ class Comm(Collectives, Gathers, Communicators, Probes, StoreAccess, ObjectCalls
             self._clock.send_stamp(dest, sendtag, arrival)
         # The receive side first: a Sendrecv waits for its source to send (see waitfor.py).
         self._slot.blocked_on("Sendrecv", src, dst, send_nbytes, self._ctx)
-        if dropped:
-            got_source, got_tag = self._engine.recv(recv_array, source, recvtag)
+        if limit is None:
+            if dropped:
+                matched: tuple[int, int] | None = self._engine.recv(recv_array, source, recvtag)
+            else:
+                matched = self._engine.sendrecv(send_array, dest, sendtag, recv_array, source, recvtag)
+            delivered = True
         else:
-            got_source, got_tag = self._engine.sendrecv(
-                send_array, dest, sendtag, recv_array, source, recvtag
-            )
+            matched, delivered = self._timed_exchange(
+                None if dropped else send_array, dest, sendtag, rendezvous, recv_array, source,
+                recvtag, limit, wall0)
         self._slot.running()
-        got_src = world[got_source]
         stats = self.stats
         stats.calls["Sendrecv"] += 1
         stats.op_bytes["Sendrecv"] += send_nbytes
         stats.sent_msgs[dst] += 1
         stats.sent_bytes[dst] += send_nbytes
-        stats.recv_msgs[got_src] += 1
-        stats.recv_bytes[got_src] += recv_nbytes
+        if matched is not None:
+            got_src = world[matched[0]]
+            stats.recv_msgs[got_src] += 1
+            stats.recv_bytes[got_src] += recv_nbytes
         if self._clock is not None:
-            received = self._clock.receive_stamp(got_source, got_tag)
-            sent = 0.0 if dropped else self._clock.send_done(arrival, rendezvous)
-            self._clock.advance_to(max(received, sent))
+            # A message taken has its stamp taken too, even by a call that then gives up.
+            received = self._clock.receive_stamp(*matched) if matched is not None else 0.0
+            sent = 0.0 if dropped or not delivered else self._clock.send_done(arrival, rendezvous)
+            if matched is not None and delivered:
+                self._clock.advance_to(max(received, sent))
+        if matched is None or not delivered:
+            assert limit is not None
+            self._trace_parts(dst, sendtag, send_nbytes, fault, src, recvtag,
+                              recv_nbytes, matched, wall0)
+            why = "no message came" if matched is None else "no rank took its message"
+            raise self._timed_out("Sendrecv", source if matched is None else dest, limit, wall0,
+                                  why)
         if self._trace is not None:
             self._trace.sendrecv(
                 self._ctx, dst, sendtag, send_nbytes, fault, src, recvtag, recv_nbytes,
-                got_src, got_tag, wall0, time.perf_counter(),
+                world[matched[0]], matched[1], wall0, time.perf_counter(),
             )
         if status is not None:
-            _fill_status(status, got_source, got_tag, recv_array.size)
-
+            _fill_status(status, matched[0], matched[1], recv_array.size)
 
 def _tag(tag: Any) -> int:
     return tag if type(tag) is int else int(tag)

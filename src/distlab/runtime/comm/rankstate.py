@@ -18,8 +18,9 @@ from pathlib import Path
 
 # Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
 # since, training step (counted by problem code's comm.mark("step"); process faults trigger on it),
-# the context of the communicator the call is on (0: the task's; others: see ``register``).
-_FORMAT = "<BBBBI4iqdIq"
+# the context of the communicator the call is on (0: the task's; others: see ``register``), and
+# when a call with a timeout gives up (time.monotonic(); 0: it has none).
+_FORMAT = "<BBBBI4iqdIqd"
 SIZE = struct.calcsize(_FORMAT)
 MAX_PEERS = 4
 
@@ -103,6 +104,7 @@ class _Record(ctypes.LittleEndianStructure):
         ("since", ctypes.c_double),
         ("step", ctypes.c_uint32),
         ("comm", ctypes.c_int64),
+        ("until", ctypes.c_double),
     ]
 
 
@@ -152,6 +154,7 @@ class RankSlot:
         record.since = time.monotonic()
         record.step = self.step & 0xFFFFFFFF
         record.comm = comm
+        record.until = 0.0
         self._publish(state)
 
     def _publish(self, state: int) -> None:
@@ -177,9 +180,17 @@ class RankSlot:
         record.op = OP_CODE[op]
         record.nbytes = nbytes
         record.comm = comm
+        record.until = 0.0
         self._seq += 1
         record.state = BLOCKED
         record.seq = self._seq & 0xFFFFFFFF
+
+    def gives_up_at(self, until: float) -> None:
+        """The call just marked blocked has a timeout: it returns by ``until`` (time.monotonic()),
+        so the supervisor must not take its wait for a deadlock."""
+        self._record.until = until
+        self._seq += 1
+        self._record.seq = self._seq & 0xFFFFFFFF
 
     def running(self) -> None:
         # The supervisor reads the state and the sequence number; the rest may stay stale.
@@ -219,6 +230,9 @@ class NullSlot:
     def running(self) -> None:
         pass
 
+    def gives_up_at(self, until: float) -> None:
+        pass
+
 
 @dataclass(frozen=True)
 class RankState:
@@ -232,6 +246,12 @@ class RankState:
     task: int = 0
     step: int = 0
     comm: int = 0  # the context of the communicator it waits in (0: the task's)
+    until: float = 0.0  # when its call gives up (time.monotonic()), 0 for a call without timeout
+
+    @property
+    def timed(self) -> bool:
+        """Blocked in a call that returns by itself at its timeout."""
+        return self.state == "blocked" and self.until > 0
 
     def describe(self, communicator: Communicator | None = None) -> str:
         """What the rank does, in a line; ``communicator``: the one it waits in, if not the
@@ -258,7 +278,12 @@ class RankState:
             "Probe": "waits for a message from",
         }.get(self.op, f"is blocked in {self.op} with")
         size = f" ({self.nbytes} bytes)" if self.nbytes else ""
-        return f"rank {self.rank} {verb} {who} in {self.op}{size}{on}"
+        return f"rank {self.rank} {verb} {who} in {self.op}{size}{on}{self._giving_up()}"
+
+    def _giving_up(self) -> str:
+        if not self.timed:
+            return ""
+        return f", and gives up in {max(self.until - time.monotonic(), 0.0):.1f} s"
 
 
 def read_state(job_dir: Path, rank: int) -> RankState | None:
@@ -268,10 +293,9 @@ def read_state(job_dir: Path, rank: int) -> RankState | None:
         return None
     if len(data) < SIZE:
         return None
-    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step, comm = struct.unpack_from(
-        _FORMAT, data
-    )
+    state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step, comm, until = (
+        struct.unpack_from(_FORMAT, data))
     peers = (p0, p1, p2, p3)[:npeers]
     name = STATE_NAMES[state] if state < len(STATE_NAMES) else "unknown"
     op_name = OPS[op] if op < len(OPS) else "?"
-    return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step, comm)
+    return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step, comm, until)

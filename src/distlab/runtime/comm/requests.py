@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ...ops import as_numpy
-from ..engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED, EngineRequest
+from ..engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED, EngineRequest, finished_by
 from .rankstate import ALL_PEERS
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class _Completed:
     def test(self) -> bool:
         return True
 
+    def cancel(self) -> bool:
+        return False
+
 
 class Request:
     """A pending Isend, Irecv or Iallreduce, as mpi4py's ``MPI.Request``."""
@@ -180,11 +183,21 @@ class Request:
             return (ALL_PEERS,)  # a collective waits for every rank of its group
         return (self._comm._world(self._peer),)
 
-    def Wait(self, status: Any = None) -> None:  # noqa: N802
+    def _peer_named(self) -> Any:
+        """Whom a timed-out wait on this request waited on, as CommTimeout names it."""
+        return tuple(range(self._comm.size)) if self._collective is not None else self._peer
+
+    def Wait(self, status: Any = None, timeout: Any = None) -> None:  # noqa: N802
+        """Blocks until the request completes; with a ``timeout`` (or the communicator's:
+        comm.set_timeout), raises distlab.CommTimeout after it, the request still pending."""
         if not self._completed:
             comm = self._comm
+            limit = comm._limit(timeout, "Wait")
             comm._slot.blocked("Wait", self._peers(), self._nbytes, comm._ctx)
             wall0 = time.perf_counter()
+            if limit is not None and not finished_by(self._inner, comm._deadline(limit, wall0)):
+                raise comm._timed_out("Wait", self._peer_named(), limit, wall0,
+                                      "the request did not complete")
             source, tag = self._inner.wait()
             comm._slot.running()
             self._finish(source, tag)
@@ -226,11 +239,15 @@ class Request:
                 self.arrival = self._comm._clock.receive_stamp(source, tag)
 
     @staticmethod
-    def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:  # noqa: N802
+    def Waitall(requests: Sequence["Request"], statuses: Any = None,  # noqa: N802
+                timeout: Any = None) -> None:
+        """Completes every request; with a ``timeout``, raises distlab.CommTimeout if they have
+        not all completed by then, completing none of them."""
         if requests and not isinstance(requests[0], Request):
             # Learner code calls distlab.Request.Waitall; sealed, its requests are the client's
             # (runtime/seal/client.py), which wait through the agent.
-            return type(requests[0]).Waitall(requests, statuses)  # type: ignore[no-any-return]
+            return type(requests[0]).Waitall(requests, statuses,  # type: ignore[no-any-return]
+                                             timeout=timeout)
         pending = [r for r in requests if not r._completed]
         if not pending:
             return
@@ -241,8 +258,14 @@ class Request:
             op, peers = "Wait", (ALL_PEERS,)
         else:
             op, peers = "Waitall", tuple(comm._world(r._peer) for r in pending)
+        limit = comm._limit(timeout, "Waitall")
         comm._slot.blocked(op, peers, sum(r._nbytes for r in pending), comm._ctx)
         wall0 = time.perf_counter()
+        if limit is not None:
+            every = _Every([r._inner for r in pending])
+            if not finished_by(every, comm._deadline(limit, wall0)):
+                raise comm._timed_out("Waitall", _peers_of([r for r in pending]), limit, wall0,
+                                      f"{every.left} of its {len(pending)} requests did not complete")
         for request in pending:
             source, tag = request._inner.wait()
             request._finish(source, tag)
@@ -251,26 +274,30 @@ class Request:
         comm._advance(pending)
 
     @staticmethod
-    def Waitany(requests: Sequence["Request"], status: Any = None) -> int:  # noqa: N802
+    def Waitany(requests: Sequence["Request"], status: Any = None,  # noqa: N802
+                timeout: Any = None) -> int:
         """Waits until one of the requests completes and returns its index (mpi4py's
-        ``MPI.UNDEFINED`` when none is pending); a completed one is never returned twice."""
+        ``MPI.UNDEFINED`` when none is pending); a completed one is never returned twice. With
+        a ``timeout``, raises distlab.CommTimeout if none has completed by then."""
         if requests and not isinstance(requests[0], Request):
-            return type(requests[0]).Waitany(requests, status)  # type: ignore[no-any-return]
+            return type(requests[0]).Waitany(requests, status,  # type: ignore[no-any-return]
+                                             timeout=timeout)
         pending = [(i, r) for i, r in enumerate(requests) if not r._completed]
         if not pending:
             return UNDEFINED
         comm = pending[0][1]._comm
         peers = tuple(dict.fromkeys(p for _, r in pending for p in r._peers()))
+        limit = comm._limit(timeout, "Waitany")
         comm._slot.blocked("Waitany", peers, sum(r._nbytes for _, r in pending), comm._ctx)
         wall0 = time.perf_counter()
-        pause = 20e-6
-        while True:
-            done = next(((i, r) for i, r in pending if r._inner.test()), None)
-            if done is not None:
-                break
-            time.sleep(pause)  # engines have no wait-for-any: poll, backing off to 1 ms
-            pause = min(pause * 2, 1e-3)
-        index, request = done
+        # Engines have no wait-for-any: poll (finished_by backs off to 1 ms).
+        anyone = _Any([r._inner for _, r in pending])
+        deadline = comm._deadline(limit, wall0) if limit is not None else float("inf")
+        if not finished_by(anyone, deadline):
+            assert limit is not None
+            raise comm._timed_out("Waitany", _peers_of([r for _, r in pending]), limit, wall0,
+                                  f"none of its {len(pending)} requests completed")
+        index, request = pending[anyone.first]
         source, tag = request._inner.wait()
         request._finish(source, tag)
         comm._slot.running()
@@ -291,3 +318,34 @@ class Request:
         if pending:
             Request.Waitall(pending)  # each one is done: this returns at once
         return True
+
+
+def _peers_of(requests: list[Request]) -> Any:
+    """Whom requests that timed out waited on: a rank, or a tuple of ranks when several."""
+    named = [r._peer_named() for r in requests]
+    peers = tuple(dict.fromkeys(p for n in named for p in (n if isinstance(n, tuple) else (n,))))
+    return peers[0] if len(peers) == 1 else peers
+
+
+class _Every:
+    """Several engine requests as one, done when all are (for a Waitall with a timeout)."""
+
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self._requests = requests
+        self.left = len(requests)
+
+    def test(self) -> bool:
+        self.left = sum(1 for r in self._requests if not r.test())
+        return self.left == 0
+
+
+class _Any:
+    """Several engine requests as one, done when one is: ``first`` is its index."""
+
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self._requests = requests
+        self.first = -1
+
+    def test(self) -> bool:
+        self.first = next((i for i, r in enumerate(self._requests) if r.test()), -1)
+        return self.first >= 0

@@ -12,8 +12,10 @@ wait, delete_key, num_keys) on keys of the task alone (a prefix per task), and a
 * faulted: a hung rank's call never returns, and a rank the fault plan cuts off the store (a
   partition that puts it on another side than rank 0, beside which the store lives, or a dead
   fault) waits its timeout and gets a ``CommTimeout``, as a real client on the far side would;
-* a get or wait past its timeout (``timeout=`` seconds, else the store's own, 300 s) raises
-  ``distlab.CommTimeout`` naming the call, the key and the time waited.
+* a get or wait past its timeout raises ``distlab.CommTimeout`` naming the call, the key and the
+  time waited, charged on the virtual clock as any call's timeout (runtime/comm/timed.py). The
+  timeout is the call's ``timeout=``, else the store's (``set_timeout``), else the task
+  communicator's (``comm.set_timeout``), else 300 s.
 
 Keys are strings; values ``bytes`` or ``str`` (stored as UTF-8), as TCPStore takes them.
 """
@@ -26,7 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..trace.events import STORE
-from .errors import CommTimeout
+from .errors import timeout_seconds
 
 if TYPE_CHECKING:
     from .proxy import Comm
@@ -58,12 +60,7 @@ def store_value(value: Any) -> bytes:
 
 
 def _seconds(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if not seconds > 0:
-        raise ValueError(f"a store timeout is a number of seconds > 0, not {timeout!r}")
-    return seconds
+    return None if timeout is None else timeout_seconds(timeout, "store")
 
 
 class Store:
@@ -76,7 +73,7 @@ class Store:
                                   timeout=timedelta(seconds=DEFAULT_TIMEOUT_S))
         self._store = dist.PrefixStore(link.prefix, self._tcp)
         self._comm = comm  # the task's communicator: its counters, slot, trace, faults, step
-        self._timeout_s = DEFAULT_TIMEOUT_S
+        self._timeout_s: float | None = None  # set_timeout's
 
     # -- TCPStore's calls ------------------------------------------------------------------
 
@@ -104,7 +101,7 @@ class Store:
     def wait(self, keys: Sequence[str], timeout: Any = None) -> None:
         names = [store_key(k) for k in keys]
         seconds = _seconds(timeout)
-        limit = timedelta(seconds=seconds if seconds is not None else self._timeout_s)
+        limit = timedelta(seconds=self._waits(seconds))
         self._call("wait", ",".join(names), 0, seconds, lambda: self._store.wait(names, limit))
 
     def delete_key(self, key: str) -> bool:
@@ -117,47 +114,56 @@ class Store:
 
     def set_timeout(self, timeout: Any) -> None:
         """The timeout of every later get and wait without a ``timeout=`` of its own."""
-        seconds = _seconds(timeout)
-        if seconds is None:
-            raise ValueError("a store timeout is a number of seconds > 0, not None")
-        self._timeout_s = seconds
+        self._timeout_s = timeout_seconds(timeout, "store")
 
     # -- around each call ------------------------------------------------------------------
+
+    def _waits(self, timeout_s: float | None) -> float:
+        """How long a get or wait may wait (see the module docstring)."""
+        for seconds in (timeout_s, self._timeout_s, self._comm.get_timeout()):
+            if seconds is not None:
+                return seconds
+        return DEFAULT_TIMEOUT_S
 
     def _call(self, op: str, key: str, nbytes: int, timeout_s: float | None, call: Any) -> Any:
         """Makes ``call`` (the store's own) as the module docstring says: counted and traced
         whether it succeeds or not (a get that timed out was still made)."""
         comm = self._comm
         comm._check_hung()
-        waited = timeout_s if timeout_s is not None else self._timeout_s
+        waited = self._waits(timeout_s)
         name, blocking = f"store.{op}", op in ("get", "wait")
         wall0 = time.perf_counter()
         cut = comm._store_cut()
         if blocking:
             comm._slot.blocked(name, (), 0, comm._ctx)
-        made = False
+            comm._slot.gives_up_at(time.monotonic() + waited)
+        why, made = "", False
         try:
             if cut is not None:
                 time.sleep(waited)  # the server never answers a client on the far side
-                raise CommTimeout(name, key, waited, f"the store is out of reach ({cut})")
-            if blocking:
-                self._store.set_timeout(timedelta(seconds=waited))
-            try:
-                result = call()
-            except RuntimeError as error:
-                if "timeout" not in str(error).lower():
-                    raise
-                raise CommTimeout(name, key, waited, "no rank set it in time") from None
-            if op in ("get", "compare_set"):
+                why = f"the store is out of reach ({cut})"
+            else:
+                if blocking:
+                    self._store.set_timeout(timedelta(seconds=waited))
+                try:
+                    result = call()
+                    made = True
+                except RuntimeError as error:
+                    if "timeout" not in str(error).lower():
+                        raise
+                    why = "no rank set it in time"
+            if made and op in ("get", "compare_set"):
                 nbytes = len(result)
-            made = True
-            return result
         finally:
             if blocking:
                 comm._slot.running()
-            comm.stats.count_call(name, nbytes if made else 0)
+            if not why:  # a call that gave up is counted with the others that did (timed.py)
+                comm.stats.count_call(name, nbytes if made else 0)
             if comm._trace is not None:
                 comm._trace.add((STORE, op, key, nbytes, wall0, time.perf_counter()))
+        if why:
+            raise comm._timed_out(name, key, waited, wall0, why)
+        return result
 
     def close(self) -> None:
         del self._store, self._tcp

@@ -14,6 +14,7 @@ how many groups of the same members and tag they made from P before ("P/g<tag>.<
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Protocol
 
 import numpy as np
@@ -34,6 +35,12 @@ class EngineRequest(Protocol):
 
     def test(self) -> bool:
         """True once the operation has completed (then ``wait`` returns at once)."""
+        ...
+
+    def cancel(self) -> bool:
+        """Withdraws a receive that has not matched yet (made with ``cancellable``); True when it
+        is withdrawn, False when it had completed (or is a send or a collective, which cannot
+        be withdrawn: they stay under way)."""
         ...
 
 
@@ -58,7 +65,10 @@ class Engine(Protocol):
         """Nonblocking send; ``synchronous=False`` (below the eager limit) may complete at once."""
         ...
 
-    def irecv(self, buf: np.ndarray, source: int, tag: int) -> EngineRequest: ...
+    def irecv(self, buf: np.ndarray, source: int, tag: int, cancellable: bool = False) -> EngineRequest:
+        """Nonblocking receive; ``cancellable``: its request's ``cancel`` may withdraw it (a
+        receive with a timeout), which costs gloo a copy (engines/gloo_orphans.py)."""
+        ...
 
     def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
         """(source, tag, bytes) of a message that a receive from (source, tag) would match,
@@ -109,6 +119,28 @@ class Engine(Protocol):
         """Element-wise reduction of ``sendbuf``; rank r receives the r-th block of ``counts``."""
         ...
 
+    # The nonblocking form of each blocking collective, with the blocking one's arguments: what a
+    # call with a timeout polls until its deadline (runtime/comm/timed.py).
+
+    def ibarrier(self) -> EngineRequest: ...
+
+    def ireduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> EngineRequest: ...
+
+    def ireduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                        op: Op) -> EngineRequest: ...
+
+    def igather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> EngineRequest: ...
+
+    def iscatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> EngineRequest: ...
+
+    def iallgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                    displs: list[int]) -> EngineRequest: ...
+
+    def ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> EngineRequest: ...
+
+    def ialltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                   recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> EngineRequest: ...
+
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         """``recvbuf`` holds ``size`` blocks of ``sendbuf.size`` elements, in rank order."""
         ...
@@ -154,6 +186,35 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# Requests a call gave up on (its timeout passed) with the arrays under them, kept until the
+# process ends: the engine may still write them, and freeing an array under a live request
+# corrupts MPI's heap.
+_ABANDONED: list[tuple[EngineRequest, object]] = []
+
+
+def abandon(request: EngineRequest, buffers: object = None) -> None:
+    """Lets go of ``request`` without completing it (see ``_ABANDONED``)."""
+    _ABANDONED.append((request, buffers))
+
+
+class Testable(Protocol):
+    def test(self) -> bool: ...
+
+
+def finished_by(request: Testable, deadline: float) -> bool:
+    """Polls ``request`` until it completes (True) or ``time.perf_counter()`` passes ``deadline``
+    (False): neither engine can wait on a request with a time limit. The pause grows from 20 us
+    to 1 ms, so a quick completion is seen at once and a long wait costs little CPU."""
+    pause = 20e-6
+    while not request.test():
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1e-3)
+    return True
 
 
 def split_off(engine: Engine, ranks: list[int]) -> Engine | None:

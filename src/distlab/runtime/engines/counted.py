@@ -61,8 +61,8 @@ class CountedEngine:
         self._count(dest, buf)
         return self._inner.isend(buf, dest, tag, synchronous)
 
-    def irecv(self, buf: np.ndarray, source: int, tag: int) -> EngineRequest:
-        return self._inner.irecv(buf, source, tag)
+    def irecv(self, buf: np.ndarray, source: int, tag: int, cancellable: bool = False) -> EngineRequest:
+        return self._inner.irecv(buf, source, tag, cancellable)
 
     def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
         return self._inner.probe(source, tag, block)
@@ -107,6 +107,33 @@ class CountedEngine:
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._inner.allgather(sendbuf, recvbuf)
+
+    def ibarrier(self) -> EngineRequest:
+        return self._inner.ibarrier()
+
+    def ireduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> EngineRequest:
+        return self._inner.ireduce(sendbuf, recvbuf, op, root)
+
+    def ireduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                        op: Op) -> EngineRequest:
+        return self._inner.ireduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def igather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> EngineRequest:
+        return self._inner.igather(sendbuf, recvbuf, root)
+
+    def iscatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> EngineRequest:
+        return self._inner.iscatter(sendbuf, recvbuf, root)
+
+    def iallgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                    displs: list[int]) -> EngineRequest:
+        return self._inner.iallgatherv(sendbuf, recvbuf, counts, displs)
+
+    def ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> EngineRequest:
+        return self._inner.ialltoall(sendbuf, recvbuf)
+
+    def ialltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                   recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> EngineRequest:
+        return self._inner.ialltoallv(sendbuf, send_layout, recvbuf, recv_layout)
 
     def gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
         self._inner.gather(sendbuf, recvbuf, root)

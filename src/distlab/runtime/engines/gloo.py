@@ -43,6 +43,7 @@ import numpy as np
 from ...ops import Op
 from .base import ANY_SOURCE, ANY_TAG, UNDEFINED, GroupNames, child_path
 from .gloo_blocks import BlockCollectives
+from .gloo_orphans import Orphans
 from .gloo_parts import (
     _EAGER,
     WILDCARD_TAG,
@@ -90,6 +91,7 @@ class GlooEngine(BlockCollectives):
         self._splits = 0
         self._names = GroupNames()
         self._mailbox = _SelfMailbox()
+        self._orphans = Orphans()
         self._closed = False
 
     @property
@@ -146,7 +148,8 @@ class GlooEngine(BlockCollectives):
         work = self._group.send([tensor], dest, tag)
         return _Request(work, tensor, is_recv=False, source=dest, tag=tag)
 
-    def irecv(self, buf: np.ndarray, source: int, tag: int) -> _Request | _Done | _SelfRecv:
+    def irecv(self, buf: np.ndarray, source: int, tag: int,
+              cancellable: bool = False) -> _Request | _Done | _SelfRecv:
         self._check_eager()
         if source == self.rank:
             return self._mailbox.post(buf, tag, self.rank)
@@ -156,7 +159,11 @@ class GlooEngine(BlockCollectives):
                 return _Done(self.rank, got_tag)
         torch, _ = _torch()
         gloo_tag = WILDCARD_TAG if tag == ANY_TAG else tag
-        tensor = _bytes(buf, into=True)
+        writable = _bytes(buf, into=True)  # refuses a read-only buffer, cancellable or not
+        orphan = self._orphans.adopt(source, gloo_tag, buf)
+        if orphan is not None:
+            return orphan  # it takes this receive's message (engines/gloo_orphans.py)
+        tensor = torch.empty_like(writable) if cancellable else writable
         if source == ANY_SOURCE:
             if tensor.numel() == 0:
                 # Gloo refuses an empty buffer for a receive from any source (an empty one from a
@@ -166,6 +173,9 @@ class GlooEngine(BlockCollectives):
             work = self._group.recv_anysource([tensor], gloo_tag)
         else:
             work = self._group.recv([tensor], source, gloo_tag)
+        if cancellable:
+            return _Request(work, tensor, is_recv=True, source=source, tag=gloo_tag, into=buf,
+                            on_orphan=lambda r: self._orphans.add(source, gloo_tag, r))
         return _Request(work, tensor, is_recv=True, source=source, tag=gloo_tag)
 
     def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
@@ -192,18 +202,23 @@ class GlooEngine(BlockCollectives):
     # -- collectives ------------------------------------------------------------------------
     # The arrays come from the proxy (runtime/comm): contiguous, and sendbuf never shares memory with recvbuf.
 
+    # Each blocking collective is its nonblocking form waited on: gloo runs every collective on
+    # its own threads, and a call with a timeout polls the same request (runtime/comm/timed.py).
+
     def barrier(self) -> None:
+        self.ibarrier().wait()
+
+    def ibarrier(self) -> _CollRequest:
         self._check_eager()
-        self._group.barrier().wait()
+        return _CollRequest(self._group.barrier(), None)
 
     def bcast(self, buf: np.ndarray, root: int) -> None:
-        self._check_eager()
-        _, dist = _torch()
-        options = dist.BroadcastOptions()
-        options.rootRank, options.rootTensor = root, 0
-        self._group.broadcast([_bytes(buf, into=self.rank != root)], options).wait()
+        self.ibcast(buf, root).wait()
 
     def reduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> None:
+        self.ireduce(sendbuf, recvbuf, op, root).wait()
+
+    def ireduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> _CollRequest:
         self._check_eager()
         _, dist = _torch()
         # torch reduces in place, and gloo may use the tensor as scratch on the other ranks too:
@@ -216,12 +231,11 @@ class GlooEngine(BlockCollectives):
             work = sendbuf.copy()
         options = dist.ReduceOptions()
         options.rootRank, options.reduceOp = root, _reduce_op(op)
-        self._group.reduce([_typed(work)], options).wait()
+        tensor = _typed(work)
+        return _CollRequest(self._group.reduce([tensor], options), tensor)
 
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> None:
-        self._check_eager()
-        recvbuf.reshape(-1)[...] = sendbuf.reshape(-1)
-        self._all_reduce(_typed(recvbuf), op).wait()
+        self.iallreduce(sendbuf, recvbuf, op).wait()
 
     def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _CollRequest:
         self._check_eager()
@@ -250,36 +264,31 @@ class GlooEngine(BlockCollectives):
         return _CollRequest(self._group.allgather([blocks], [send]), (blocks, send))
 
     def ireduce_scatter_block(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op) -> _CollRequest:
-        # As reduce_scatter below: an allreduce of a copy, this rank's block copied out once done.
-        self._check_eager()
-        whole = sendbuf.reshape(-1).copy()
-        mine = recvbuf.size
-
-        def copy_out() -> None:
-            recvbuf.reshape(-1)[...] = whole[self.rank * mine : (self.rank + 1) * mine]
-
-        return _CollRequest(self._all_reduce(_typed(whole), op), whole, copy_out)
+        return self.ireduce_scatter(sendbuf, recvbuf, [recvbuf.size] * self.size, op)
 
     def reduce_scatter(
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
-        # Gloo has no reduce_scatter. An allreduce gives the same values (the proxy charges the
-        # traffic of a real reduce-scatter in its counters, not this engine).
+        self.ireduce_scatter(sendbuf, recvbuf, counts, op).wait()
+
+    def ireduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                        op: Op) -> _CollRequest:
+        # Gloo has no reduce_scatter. An allreduce of a copy gives the same values, and this
+        # rank's block is copied out once it is done (the proxy charges the traffic of a real
+        # reduce-scatter in its counters, not this engine).
         self._check_eager()
         whole = sendbuf.reshape(-1).copy()
-        self._all_reduce(_typed(whole), op).wait()
-        start = sum(counts[: self.rank])
-        mine = counts[self.rank]
-        recvbuf.reshape(-1)[:mine] = whole[start : start + mine]
+        start, mine = sum(counts[: self.rank]), counts[self.rank]
+
+        def copy_out() -> None:
+            recvbuf.reshape(-1)[:mine] = whole[start : start + mine]
+
+        return _CollRequest(self._all_reduce(_typed(whole), op), whole, copy_out)
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
-        self._check_eager()
         # Views of recvbuf, one block per rank in rank order: gloo copies each rank's block
         # straight into place (zero-length blocks included).
-        out = _bytes(recvbuf, into=True)
-        block = sendbuf.nbytes
-        blocks = [out[i * block : (i + 1) * block] for i in range(self.size)]
-        self._group.allgather([blocks], [_bytes(sendbuf)]).wait()
+        self.iallgather(sendbuf, recvbuf).wait()
 
     # -- groups and ending ------------------------------------------------------------------
 

@@ -75,16 +75,29 @@ class _Done:
     def test(self) -> bool:
         return True
 
+    def cancel(self) -> bool:
+        return False  # done already
+
 
 class _Request:
-    """A pending isend/irecv: torch's ``Work`` plus what MPI's status would report."""
+    """A pending isend/irecv: torch's ``Work`` plus what MPI's status would report.
 
-    def __init__(self, work: Any, keep: Any, is_recv: bool, source: int, tag: int) -> None:
+    A cancellable receive (``into``: the caller's array) lands in ``keep``, a scratch tensor of
+    its own, and is copied into ``into`` when it completes: gloo cannot withdraw a posted
+    receive, so ``cancel`` leaves it posted, as an orphan (``orphaned``) that writes nothing of
+    the caller's, until a later receive adopts it (engines/gloo_orphans.py)."""
+
+    def __init__(self, work: Any, keep: Any, is_recv: bool, source: int, tag: int,
+                 into: np.ndarray | None = None, on_orphan: Any = None) -> None:
         self._work = work
         self._keep = keep  # the tensor under the transfer, alive until it completes
         self._is_recv = is_recv
         self._source = source  # group rank, or ANY_SOURCE until the receive has matched
         self._tag = tag
+        self._into = into
+        self._on_orphan = on_orphan  # hands an orphan to its engine's Orphans
+        self.orphaned = False
+        self.adopted = False  # a later receive took it over (an orphan again goes first)
         self._done = False
         self._waiter: threading.Thread | None = None
         self._finished = threading.Event()
@@ -95,8 +108,33 @@ class _Request:
             # The group rank of the sender (``dist.recv`` does the same; the public
             # ``source_rank`` spelling prints a deprecation warning).
             self._source = int(self._work._source_rank())
-        self._keep = None
+        if self._into is not None and not self.orphaned:
+            target = self._into.reshape(-1).view(np.uint8)
+            landed = self._keep.numpy()
+            target[: landed.size] = landed[: target.size]
+            self._keep = None
+        elif not self.orphaned:
+            self._keep = None
         self._done = True
+
+    def cancel(self) -> bool:
+        """Orphans a cancellable receive not completed yet (see the class docstring); a send,
+        or a receive that completed, stays as it is (False)."""
+        if self._into is None or self.test():
+            return False
+        self.orphaned = True
+        if self._on_orphan is not None:
+            self._on_orphan(self)
+        return True
+
+    def adopt(self, into: np.ndarray) -> _Request:
+        """This orphan as the request of a new receive into ``into`` (from the same source,
+        with the same tag): what it brings, or has brought, is that receive's message."""
+        self._into, self.orphaned, self.adopted = into, False, True
+        if self._done:  # it completed while orphaned: its bytes wait in ``keep``
+            self._done = False
+            self._complete()
+        return self
 
     def wait(self) -> tuple[int, int]:
         if not self._done:
@@ -153,6 +191,9 @@ class _CollRequest:
         if not self._done and self._work.is_completed():
             self.wait()  # returns at once; raises if the collective failed
         return self._done
+
+    def cancel(self) -> bool:
+        return False  # a collective cannot be withdrawn
 
 
 class _EagerSends:
@@ -233,7 +274,7 @@ class _SelfMailbox:
         return None
 
     def post(self, buf: np.ndarray, tag: int, rank: int) -> "_SelfRecv":
-        request = _SelfRecv(rank)
+        request = _SelfRecv(rank, self)
         got_tag = self.take(buf, tag)
         if got_tag is not None:
             request.complete(got_tag)
@@ -241,14 +282,26 @@ class _SelfMailbox:
             self._posted.append((buf, tag, request))
         return request
 
+    def withdraw(self, request: "_SelfRecv") -> bool:
+        """Takes a posted receive back (its timeout passed); False if a send completed it."""
+        for i, (_, _, posted) in enumerate(self._posted):
+            if posted is request:
+                del self._posted[i]
+                return True
+        return False
+
 
 class _SelfRecv:
     """An irecv from the own rank; completed by a later send to self (or never: a deadlock)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, mailbox: _SelfMailbox | None = None) -> None:
         self._rank = rank
+        self._mailbox = mailbox
         self._tag = ANY_TAG
         self._finished = threading.Event()
+
+    def cancel(self) -> bool:
+        return self._mailbox is not None and self._mailbox.withdraw(self)
 
     def complete(self, tag: int) -> None:
         self._tag = tag

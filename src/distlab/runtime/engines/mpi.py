@@ -45,6 +45,16 @@ class _Request:
             self._done = bool(self._request.Test(self._status))
         return self._done
 
+    def cancel(self) -> bool:
+        """Withdraws a receive that has not matched yet (MPI_Cancel); False when it had matched
+        (then it has completed, and ``wait`` returns what it received)."""
+        if self._done:
+            return False
+        self._request.Cancel()
+        self._request.Wait(self._status)
+        self._done = True
+        return bool(self._status.Is_cancelled())
+
 
 class MpiEngine:
     name = "mpi"
@@ -80,7 +90,8 @@ class MpiEngine:
         # MPI's Isend already completes early below the transport's eager limit.
         return _Request(self._comm.Isend(buf, dest=dest, tag=tag), is_recv=False)
 
-    def irecv(self, buf: np.ndarray, source: int, tag: int) -> _Request:
+    def irecv(self, buf: np.ndarray, source: int, tag: int, cancellable: bool = False) -> _Request:
+        # Every MPI receive can be cancelled: ``cancellable`` matters to gloo only.
         return _Request(self._comm.Irecv(buf, source=source, tag=tag), is_recv=True)
 
     def probe(self, source: int, tag: int, block: bool) -> tuple[int, int, int] | None:
@@ -143,6 +154,45 @@ class MpiEngine:
         self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int], op: Op
     ) -> None:
         self._comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=counts, op=_mpi_op(op))
+
+    # The nonblocking forms of the blocking collectives, which a call with a timeout polls
+    # (runtime/comm/timed.py). mpi4py's request holds the buffers until it completes.
+
+    def ibarrier(self) -> _Request:
+        return _Request(self._comm.Ibarrier(), is_recv=False)
+
+    def ireduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Op, root: int) -> _Request:
+        if sendbuf is recvbuf:
+            if self.rank == root:
+                started = self._comm.Ireduce(_mpi().IN_PLACE, recvbuf, op=_mpi_op(op), root=root)
+            else:
+                started = self._comm.Ireduce(sendbuf, None, op=_mpi_op(op), root=root)
+        else:
+            started = self._comm.Ireduce(sendbuf, recvbuf, op=_mpi_op(op), root=root)
+        return _Request(started, is_recv=False)
+
+    def ireduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                        op: Op) -> _Request:
+        return _Request(self._comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts=counts,
+                                                   op=_mpi_op(op)), is_recv=False)
+
+    def igather(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> _Request:
+        return _Request(self._comm.Igather(sendbuf, recvbuf, root=root), is_recv=False)
+
+    def iscatter(self, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> _Request:
+        return _Request(self._comm.Iscatter(sendbuf, recvbuf, root=root), is_recv=False)
+
+    def iallgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
+                    displs: list[int]) -> _Request:
+        return _Request(self._comm.Iallgatherv(sendbuf, [recvbuf, (counts, displs)]), is_recv=False)
+
+    def ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> _Request:
+        return _Request(self._comm.Ialltoall(sendbuf, recvbuf), is_recv=False)
+
+    def ialltoallv(self, sendbuf: np.ndarray, send_layout: tuple[list[int], list[int]],
+                   recvbuf: np.ndarray, recv_layout: tuple[list[int], list[int]]) -> _Request:
+        return _Request(self._comm.Ialltoallv([sendbuf, send_layout], [recvbuf, recv_layout]),
+                        is_recv=False)
 
     def allgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         self._comm.Allgather(sendbuf, recvbuf)

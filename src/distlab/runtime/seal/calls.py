@@ -6,7 +6,9 @@ with NEXT_TASK). This is the table the
 decoder holds every request against (wire.py); the bounds here are static (a rank below 2**20, a
 tag below 2**31), and whether a rank exists in this communicator stays the proxy's check, as today.
 
-The argument order follows mpi4py's, and what the agent answers
+A blocking call (``timed``) may carry one float more, its own ``timeout=``, which the agent
+applies to that call alone; the communicator's own timeout is the agent's (TIMEOUT). The
+argument order follows mpi4py's, and what the agent answers
 (``ints`` of the reply) is noted per call. Nonblocking receives declare their buffer at Irecv
 (the agent receives into its own array of that shape) and pass it again as the output of the
 Wait or Test that completes them.
@@ -97,33 +99,34 @@ class Call(IntEnum):
     STORE_DELETE = 46  # -> (deleted,)
     STORE_NUM_KEYS = 47  # -> (keys,)
     STORE_TIMEOUT = 48  # floats: (timeout,)
+    # comm.set_timeout / get_timeout: ints (0 get, 1 set to the float, 2 clear), floats (seconds,)
+    #  -> (has a timeout,) and floats (the timeout, 0 for none)
+    TIMEOUT = 49
 
 
 CALLS: dict[int, Signature] = {
     Call.HELLO: Signature("HELLO"),
-    Call.SEND: Signature("Send", (DEST, SEND_TAG), inputs=ONE),
-    Call.SSEND: Signature("Ssend", (DEST, SEND_TAG), inputs=ONE),
-    Call.RECV: Signature("Recv", (SOURCE, RECV_TAG), outputs=ONE),
+    Call.SEND: Signature("Send", (DEST, SEND_TAG), inputs=ONE, timed=True),
+    Call.SSEND: Signature("Ssend", (DEST, SEND_TAG), inputs=ONE, timed=True),
+    Call.RECV: Signature("Recv", (SOURCE, RECV_TAG), outputs=ONE, timed=True),
     Call.ISEND: Signature("Isend", (DEST, SEND_TAG), inputs=ONE),
     Call.IRECV: Signature("Irecv", (SOURCE, RECV_TAG), outputs=ONE),
-    Call.SENDRECV: Signature(
-        "Sendrecv", (DEST, SEND_TAG, SOURCE, Int("recvtag", -1, MAX_TAG)), inputs=ONE, outputs=ONE
-    ),
-    Call.WAIT: Signature("Wait", (REQUEST,), outputs=MAYBE),
+    Call.SENDRECV: Signature("Sendrecv", (DEST, SEND_TAG, SOURCE, Int("recvtag", -1, MAX_TAG)),
+                             inputs=ONE, outputs=ONE, timed=True),
+    Call.WAIT: Signature("Wait", (REQUEST,), outputs=MAYBE, timed=True),
     Call.TEST: Signature("Test", (REQUEST,), outputs=MAYBE),
-    Call.WAITALL: Signature("Waitall", more=REQUEST, outputs=range(0, 33)),  # wire.py's 32 buffers
-    Call.BARRIER: Signature("Barrier"),
-    Call.BCAST: Signature("Bcast", (ROOT,), inputs=MAYBE, outputs=ONE),
-    Call.REDUCE: Signature("Reduce", (REDUCE_OP, ROOT), inputs=ONE, outputs=MAYBE),
-    Call.ALLREDUCE: Signature("Allreduce", (REDUCE_OP,), inputs=ONE, outputs=ONE),
+    # wire.py's 32 buffers
+    Call.WAITALL: Signature("Waitall", more=REQUEST, outputs=range(0, 33), timed=True),
+    Call.BARRIER: Signature("Barrier", timed=True),
+    Call.BCAST: Signature("Bcast", (ROOT,), inputs=MAYBE, outputs=ONE, timed=True),
+    Call.REDUCE: Signature("Reduce", (REDUCE_OP, ROOT), inputs=ONE, outputs=MAYBE, timed=True),
+    Call.ALLREDUCE: Signature("Allreduce", (REDUCE_OP,), inputs=ONE, outputs=ONE, timed=True),
     Call.IALLREDUCE: Signature("Iallreduce", (REDUCE_OP,), inputs=ONE, outputs=ONE),
-    Call.REDUCE_SCATTER: Signature(
-        "Reduce_scatter", (REDUCE_OP,), more=Int("count", 0, 2**40), inputs=ONE, outputs=ONE
-    ),
+    Call.REDUCE_SCATTER: Signature("Reduce_scatter", (REDUCE_OP,), more=Int("count", 0, 2**40),
+                                   inputs=ONE, outputs=ONE, timed=True),
     Call.REDUCE_SCATTER_BLOCK: Signature(
-        "Reduce_scatter_block", (REDUCE_OP,), inputs=ONE, outputs=ONE
-    ),
-    Call.ALLGATHER: Signature("Allgather", inputs=ONE, outputs=ONE),
+        "Reduce_scatter_block", (REDUCE_OP,), inputs=ONE, outputs=ONE, timed=True),
+    Call.ALLGATHER: Signature("Allgather", inputs=ONE, outputs=ONE, timed=True),
     Call.ABORT: Signature("Abort", (Int("errorcode", -(2**31), 2**31 - 1),)),
     Call.COMPUTE: Signature("compute", (Int("per", 0, 1),), floats=1, text=256),
     Call.MARK: Signature("mark", text=256),
@@ -134,18 +137,18 @@ CALLS: dict[int, Signature] = {
     Call.SPLIT: Signature("Split", (Int("color", UNDEFINED, 2**31 - 1), Int("key", -(2**31), 2**31 - 1))),
     Call.CREATE_GROUP: Signature("Create_group", (Int("tag", 0, MAX_TAG),), inputs=ONE),
     Call.FREE: Signature("Free"),
-    Call.GATHER: Signature("Gather", (ROOT,), inputs=ONE, outputs=MAYBE),
-    Call.SCATTER: Signature("Scatter", (ROOT,), inputs=MAYBE, outputs=ONE),
-    Call.ALLGATHERV: Signature("Allgatherv", inputs=range(3, 4), outputs=ONE),
-    Call.ALLTOALL: Signature("Alltoall", inputs=ONE, outputs=ONE),
-    Call.WAITANY: Signature("Waitany", more=REQUEST, outputs=range(0, 33)),
+    Call.GATHER: Signature("Gather", (ROOT,), inputs=ONE, outputs=MAYBE, timed=True),
+    Call.SCATTER: Signature("Scatter", (ROOT,), inputs=MAYBE, outputs=ONE, timed=True),
+    Call.ALLGATHERV: Signature("Allgatherv", inputs=range(3, 4), outputs=ONE, timed=True),
+    Call.ALLTOALL: Signature("Alltoall", inputs=ONE, outputs=ONE, timed=True),
+    Call.WAITANY: Signature("Waitany", more=REQUEST, outputs=range(0, 33), timed=True),
     Call.TESTALL: Signature("Testall", more=REQUEST, outputs=range(0, 33)),
     Call.IBCAST: Signature("Ibcast", (ROOT,), inputs=MAYBE, outputs=ONE),
     Call.IALLGATHER: Signature("Iallgather", inputs=ONE, outputs=ONE),
     Call.IREDUCE_SCATTER_BLOCK: Signature("Ireduce_scatter_block", (REDUCE_OP,), inputs=ONE,
                                           outputs=ONE),
-    Call.ALLTOALLV: Signature("Alltoallv", inputs=range(3, 4), outputs=ONE),
-    Call.PROBE: Signature("Probe", (SOURCE, RECV_TAG)),
+    Call.ALLTOALLV: Signature("Alltoallv", inputs=range(3, 4), outputs=ONE, timed=True),
+    Call.PROBE: Signature("Probe", (SOURCE, RECV_TAG), timed=True),
     Call.IPROBE: Signature("Iprobe", (SOURCE, RECV_TAG)),
     Call.STORE_SET: Signature("store.set", inputs=ONE, text=KEY),
     Call.STORE_GET: Signature("store.get", (TIMED,), floats=1, outputs=ONE, text=KEY),
@@ -155,4 +158,5 @@ CALLS: dict[int, Signature] = {
     Call.STORE_DELETE: Signature("store.delete_key", text=KEY),
     Call.STORE_NUM_KEYS: Signature("store.num_keys"),
     Call.STORE_TIMEOUT: Signature("store.set_timeout", floats=1),
+    Call.TIMEOUT: Signature("set_timeout", (Int("action", 0, 2),), floats=1),
 }

@@ -15,6 +15,10 @@ request; the agent holds the real ones. A ``Group`` here numbers the ranks of th
 it came from (the client knows no world ranks), so ``Create_group`` takes groups made from its
 own communicator's ``Get_group()``; the proxy also takes a group of any communicator.
 
+A blocking call's ``timeout=`` travels with its request (one float more: calls.py); the
+communicator's own (``set_timeout``) is kept by the agent, where the calls wait, and a timed-out
+call's ``distlab.CommTimeout`` or ``CommBroken`` comes back as itself.
+
 Nonblocking calls leave their buffer with the request: an Irecv or Iallreduce is answered into the
 learner's array when the Wait, Test or Waitall that completes it replies, which MPI allows (a
 receive buffer is undefined until then).
@@ -28,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
-from ..comm.errors import comm_timeout_from
+from ..comm.errors import CommBroken, comm_timeout_from, timeout_seconds
 from ..comm.gathers import block_buffer, vector_layout
 from ..comm.groups import Group, split_color
 from ..comm.objects import ObjectCalls
@@ -40,7 +44,7 @@ from ..comm.requests import (
     peer_rank,
 )
 from ..engines.base import ANY_SOURCE, ANY_TAG
-from .calls import MAX_TAG, REDUCE_OPS, Call
+from .calls import CALLS, MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
 from .learner import LearnerEnd
 from .requests import SealedRequest
@@ -103,17 +107,19 @@ class SealedComm(ObjectCalls):
 
     # -- point to point ---------------------------------------------------------------------
 
-    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._call(Call.SEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),))
+    def Send(self, buf: Any, dest: int, tag: int = 0, timeout: Any = None) -> None:  # noqa: N802
+        self._call(Call.SEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),),
+                   timeout=timeout)
 
-    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._call(Call.SSEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),))
+    def Ssend(self, buf: Any, dest: int, tag: int = 0, timeout: Any = None) -> None:  # noqa: N802
+        self._call(Call.SSEND, (self._peer(dest, "dest"), _tag(tag)), (_buffer(buf, "Send buffer"),),
+                   timeout=timeout)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,  # noqa: N802
-             status: Any = None) -> None:
+             status: Any = None, timeout: Any = None) -> None:
         array = _buffer(buf, "Recv buffer")
         reply = self._call(Call.RECV, (self._peer(source, "source", True), _tag(tag, True)),
-                           outputs=(array,))
+                           outputs=(array,), timeout=timeout)
         _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> SealedRequest:  # noqa: N802
@@ -128,17 +134,20 @@ class SealedComm(ObjectCalls):
         return SealedRequest(self, reply.ints[0], array)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,  # noqa: N802
-                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> None:
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None,
+                 timeout: Any = None) -> None:
         if recvbuf is None:
             raise TypeError("Sendrecv needs a recvbuf (the buffer API has no pickled variant here)")
         send, recv = _buffer(sendbuf, "Sendrecv sendbuf"), _buffer(recvbuf, "Sendrecv recvbuf")
         args = (self._peer(dest, "dest"), _tag(sendtag), self._peer(source, "source", True),
                 _tag(recvtag, True))
-        reply = self._call(Call.SENDRECV, args, (send,), (recv,))
+        reply = self._call(Call.SENDRECV, args, (send,), (recv,), timeout=timeout)
         _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
 
-    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> None:  # noqa: N802
-        reply = self._call(Call.PROBE, (self._peer(source, "source", True), _tag(tag, True)))
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None,  # noqa: N802
+              timeout: Any = None) -> None:
+        reply = self._call(Call.PROBE, (self._peer(source, "source", True), _tag(tag, True)),
+                           timeout=timeout)
         _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2], probed=True)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
@@ -149,22 +158,25 @@ class SealedComm(ObjectCalls):
 
     # -- collectives ------------------------------------------------------------------------
 
-    def Barrier(self) -> None:  # noqa: N802
-        self._call(Call.BARRIER)
+    def Barrier(self, timeout: Any = None) -> None:  # noqa: N802
+        self._call(Call.BARRIER, timeout=timeout)
 
-    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+    def Bcast(self, buf: Any, root: int = 0, timeout: Any = None) -> None:  # noqa: N802
         array, root = _buffer(buf, "Bcast buffer"), self._peer(root, "root")
-        self._call(Call.BCAST, (root,), (array,) if self._rank == root else (), (array,))
+        self._call(Call.BCAST, (root,), (array,) if self._rank == root else (), (array,),
+                   timeout=timeout)
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0) -> None:  # noqa: N802
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0,  # noqa: N802
+               timeout: Any = None) -> None:
         root = self._peer(root, "root")
         send = _buffer(recvbuf if _in_place(sendbuf) else sendbuf, "Reduce sendbuf")
         outputs = (_buffer(recvbuf, "Reduce recvbuf"),) if recvbuf is not None else ()
-        self._call(Call.REDUCE, (_op(op), root), (send,), outputs)
+        self._call(Call.REDUCE, (_op(op), root), (send,), outputs, timeout=timeout)
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM,  # noqa: N802
+                  timeout: Any = None) -> None:
         send, recv = self._pair(sendbuf, recvbuf, "Allreduce")
-        self._call(Call.ALLREDUCE, (_op(op),), (send,), (recv,))
+        self._call(Call.ALLREDUCE, (_op(op),), (send,), (recv,), timeout=timeout)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> SealedRequest:  # noqa: N802
         send, recv = self._pair(sendbuf, recvbuf, "Iallreduce")
@@ -188,49 +200,67 @@ class SealedComm(ObjectCalls):
         return SealedRequest(self, reply.ints[0], recv)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
-                       recvcounts: Sequence[int] | None = None, op: Any = ops.SUM) -> None:
+                       recvcounts: Sequence[int] | None = None, op: Any = ops.SUM,
+                       timeout: Any = None) -> None:
         send = _buffer(sendbuf, "Reduce_scatter sendbuf")
         recv = _buffer(recvbuf, "Reduce_scatter recvbuf")
         counts = tuple(int(c) for c in recvcounts) if recvcounts is not None else ()
-        self._call(Call.REDUCE_SCATTER, (_op(op), *counts), (send,), (recv,))
+        self._call(Call.REDUCE_SCATTER, (_op(op), *counts), (send,), (recv,), timeout=timeout)
 
-    def Reduce_scatterblock_buffer(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> None:  # noqa: N802
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM,  # noqa: N802
+                             timeout: Any = None) -> None:
         send = _buffer(sendbuf, "Reduce_scatter sendbuf")
         recv = _buffer(recvbuf, "Reduce_scatter_block recvbuf")
-        self._call(Call.REDUCE_SCATTER_BLOCK, (_op(op),), (send,), (recv,))
+        self._call(Call.REDUCE_SCATTER_BLOCK, (_op(op),), (send,), (recv,), timeout=timeout)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Allgather(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         send = _buffer(sendbuf, "Allgather sendbuf")
-        self._call(Call.ALLGATHER, (), (send,), (_buffer(recvbuf, "Allgather recvbuf"),))
+        self._call(Call.ALLGATHER, (), (send,), (_buffer(recvbuf, "Allgather recvbuf"),),
+                   timeout=timeout)
 
-    def Gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0) -> None:  # noqa: N802
+    def Gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0,  # noqa: N802
+               timeout: Any = None) -> None:
         root, send = self._peer(root, "root"), block_buffer(sendbuf, "Gather sendbuf")
         outputs = (_buffer(recvbuf, "Gather recvbuf"),) if self._rank == root else ()
-        self._call(Call.GATHER, (root,), (send,), outputs)
+        self._call(Call.GATHER, (root,), (send,), outputs, timeout=timeout)
 
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0,  # noqa: N802
+                timeout: Any = None) -> None:
         root, recv = self._peer(root, "root"), block_buffer(recvbuf, "Scatter recvbuf")
         inputs = (_buffer(sendbuf, "Scatter sendbuf"),) if self._rank == root else ()
-        self._call(Call.SCATTER, (root,), inputs, (recv,))
+        self._call(Call.SCATTER, (root,), inputs, (recv,), timeout=timeout)
 
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         recv, counts, displs = vector_layout(recvbuf, "Allgatherv recvbuf", self._size)
         layout = np.array(counts + displs, dtype=np.int64)
         send = block_buffer(sendbuf, "Allgatherv sendbuf")
-        self._call(Call.ALLGATHERV, (), (send, layout, recv), (recv,))
+        self._call(Call.ALLGATHERV, (), (send, layout, recv), (recv,), timeout=timeout)
 
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         send = block_buffer(sendbuf, "Alltoall sendbuf")
-        self._call(Call.ALLTOALL, (), (send,), (_buffer(recvbuf, "Alltoall recvbuf"),))
+        self._call(Call.ALLTOALL, (), (send,), (_buffer(recvbuf, "Alltoall recvbuf"),),
+                   timeout=timeout)
 
-    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, timeout: Any = None) -> None:  # noqa: N802
         send, send_counts, send_at = vector_layout(sendbuf, "Alltoallv sendbuf", self._size)
         recv, recv_counts, recv_at = vector_layout(recvbuf, "Alltoallv recvbuf", self._size)
         layout = np.array(send_counts + send_at + recv_counts + recv_at, dtype=np.int64)
-        self._call(Call.ALLTOALLV, (), (send, layout, recv), (recv,))
+        self._call(Call.ALLTOALLV, (), (send, layout, recv), (recv,), timeout=timeout)
 
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         raise LearnerAbort(int(errorcode))
+
+    # -- timeouts (runtime/comm/timed.py; the agent keeps the communicator's) ----------------
+
+    def set_timeout(self, seconds: Any) -> None:
+        if seconds is None:
+            self._call(Call.TIMEOUT, (2, 0.0))
+        else:
+            self._call(Call.TIMEOUT, (1, timeout_seconds(seconds, "set_timeout")))
+
+    def get_timeout(self) -> float | None:
+        reply = self._call(Call.TIMEOUT, (0, 0.0))
+        return reply.floats[0] if reply.ints[0] else None
 
     def store(self) -> SealedStore:
         """The task's key-value store, through the agent (runtime/seal/store_client.py)."""
@@ -285,10 +315,12 @@ class SealedComm(ObjectCalls):
         return peer_rank(peer, what, self._size, wildcard)
 
     def _call(self, op: int, args: Sequence[Any] = (), inputs: Sequence[np.ndarray] = (),
-              outputs: Sequence[np.ndarray] = ()) -> Reply:
+              outputs: Sequence[np.ndarray] = (), timeout: Any = None) -> Reply:
         if self._freed:
             raise ValueError(f"this communicator ({self._size} ranks) was freed with Free(); "
                              "make a new one to go on")
+        if timeout is not None:  # the call's own timeout: one float after its arguments
+            args = (*args, timeout_seconds(timeout, _TIMEOUT_NAMES.get(op, CALLS[op].name)))
         try:
             return self._end.call(op, args, inputs, outputs, comm=self._handle)
         except CallFailed as failed:
@@ -323,9 +355,17 @@ def _tag(tag: Any, wildcard: bool = False) -> int:
 _NAMED_ERRORS: dict[str, type[BaseException]] = {}
 
 
+# Where the proxy names a timeout by another call than the wire's (Reduce_scatter_block is a
+# Reduce_scatter there), the client says what the proxy would.
+_TIMEOUT_NAMES: dict[int, str] = {Call.REDUCE_SCATTER_BLOCK: "Reduce_scatter"}
+
+
 def _as_raised(failed: CallFailed) -> BaseException:
-    if failed.kind == "CommTimeout":  # distlab's own, for learner code that catches it by name
+    # distlab's own, for learner code that catches them by name
+    if failed.kind == "CommTimeout":
         return comm_timeout_from(failed.message)
+    if failed.kind == "CommBroken":
+        return CommBroken(failed.message)
     return _named(failed)
 
 

@@ -2,14 +2,18 @@
 sealed ``comm`` (client.py), as mpi4py's ``MPI.Request``, with Wait, Test and the many-request
 forms (Waitall, Waitany, Testall). The agent holds the real request under ``handle``; a receive's
 or collective's buffer stays here and is filled from the reply of the call that completes it.
+Wait, Waitall and Waitany take a ``timeout=`` as the proxy's do (a Waitall in rounds shares one
+deadline; one that gives up has completed the rounds before it).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..comm.errors import timeout_seconds
 from ..comm.requests import _fill_status
 from ..engines.base import UNDEFINED
 from .calls import Call
@@ -29,9 +33,10 @@ class SealedRequest:
         self._buffer = buffer  # filled when the request completes
         self._status: tuple[int, int, int] | None = None
 
-    def Wait(self, status: Any = None) -> None:  # noqa: N802
+    def Wait(self, status: Any = None, timeout: Any = None) -> None:  # noqa: N802
         if self._status is None:
-            reply = self._comm._call(Call.WAIT, (self._handle,), outputs=self._outputs())
+            reply = self._comm._call(Call.WAIT, (self._handle,), outputs=self._outputs(),
+                                     timeout=timeout)
             self._status = (reply.ints[0], reply.ints[1], reply.ints[2])
         _fill_status(status, *self._status)
 
@@ -54,8 +59,11 @@ class SealedRequest:
         return (self._buffer,) if self._buffer is not None else ()
 
     @staticmethod
-    def Waitall(requests: Sequence[SealedRequest], statuses: Any = None) -> None:  # noqa: N802
+    def Waitall(requests: Sequence[SealedRequest], statuses: Any = None,  # noqa: N802
+                timeout: Any = None) -> None:
         pending = [r for r in requests if r._status is None]
+        seconds = None if timeout is None else timeout_seconds(timeout, "Waitall")
+        deadline = None if seconds is None else time.monotonic() + seconds
         # wire.py carries at most MAX_BUFFERS buffers and MAX_INTS ints a call: more requests
         # wait in rounds.
         while pending:
@@ -67,13 +75,18 @@ class SealedRequest:
                 batch.append(request)
                 outputs.extend(request._outputs())
             comm = batch[0]._comm
-            comm._call(Call.WAITALL, tuple(r._handle for r in batch), outputs=outputs)
+            comm._call(Call.WAITALL, tuple(r._handle for r in batch), outputs=outputs,
+                       timeout=seconds)
+            if deadline is not None:
+                # A later round waits what is left of the deadline (a moment, once it has passed).
+                seconds = max(deadline - time.monotonic(), 1e-3)
             for request in batch:
                 request._status = (-1, -1, 0)
 
 
     @staticmethod
-    def Waitany(requests: Sequence[SealedRequest], status: Any = None) -> int:  # noqa: N802
+    def Waitany(requests: Sequence[SealedRequest], status: Any = None,  # noqa: N802
+                timeout: Any = None) -> int:
         pending = [(i, r) for i, r in enumerate(requests) if r._status is None]
         if not pending:
             return UNDEFINED
@@ -82,7 +95,7 @@ class SealedRequest:
                              "receive buffers at once under the seal")
         outputs = [buf for _, r in pending for buf in r._outputs()]
         reply = pending[0][1]._comm._call(Call.WAITANY, tuple(r._handle for _, r in pending),
-                                          outputs=outputs)
+                                          outputs=outputs, timeout=timeout)
         if reply.ints[0] < 0:  # the agent found none of them pending
             return UNDEFINED
         index, request = pending[reply.ints[0]]

@@ -13,7 +13,9 @@ Create_group the learner makes is numbered here (``_comms``), per task.
 A request that fails validation, or names a communicator the learner does not hold, is answered
 with a rejection by the seal and remembered here as ``tampered``: the learner's own client never
 sends one. Requests the proxy raises on are answered
-with the exception, for the learner's code to see as it would have.
+with the exception, for the learner's code to see as it would have. A blocking call that carries
+its own timeout (one float more than its signature's: calls.py) runs within
+``comm.call_timeout``, so it gives up exactly as the learner's ``timeout=`` would unsealed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..comm.requests import Request as ProxyRequest
 from ..comm.requests import Status
 from ..engines.base import UNDEFINED
 from .agent import AgentEnd, Rejected, Request
-from .calls import REDUCE_OPS, Call
+from .calls import CALLS, REDUCE_OPS, Call
 from .store_service import store_handlers
 
 VALUE, FAILURE = 0, 1  # the kinds of a RESULT (calls.py)
@@ -65,6 +67,7 @@ class Service:
             Call.WAITANY: self._waitany, Call.TESTALL: self._testall, Call.IBCAST: self._ibcast,
             Call.IALLGATHER: self._iallgather, Call.IREDUCE_SCATTER_BLOCK: self._ireduce_scatter_block,
             Call.ALLTOALLV: self._alltoallv, Call.PROBE: self._probe, Call.IPROBE: self._iprobe,
+            Call.TIMEOUT: self._timeout,
             **store_handlers(agent),
         }
 
@@ -106,9 +109,20 @@ class Service:
 
     def _serve_call(self, comm: Comm, request: Request) -> None:
         try:
-            self._dispatch[request.op](comm, request)
+            if len(request.floats) > CALLS[request.op].floats:  # its own timeout (wire.py checked)
+                with comm.call_timeout(request.floats[-1]):
+                    self._dispatch[request.op](comm, request)
+            else:
+                self._dispatch[request.op](comm, request)
         except Exception as exc:  # the call's own error: the learner's code sees it raised
             self._agent.fail(request, exc)
+
+    def _timeout(self, comm: Comm, request: Request) -> None:
+        action = request.ints[0]
+        if action:
+            comm.set_timeout(request.floats[0] if action == 1 else None)
+        now = comm.get_timeout()
+        self._agent.reply(request, ints=(int(now is not None),), floats=(now or 0.0,))
 
     # -- one handler per op: the proxy's call with the agent's arrays --------------------------
 

@@ -6,11 +6,11 @@ same message; a value read back is at most MAX_STORE_VALUE bytes."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..comm.errors import timeout_seconds
 from ..comm.store import store_key, store_value
 from .calls import KEY, MAX_STORE_VALUE, Call
 
@@ -19,12 +19,7 @@ if TYPE_CHECKING:
 
 
 def _timed(timeout: Any) -> tuple[int, float]:
-    if timeout is None:
-        return 0, 0.0
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if not seconds > 0:
-        raise ValueError(f"a store timeout is a number of seconds > 0, not {timeout!r}")
-    return 1, seconds
+    return (0, 0.0) if timeout is None else (1, timeout_seconds(timeout, "store"))
 
 
 def _key(key: Any) -> str:
@@ -62,10 +57,7 @@ class SealedStore:
         return int(self._comm._call(Call.STORE_NUM_KEYS).ints[0])
 
     def set_timeout(self, timeout: Any) -> None:
-        timed, seconds = _timed(timeout)
-        if not timed:
-            raise ValueError("a store timeout is a number of seconds > 0, not None")
-        self._comm._call(Call.STORE_TIMEOUT, (seconds,))
+        self._comm._call(Call.STORE_TIMEOUT, (timeout_seconds(timeout, "store"),))
 
     def _value(self, op: int, args: tuple[Any, ...], inputs: tuple[np.ndarray, ...] = ()) -> bytes:
         place = np.empty(MAX_STORE_VALUE, dtype=np.uint8)

@@ -72,7 +72,8 @@ class Int:
 @dataclass(frozen=True)
 class Signature:
     """What one op's request may carry. ``more`` admits up to MAX_INTS further ints of one
-    kind after the fixed ones (Waitall's requests, Reduce_scatter's counts)."""
+    kind after the fixed ones (Waitall's requests, Reduce_scatter's counts); ``timed``, one
+    float more than ``floats``: the call's own timeout (runtime/comm/timed.py)."""
 
     name: str
     ints: tuple[Int, ...] = ()
@@ -81,6 +82,7 @@ class Signature:
     inputs: range = range(0, 1)
     outputs: range = range(0, 1)
     text: int = 0  # the longest text, in bytes; 0: none
+    timed: bool = False
 
 
 class Buffer(NamedTuple):
@@ -190,8 +192,9 @@ def _check_counts(sig: Signature, n_ints: int, n_floats: int, n_in: int, n_out: 
     most = fixed + (MAX_INTS - fixed if sig.more is not None else 0)
     if not fixed <= n_ints <= most:
         raise BadRequest(f"{sig.name} takes {fixed}{'+' if sig.more else ''} ints, not {n_ints}")
-    if n_floats != sig.floats:
-        raise BadRequest(f"{sig.name} takes {sig.floats} floats, not {n_floats}")
+    if n_floats != sig.floats and not (sig.timed and n_floats == sig.floats + 1):
+        also = f" (or {sig.floats + 1}, with a timeout)" if sig.timed else ""
+        raise BadRequest(f"{sig.name} takes {sig.floats} floats{also}, not {n_floats}")
     if n_in not in sig.inputs or n_out not in sig.outputs:
         raise BadRequest(f"{sig.name} takes {_counts(sig.inputs)} input and {_counts(sig.outputs)}"
                          f" output buffers, not {n_in} and {n_out}")

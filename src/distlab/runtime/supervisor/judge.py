@@ -66,12 +66,13 @@ def judge(obs: Observation, world_size: int, deadline_s: float, stall_s: float) 
 
 def is_stuck(states: list[rankstate.RankState], world_size: int,
              communicators: Mapping[int, rankstate.Communicator] | None = None) -> bool:
-    """Every unfinished rank waits in a call, and none of them in a collective that every member
-    of its communicator has entered (that one is under way, and its ranks go on after it)."""
+    """Every unfinished rank waits in a call, none of them in a call with a timeout (it returns
+    by itself) and none in a collective that every member of its communicator has entered
+    (that one is under way, and its ranks go on after it)."""
     if len(states) < world_size:
         return False
     waiting = [s for s in states if s.state not in ("finished", "idle")]
-    if not waiting or any(s.state != "blocked" for s in waiting):
+    if not waiting or any(s.state != "blocked" or s.timed for s in waiting):
         return False
     return not any(in_full_collective(s, states, communicators or {}) for s in waiting)
 
@@ -98,11 +99,12 @@ def survivors_stuck(
     states: list[rankstate.RankState], world_size: int, killed: frozenset[int]
 ) -> bool:
     """Every rank still alive waits in a call or between tasks: with a peer gone for good, even a
-    collective they all sit in can never complete (``is_stuck`` would call that progress)."""
+    collective they all sit in can never complete (``is_stuck`` would call that progress). A
+    call with a timeout is not stuck: it returns, and its rank may find out the peer is gone."""
     live = [s for s in states if s.rank not in killed]
     if len(live) < world_size - len(killed):
         return False
-    return all(s.state in ("blocked", "idle", "finished") for s in live)
+    return all(s.state in ("blocked", "idle", "finished") and not s.timed for s in live)
 
 
 def due_signals(

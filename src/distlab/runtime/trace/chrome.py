@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .events import COLL, COMPUTE, MARK, RECV, SEND, STORE, WAIT, Event
+from .events import COLL, COMPUTE, MARK, RECV, SEND, STORE, TIMEOUT, WAIT, Event
 
 VIRTUAL_TID, WALL_TID = 0, 1
 
@@ -47,6 +47,9 @@ def describe_event(event: Event) -> tuple[str, str, dict[str, Any]]:
         return event[1], "mark", {}
     if kind == STORE:
         return f"store.{event[1]}", "store", {"key": event[2], "bytes": event[3]}
+    if kind == TIMEOUT:
+        peer = list(event[2]) if isinstance(event[2], tuple) else event[2]
+        return f"{event[1]} timed out", "wait", {"peer": peer, "seconds": event[3]}
     return str(kind), "other", {}
 
 

@@ -38,6 +38,13 @@ Event kinds (the first field), with wall-clock begin and end (``time.perf_counte
       a call on the task's key-value store (runtime/comm/store.py: "set", "get", ...), which
       costs nothing on the virtual clock (it goes to the supervisor, not over the modelled
       network); ``nbytes`` is the value's size, ``key`` the key (keys, comma-joined, for wait).
+  ("timeout", call, peer, seconds, wall0, wall1)
+      a blocking call gave up after its timeout (runtime/comm/timed.py): ``call`` ("Recv",
+      "Allreduce", "store.get", ...), ``peer`` what it waited on (a world rank, -1 for any, a
+      tuple of world ranks for a collective, the key for the store), ``seconds`` the timeout,
+      which the replay charges as waiting. What the call had started stays in the trace before
+      it: a send as a "send" never waited on, a collective as an "icoll" never waited on (its
+      members may still finish it); a receive that was withdrawn leaves nothing.
 
 Ranks in events are world ranks.
 """
@@ -51,6 +58,7 @@ Event = tuple[Any, ...]
 COMPUTE, SEND, RECV, WAIT, COLL, MARK = "compute", "send", "recv", "wait", "coll", "mark"
 ICOLL = "icoll"
 STORE = "store"
+TIMEOUT = "timeout"
 
 # What the hot path logs: one short tuple per call, its first field one of these codes. Numbering
 # messages and collectives (the ``k`` and ``index`` above) waits until someone reads ``events``:
