@@ -495,7 +495,21 @@ MALFORMED = [
     ('[[fault]]\nkind = "partition"\ngroups = [[0, 1], [1, 2]]\n',
      "faults.toml: fault[0].groups must be disjoint (rank 1 is in groups 0 and 1); got [[0, 1], [1, 2]]"),
     ('[[fault]]\nkind = "kill"\nrank = 2\n',
-     "faults.toml: fault[0] (kind 'kill') needs a trigger: 'at_step' or 'at_s'"),
+     "faults.toml: fault[0] (kind 'kill') needs a trigger: 'at_step', 'at_s' or 'at_mark'"),
+    ('[[fault]]\nkind = "kill"\nrank = 2\nat_mark = "save"\nat_step = 3\n',
+     "faults.toml: fault[0] (kind 'kill') takes one trigger, 'at_mark' or 'at_s'/'at_step', not both"),
+    ('[[fault]]\nkind = "stop"\nrank = 2\nat_mark = "step"\n',
+     "faults.toml: fault[0] (kind 'stop') has at_mark = \"step\": steps are numbered; use at_step"),
+    ('[[fault]]\nkind = "kill"\nrank = 2\nat_mark = 3\n',
+     "faults.toml: fault[0].at_mark must be the name of a comm.mark(...) call (a string of 1 to 64 "
+     "characters); got 3"),
+    ('[[fault]]\nkind = "kill"\nranks = [1, 2]\nat_mark = "save"\n',
+     "faults.toml: fault[0] (kind 'kill') acts on one rank: give 'rank'"),
+    ('[[fault]]\nkind = "stop"\nprobability = 0.1\nuntil_step = 4\nat_mark = "save"\n',
+     "faults.toml: fault[0] (kind 'stop') takes either 'probability' (a random step) or "
+     "'at_s'/'at_step'/'at_mark', not both"),
+    ('[[fault]]\nkind = "dead"\nrank = 1\nat_mark = "save"\n',
+     "faults.toml: fault[0] (kind 'dead') has unknown key 'at_mark'"),
     ('[[fault]]\nkind = "kill"\nranks = [1, 2]\nat_step = 3\n',
      "faults.toml: fault[0] (kind 'kill') acts on one rank: give 'rank'"),
     ('[[fault]]\nkind = "stop"\nprobability = 0.1\n',
@@ -578,3 +592,19 @@ def test_every_example_in_the_doc_parses() -> None:
         plan = parse_fault_plan(tomllib.loads(text), f"docs example {n}").validate_for(8)
         kinds |= {f.kind for f in plan.faults}
     assert kinds == set(KINDS)
+
+
+def test_a_kill_at_a_mark_fires_once_the_rank_shows_the_mark_and_not_before() -> None:
+    plan = parse_fault_plan({"format_version": 1, "seed": 1, "fault": [
+        {"kind": "kill", "rank": 1, "at_mark": "save"},
+        {"kind": "stop", "rank": 1, "at_mark": "load", "cont_after_s": 1.0}]}, where="test")
+    faults = ProcessFaults(plan)
+    assert faults.trigger_marks(1) == ("load", "save") and faults.trigger_marks(0) == ()
+    assert faults.marks_reached(1, 0b10) == {"save"}
+    assert faults.due(1, 0, 0.0, frozenset()) == []
+    (kill,) = faults.due(1, 0, 0.0, frozenset(), marks=frozenset({"save"}))
+    assert kill.describe() == "rank 1 was killed (SIGKILL) at its comm.mark('save') by fault[0]"
+    assert faults.never_fired(frozenset({0})) == [
+        "fault[1] (stop at_mark = 'load') never fired: rank 1 never called comm.mark('load')"]
+    assert plan.faults[0].describe() == (
+        "fault[0] kill: rank 1 is killed (SIGKILL) when it first calls comm.mark('save')")

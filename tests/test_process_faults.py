@@ -12,10 +12,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from test_launcher import assert_nothing_left, make_job
 
+from distlab.grading import Task as GradingTask
+from distlab.runs import Program, run_options
+from distlab.runs import run as run_program
 from distlab.runtime.comm.rankstate import ALL_PEERS, RankState
 from distlab.runtime.faults.plans import FaultPlan, ProcessFaults, parse_fault_plan
 from distlab.runtime.jobspec import Job, Task
@@ -164,3 +168,42 @@ def test_a_kill_on_gloo_leads_the_survivors_failure() -> None:
     result = run(job, deadline_s=40)
     assert result.status == "crashed"
     assert result.message.startswith("rank 1 was killed (SIGKILL) at step 2 by fault[0]; then rank 0")
+
+
+# -- at a mark: comm.mark("NAME") in the rank's code ------------------------------------------------
+
+def _around_a_mark(case: str, fault: dict[str, Any], backend: str = "mpi") -> Any:
+    tests = Path(__file__).resolve().parent
+    done = run_program(Program(tests / "programs.py", "call_solution", tests / "timeout_programs.py"),
+                       [GradingTask(ranks=2, case=case, store=True).for_ranks()],
+                       run_options(backend, seal=True, faults=plan(fault)), deadline_s=30)
+    assert_nothing_left()
+    return done
+
+
+def test_a_kill_at_a_mark_lands_exactly_there() -> None:
+    """Rank 1 writes "before" to the store, marks "checkpoint", writes "after": killed at the mark,
+    it never writes "after" (the rank waits at the mark until the supervisor has acted). On gloo,
+    where the other rank lives on after a kill (MPI ends the job: survivors are issue 12's)."""
+    done = _around_a_mark("killed_at_a_mark", {"kind": "kill", "rank": 1, "at_mark": "checkpoint"},
+                          backend="gloo")
+    assert done.ok, done.result.message
+    assert done.result.fault_events == [
+        "rank 1 was killed (SIGKILL) at its comm.mark('checkpoint') by fault[0]"]
+    assert done.tasks[0].values[0] == {"after": False}
+
+
+def test_a_stop_at_a_mark_holds_the_rank_there_until_it_is_continued() -> None:
+    done = _around_a_mark("stopped_at_a_mark", {"kind": "stop", "rank": 1, "at_mark": "checkpoint",
+                                                "cont_after_s": 1.0})
+    assert done.ok, done.result.message
+    assert done.result.fault_events[0] == (
+        "rank 1 was stopped (SIGSTOP) at its comm.mark('checkpoint') by fault[0]")
+    assert done.tasks[0].values[0] == {"missed": True, "last": 2.0}
+
+
+def test_a_mark_that_is_never_called_fails_the_run_naming_the_fault() -> None:
+    done = _around_a_mark("stopped_at_a_mark", {"kind": "kill", "rank": 1, "at_mark": "save"})
+    assert not done.ok
+    assert done.result.message == (
+        "fault[0] (kill at_mark = 'save') never fired: rank 1 never called comm.mark('save')")

@@ -118,3 +118,38 @@ def bad_timeouts(comm):
         "infinite": _said(lambda: comm.Allreduce(buf, buf.copy(), timeout=float("inf"))),
         "unset": comm.get_timeout(),
     }
+
+
+def _around_a_mark(comm, wait_s, then_wait):
+    """Rank 1 sends one message, marks "checkpoint", sends a second; rank 0 takes the first, then
+    gives the second ``wait_s``: a rank killed or stopped exactly at the mark never sent it."""
+    if comm.rank == 1:
+        comm.Send(np.ones(1), dest=0, tag=1)
+        comm.mark("checkpoint")
+        comm.Send(np.full(1, 2.0), dest=0, tag=2)
+        return None
+    buf = np.zeros(1)
+    comm.Recv(buf, source=1, tag=1)
+    missed = _timed(lambda: comm.Recv(buf, source=1, tag=2, timeout=wait_s)) is not None
+    if missed and then_wait:  # a stopped rank sends it once continued
+        comm.Recv(buf, source=1, tag=2)
+    return {"missed": missed, "last": float(buf[0])}
+
+
+def killed_at_a_mark(comm):
+    """Rank 1 notes "before" in the store, marks "checkpoint", notes "after"; rank 0, which
+    touches no dead peer, reads the store once rank 1 is gone: killed exactly at the mark, rank 1
+    never wrote "after"."""
+    store = comm.store()
+    if comm.rank == 1:
+        store.set("before", "1")
+        comm.mark("checkpoint")
+        store.set("after", "1")
+        return None
+    store.wait(["before"], timeout=20)
+    time.sleep(1.0)
+    return {"after": _timed(lambda: store.get("after", timeout=0.3)) is None}
+
+
+def stopped_at_a_mark(comm):
+    return _around_a_mark(comm, 0.5, then_wait=True)

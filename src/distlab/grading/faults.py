@@ -86,12 +86,15 @@ def slow(*, rank: int | None = None, ranks: Sequence[int] | None = None,
 
 
 def kill(*, rank: int | None = None, ranks: Sequence[int] | None = None, note: str = "",
-         **at: float) -> Entry:
-    """SIGKILL, at ``at_s`` (wall seconds) or ``at_step``."""
-    return _entry("kill", dict(rank=rank, ranks=ranks, note=note, **at))
+         at_mark: str | None = None, **at: float) -> Entry:
+    """SIGKILL, at ``at_s`` (wall seconds), ``at_step``, or ``at_mark`` (when the rank first calls
+    ``comm.mark(at_mark)``)."""
+    return _entry("kill", dict(rank=rank, ranks=ranks, note=note, at_mark=at_mark, **at))
 
 
 def stop(*, rank: int | None = None, ranks: Sequence[int] | None = None,
-         cont_after_s: float | None = None, note: str = "", **at: float) -> Entry:
-    """SIGSTOP, at ``at_s`` or ``at_step``; SIGCONT after ``cont_after_s`` if given."""
-    return _entry("stop", dict(rank=rank, ranks=ranks, cont_after_s=cont_after_s, note=note, **at))
+         cont_after_s: float | None = None, note: str = "", at_mark: str | None = None,
+         **at: float) -> Entry:
+    """SIGSTOP, at ``at_s``, ``at_step`` or ``at_mark``; SIGCONT after ``cont_after_s`` if given."""
+    return _entry("stop", dict(rank=rank, ranks=ranks, cont_after_s=cont_after_s, note=note,
+                               at_mark=at_mark, **at))

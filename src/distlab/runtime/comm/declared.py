@@ -51,7 +51,9 @@ class Declarations:
         """A point in the trace, such as the start of a training step.
 
         ``mark("step")`` at the start of each training step also numbers the steps from 0, which
-        fault plans trigger on (``at_step = 30``: when step 30 starts)."""
+        fault plans trigger on (``at_step = 30``: when step 30 starts); a kill or stop with
+        ``at_mark = "NAME"`` lands at the rank's first ``mark("NAME")``, which waits there
+        until the supervisor has acted (rankstate.py's ``reach_mark``)."""
         book = self._book
         if name == "step":
             book.steps_started += 1
@@ -59,6 +61,8 @@ class Declarations:
             if self.step in self._trigger_steps:
                 # Give the supervisor's 50 ms poll time to act at exactly this step.
                 time.sleep(0.15)
+        if name in book.trigger_marks:  # wait there until the supervisor has acted
+            self._slot.reach_mark(1 << book.trigger_marks.index(name))
         book.marked.append((name, book.totals()))
         if self._trace is not None:
             now = time.perf_counter()

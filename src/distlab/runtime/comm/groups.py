@@ -48,6 +48,8 @@ class RankBook:
         self.attempts: dict[int, int] = {}  # sends per world destination, lost ones included
         self.store_link: Any = None  # where the task's store is (store.py), if it has one
         self.store: Any = None  # the rank's handle on it, made at the first comm.store()
+        # Mark names a process fault kills or stops this rank at (faults/decide.py's order).
+        self.trigger_marks: tuple[str, ...] = ()
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

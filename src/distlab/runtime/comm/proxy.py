@@ -72,6 +72,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         faults: MessageFaults | None = None,
         trigger_steps: frozenset[int] = frozenset(),
         book: RankBook | None = None,
+        trigger_marks: tuple[str, ...] = (),
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
@@ -80,6 +81,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self._faults = faults
         self._trigger_steps = trigger_steps  # steps at which the supervisor kills or stops us
         self._book = book if book is not None else RankBook()
+        if trigger_marks:  # mark names at which the supervisor kills or stops us (every comm's)
+            self._book.trigger_marks = trigger_marks
         self._book.comms.append(self)
         self._attempts = self._book.attempts  # sends per world destination, lost ones included
         self._eager_limit = eager_limit

@@ -251,6 +251,16 @@ class ProcessFaults:
         until the supervisor has acted, so that "killed at step 30" is exact rather than polled."""
         return frozenset(t[1] for t in self._targets.values() if t is not None and t[0] == rank)
 
+    def trigger_marks(self, rank: int) -> tuple[str, ...]:
+        """The mark names a kill/stop of ``rank`` triggers on (``at_mark``), in a fixed order: the
+        rank shows each one it reaches as a bit of its slot, in that order (rankstate.py)."""
+        return tuple(sorted({f.at_mark for f in self._signals
+                             if f.at_mark is not None and f.has_rank(rank)}))
+
+    def marks_reached(self, rank: int, bits: int) -> frozenset[str]:
+        """The trigger marks of ``rank`` that a slot's bits say it has reached."""
+        return frozenset(name for i, name in enumerate(self.trigger_marks(rank)) if bits >> i & 1)
+
     def due(
         self,
         rank: int,
@@ -258,8 +268,10 @@ class ProcessFaults:
         elapsed_s: float,
         already_fired: frozenset[int],
         stopped_at_s: Mapping[int, float] | None = None,
+        marks: frozenset[str] = frozenset(),
     ) -> list[ProcessAction]:
-        """Signals due for ``rank`` at its ``step`` and the job's wall ``elapsed_s``, in plan order.
+        """Signals due for ``rank`` at its ``step`` and the job's wall ``elapsed_s``, in plan order;
+        ``marks``: the trigger marks it has reached (``marks_reached``).
 
         ``already_fired``: indices of kill/stop faults already carried out (each fires once per
         check run, restarts included). ``stopped_at_s``: for stop faults whose SIGSTOP is in force,
@@ -292,7 +304,17 @@ class ProcessFaults:
             elif f.at_s is not None and elapsed_s >= f.at_s:
                 reason = f"at {elapsed_s:.1f} s (wall clock)"
                 actions.append(ProcessAction("kill" if f.kind == "kill" else "stop", rank, f.index, reason))
+            elif f.at_mark is not None and f.at_mark in marks:
+                reason = f"at its comm.mark({f.at_mark!r})"
+                actions.append(ProcessAction("kill" if f.kind == "kill" else "stop", rank, f.index, reason))
         return actions
+
+    def never_fired(self, fired: frozenset[int]) -> list[str]:
+        """Why each ``at_mark`` kill/stop that did not fire in a run that ended well did not: a
+        mark the rank never called is a plan that tested nothing."""
+        return [f"fault[{f.index}] ({f.kind} at_mark = {f.at_mark!r}) never fired: rank "
+                f"{min(f.ranks or ())} never called comm.mark({f.at_mark!r})"
+                for f in self._signals if f.at_mark is not None and f.index not in fired]
 
     def compute_multiplier(self, rank: int, step: int | None = None) -> float:
         """How many times longer this rank's declared compute takes (1.0: not slowed).

@@ -106,6 +106,7 @@ class Fault:
     # One-off triggers (dead, hung, kill, stop) and windows (the others).
     at_step: int | None = None
     at_s: float | None = None
+    at_mark: str | None = None  # kill, stop: when the rank first calls comm.mark(at_mark)
     window: Window = Window()
     probability: float | None = None
     # Parameters of the kinds.
@@ -282,6 +283,8 @@ def _describe(f: Fault) -> str:
                     f"{f.probability:g} per rank and step hits")
         elif f.at_step is not None:
             text = f"{fmt_ranks(f.ranks)} is {what} at step {f.at_step}"
+        elif f.at_mark is not None:
+            text = f"{fmt_ranks(f.ranks)} is {what} when it first calls comm.mark({f.at_mark!r})"
         else:
             text = f"{fmt_ranks(f.ranks)} is {what} at {fmt_s(f.at_s or 0.0)} (wall clock)"
         if f.cont_after_s is not None:

@@ -56,8 +56,8 @@ _KEYS: dict[str, frozenset[str]] = {
     "partition": _WINDOW | {"groups", "mode"},
     "dead": _RANK | _AT,
     "hung": _RANK | _AT,
-    "kill": _RANK | _AT | _STEPS | {"probability"},
-    "stop": _RANK | _AT | _STEPS | {"probability", "cont_after_s"},
+    "kill": _RANK | _AT | _STEPS | {"probability", "at_mark"},
+    "stop": _RANK | _AT | _STEPS | {"probability", "at_mark", "cont_after_s"},
     "slow": _RANK | _STEPS | {"factor", "factor_range", "probability"},
     "restart": frozenset({"max_restarts"}),
 }
@@ -277,6 +277,7 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
         fields["mode"] = mode
     elif kind in ("kill", "stop"):
         _check_signal(e, fields)
+        fields["at_mark"] = _mark_name(e)
         fields["cont_after_s"] = e.number("cont_after_s", lo_open=True)
     elif kind == "slow":
         if e.has("factor") == e.has("factor_range"):
@@ -296,13 +297,33 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
 def _check_signal(e: _Entry, fields: dict[str, Any]) -> None:
     """kill/stop: either a fixed trigger on one rank, or a random (rank, step) among candidates."""
     if "probability" in e.t:
-        if e.has(*_AT):
-            raise e.fail("takes either 'probability' (a random step) or 'at_s'/'at_step', not both")
+        if e.has(*_AT, "at_mark"):
+            raise e.fail("takes either 'probability' (a random step) or 'at_s'/'at_step'/'at_mark', "
+                         "not both")
         e.need("until_step", " with 'probability' (the end of the steps a random hit may fall in)")
         return
-    if not e.has(*_AT):
-        raise e.fail("needs a trigger: 'at_step' or 'at_s' (or 'probability' with 'until_step')")
+    if not e.has(*_AT, "at_mark"):
+        raise e.fail("needs a trigger: 'at_step', 'at_s' or 'at_mark' (or 'probability' with "
+                     "'until_step')")
+    if e.has("at_mark") and e.has(*_AT):
+        raise e.fail("takes one trigger, 'at_mark' or 'at_s'/'at_step', not both")
     if e.has(*_STEPS):
         raise e.fail("takes 'from_step'/'until_step' only with 'probability'")
     if "rank" not in e.t:
         raise e.fail("acts on one rank: give 'rank' (write one entry per rank to signal several)")
+
+
+MAX_MARK = 64  # the longest mark name a trigger takes
+
+
+def _mark_name(e: _Entry) -> str | None:
+    """kill/stop's ``at_mark``: the name of a ``comm.mark`` the rank calls (its first call)."""
+    name = e.t.get("at_mark")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_MARK or "\0" in name:
+        raise e.bad("at_mark", f"the name of a comm.mark(...) call (a string of 1 to {MAX_MARK} "
+                    "characters)")
+    if name == "step":
+        raise e.fail("has at_mark = \"step\": steps are numbered; use at_step = N for the Nth")
+    return name

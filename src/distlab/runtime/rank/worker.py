@@ -296,13 +296,16 @@ def _run_task(
 
 # A fault plan's modules are imported only where a task has one (see _start_learner).
 def _fault_layers(plan: Any, world_rank: int) -> dict[str, Any]:
-    """The proxy's fault arguments: its message faults and the steps that trigger process faults."""
+    """The proxy's fault arguments: its message faults, and the steps and marks that trigger
+    process faults."""
     if plan is None:
         return {"faults": None, "trigger_steps": frozenset()}
     from ..faults.decide import MessageFaults, ProcessFaults
 
+    signals = ProcessFaults(plan)
     return {"faults": MessageFaults(plan, world_rank),
-            "trigger_steps": ProcessFaults(plan).trigger_steps(world_rank)}
+            "trigger_steps": signals.trigger_steps(world_rank),
+            "trigger_marks": signals.trigger_marks(world_rank)}
 
 
 def _compute_multiplier(job: Job, plan: Any, rank: int) -> float:

@@ -124,7 +124,8 @@ def due_signals(
     actions: list[ProcessAction] = []
     for s in sorted(states, key=lambda s: s.rank):
         if s.rank not in skip:
-            actions += faults.due(s.rank, s.step, elapsed_s, fired, stopped_at_s)
+            marks = faults.marks_reached(s.rank, s.marks) if s.marks else frozenset()
+            actions += faults.due(s.rank, s.step, elapsed_s, fired, stopped_at_s, marks)
     return actions
 
 

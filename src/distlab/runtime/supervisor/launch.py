@@ -88,6 +88,9 @@ def _attempts(job: Job, deadline_s: float, stall_s: float, keep_dir: Path | None
     result.attempts = attempt + 1
     result.restarted_after = earlier
     result.fault_events = list(faults.events) if faults is not None else []
+    unfired = faults.faults.never_fired(frozenset(faults.fired)) if faults is not None else []
+    if result.ok and unfired:
+        result.status, result.message = "error", "; ".join(unfired)
     return result
 
 

@@ -90,4 +90,9 @@ def apply_due_faults(
     )
     for action in actions:
         faults.apply(action, pids[action.rank], elapsed_s)
+    # Ranks waiting at a trigger mark go on (a stopped one once continued): acted on, or not
+    # due (the fault fired in an earlier attempt).
+    for state in states:
+        if state.marks & ~state.acked:
+            rankstate.acknowledge_marks(job_dir, state.rank, state.marks)
     return any(a.kind == "cont" for a in actions)
