@@ -21,7 +21,7 @@ from . import options as opts
 from .platforms import Platform
 from .platforms import resolve as resolve_platform
 from .runtime.clock.metrics import RunMetrics, summarize
-from .runtime.clock.replay import Replay, replay
+from .runtime.clock.replay import Replay, ReplayError, replay
 from .runtime.comm.stats import CommStats
 from .runtime.faults.plans import FaultPlan, load_fault_plan
 from .runtime.jobspec import Limits, Task, TaskOutcome, make_job, problem_programs
@@ -127,6 +127,12 @@ class TaskRun:
 
     def replay(self) -> Replay:
         """The task on the virtual clock of its platform (computed once)."""
+        if len(self.outcomes) < self.task.ranks:
+            # A rank died in a task that lets the others go on (Task(survivors=True)): its events
+            # died with it, and the others' collectives with it cannot be lined up.
+            raise ReplayError(f"{self.task.ranks - len(self.outcomes)} of the task's "
+                              f"{self.task.ranks} ranks died in it, with their events: a task "
+                              "with a death has no replay (comm.now() is its online clock)")
         if self._replay is None:
             self._replay = replay(self.traces, self.platform)
         return self._replay

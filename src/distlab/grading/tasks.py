@@ -42,11 +42,14 @@ class Task:
     platform: Platform | None = None  # this task's own cluster (a hidden variant)
     label: str = ""  # how a failure names the task: "while running <label>"
     store: bool = False  # comm.store(): a key-value store of the task's own
+    # A killed rank does not end the task: the others get distlab.PeerFailed and can Shrink
+    # their communicator and go on (MPI; the task runs in a launch of its own).
+    survivors: bool = False
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
-                        platform=self.platform, store=self.store)
+                        platform=self.platform, store=self.store, survivors=self.survivors)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..errors import UsageError
 from .comm.stats import CommStats
 
 JOB_FILE = "job.pkl"
@@ -45,6 +46,9 @@ class Task:
     # FLOP/s and its replay all follow it.
     platform: Any = None
     store: bool = False  # comm.store(): a key-value store of the task's own (runtime/comm/store.py)
+    # A rank's death (a kill fault) does not end the task: the others get distlab.PeerFailed
+    # and may go on without it (runtime/comm/survivors.py).
+    survivors: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class Job:
     # and ``store_address`` ("host:port") is where, once it runs.
     store: bool = False
     store_address: str = ""
+    # Some task lets its ranks survive a peer's death (Task.survivors): MPI runs with Open MPI's
+    # user-level failure mitigation (ULFM).
+    survivors: bool = False
 
 
 def make_job(
@@ -116,8 +123,22 @@ def make_job(
         world_size=world,
         supervisor_pid=os.getpid(),
         store=any(task.store for task in tasks),
+        survivors=_survivors(tasks, backend),
         **options,
     )
+
+
+def _survivors(tasks: Sequence[Task], backend: str) -> bool:
+    """Whether a task lets its ranks outlive a peer; such a task is alone in its launch, on MPI."""
+    if not any(task.survivors for task in tasks):
+        return False
+    if backend != "mpi":
+        raise UsageError("Task(survivors=True) runs on MPI (Open MPI's ULFM) for now; on gloo a "
+                         "rank's death still ends the task")
+    if len(tasks) > 1:
+        raise UsageError("a task with survivors=True runs in a launch of its own: after a death, "
+                         "the launch has no whole world left to run the next task on")
+    return True
 
 
 @dataclass

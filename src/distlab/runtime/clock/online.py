@@ -97,6 +97,11 @@ class Timekeeper:
         side = self._side.create_group(ranks, tag)
         return Timekeeper(self._platform, side, shared=self._time)
 
+    def shrink(self) -> Timekeeper:
+        """The clock of the survivors' communicator (comm.Shrink): its side channel shrunk alike."""
+        side = self._side.shrink()  # type: ignore[attr-defined]  # a SurvivingEngine's
+        return Timekeeper(self._platform, side, shared=self._time)
+
     def compute(self, seconds: float) -> None:
         self._time.now += seconds
 

@@ -53,16 +53,15 @@ class Declarations:
         ``mark("step")`` at the start of each training step also numbers the steps from 0, which
         fault plans trigger on (``at_step = 30``: when step 30 starts); a kill or stop with
         ``at_mark = "NAME"`` lands at the rank's first ``mark("NAME")``, which waits there
-        until the supervisor has acted (rankstate.py's ``reach_mark``)."""
+        until the supervisor has acted (rankstate.py's ``pause``), as a trigger step does."""
         book = self._book
         if name == "step":
             book.steps_started += 1
             self._slot.set_step(book.steps_started - 1)
-            if self.step in self._trigger_steps:
-                # Give the supervisor's 50 ms poll time to act at exactly this step.
-                time.sleep(0.15)
-        if name in book.trigger_marks:  # wait there until the supervisor has acted
-            self._slot.reach_mark(1 << book.trigger_marks.index(name))
+            if self.step in self._trigger_steps:  # wait here until the supervisor has acted
+                self._slot.pause()
+        if name in book.trigger_marks:  # the same, at a mark
+            self._slot.pause(1 << book.trigger_marks.index(name))
         book.marked.append((name, book.totals()))
         if self._trace is not None:
             now = time.perf_counter()

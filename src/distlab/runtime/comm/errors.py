@@ -1,6 +1,7 @@
 """The errors the learner's ``comm`` raises for what goes wrong between ranks, as distlab's own
-types (``distlab.CommTimeout``, ``distlab.CommBroken``), so that learner code can catch them by
-name, sealed or not, and the check that every timeout given to a call is one."""
+types (``distlab.CommTimeout``, ``distlab.CommBroken``, ``distlab.PeerFailed``), so that learner
+code can catch them by name, sealed or not, and the check that every timeout given to a call is
+one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import math
 import re
 from datetime import timedelta
 from typing import Any
+
+from ..engines.surviving import PeerFailed, peer_failed_from
+
+__all__ = ["CommBroken", "CommTimeout", "PeerFailed", "comm_timeout_from", "peer_failed_from",
+           "timeout_seconds"]
 
 
 class CommTimeout(TimeoutError):

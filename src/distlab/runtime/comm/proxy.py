@@ -13,7 +13,8 @@ this proxy, which
   for the whole group, and where the online clock settles it (see ``Comm._settle``);
 * offers the built-in collectives (``collectives.py``, ``gathers.py``), nonblocking requests (``requests.py``),
   mpi4py's lowercase calls on Python objects (``objects.py``) and sub-communicators
-  (``groups.py``: Split, Dup, Create_group, Free), which share the rank's slot, trace, clock,
+  (``groups.py``: Split, Dup, Create_group, Free; ``survivors.py``: Shrink after a peer's
+  death, with Revoke, Agree, Get_failed and Ack_failed), which share the rank's slot, trace, clock,
   fault plan and marks (``RankBook``) and count their own calls into the rank's totals;
 * gives up a blocking call at its timeout (``comm.set_timeout``, a call's ``timeout=``:
   ``timed.py``) with ``distlab.CommTimeout``;
@@ -43,6 +44,7 @@ from .rankstate import NullSlot, RankSlot
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
 from .store import StoreAccess
+from .survivors import Survivors
 from .timed import TimedCalls
 
 if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (rank/worker.py)
@@ -51,7 +53,7 @@ if TYPE_CHECKING:  # a fault plan's modules load only in a rank that has one (ra
 DEFAULT_EAGER_LIMIT = EAGER_LIMIT
 
 class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers, Communicators,
-           Probes, StoreAccess, ObjectCalls):
+           Survivors, Probes, StoreAccess, ObjectCalls):
     """The communicator handed to learner code. Ranks are ranks of this communicator."""
 
     ANY_SOURCE = ANY_SOURCE

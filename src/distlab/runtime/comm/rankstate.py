@@ -19,10 +19,11 @@ from pathlib import Path
 # Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
 # since, training step (counted by problem code's comm.mark("step"); process faults trigger on it),
 # the context of the communicator the call is on (0: the task's; others: see ``register``), and
-# when a call with a timeout gives up (time.monotonic(); 0: it has none), and two bit sets of the
-# rank's trigger marks (process faults at_mark: ``reach_mark``): those it reached, and those the
-# supervisor has acted on (the one field the supervisor writes: ``acknowledge_marks``).
-_FORMAT = "<BBBBI4iqdIqdII"
+# when a call with a timeout gives up (time.monotonic(); 0: it has none), the rank's trigger marks
+# it reached (process faults at_mark, as bits), and two counts of the pauses it made for the
+# supervisor to act at a trigger step or mark (``pause``): asked, and done (the one field the
+# supervisor writes: ``acknowledge``).
+_FORMAT = "<BBBBI4iqdIqdIII"
 SIZE = struct.calcsize(_FORMAT)
 MAX_PEERS = 4
 
@@ -108,6 +109,7 @@ class _Record(ctypes.LittleEndianStructure):
         ("comm", ctypes.c_int64),
         ("until", ctypes.c_double),
         ("marks", ctypes.c_uint32),
+        ("pauses", ctypes.c_uint32),
         ("acked", ctypes.c_uint32),
     ]
 
@@ -115,9 +117,9 @@ class _Record(ctypes.LittleEndianStructure):
 assert ctypes.sizeof(_Record) == SIZE
 _ACKED_AT = _Record.acked.offset
 
-# How long a rank at a trigger mark waits for the supervisor to act (it polls every 50 ms): past
-# this the supervisor is gone or wedged, and the rank goes on rather than hang.
-MARK_WAIT_S = 10.0
+# How long a rank at a trigger step or mark waits for the supervisor to act (it polls every
+# 50 ms): past this the supervisor is gone or wedged, and the rank goes on rather than hang.
+PAUSE_S = 10.0
 
 
 class RankSlot:
@@ -213,27 +215,30 @@ class RankSlot:
         self._seq += 1
         self._record.seq = self._seq & 0xFFFFFFFF
 
-    def reach_mark(self, bit: int) -> None:
-        """The rank's code called a mark a process fault triggers on (``bit``: its place among
-        the rank's trigger marks): shows it, and waits until the supervisor has acted on it, so
-        that a kill or stop "at the mark" lands exactly there, not one poll later."""
+    def pause(self, mark_bit: int = 0) -> None:
+        """The rank is at a step or mark that a process fault triggers on (``mark_bit``: the
+        mark's place among the rank's trigger marks, 0 for a step, already published by
+        ``set_step``): shows it, and waits until the supervisor has acted on what it saw, so that
+        a kill or stop "at step 30" or "at the mark" lands exactly there, never a few calls later
+        on a busy machine."""
         record = self._record
-        record.marks |= bit
+        record.marks |= mark_bit
+        record.pauses = asked = (record.pauses + 1) & 0xFFFFFFFF
         self._seq += 1
         record.seq = self._seq & 0xFFFFFFFF
-        give_up = time.monotonic() + MARK_WAIT_S
-        while not record.acked & bit and time.monotonic() < give_up:
+        give_up = time.monotonic() + PAUSE_S
+        while record.acked != asked and time.monotonic() < give_up:
             time.sleep(0.001)
 
 
-def acknowledge_marks(job_dir: Path, rank: int, bits: int) -> None:
-    """The supervisor's: it has acted on these trigger marks of the rank (see ``reach_mark``)."""
+def acknowledge(job_dir: Path, rank: int, pauses: int) -> None:
+    """The supervisor's: it has acted on the rank's pauses up to ``pauses`` (see ``pause``)."""
     try:
         fd = os.open(state_path(job_dir, rank), os.O_WRONLY)
     except OSError:
         return  # the rank is gone with its job folder's file: nothing waits
     try:
-        os.pwrite(fd, struct.pack("<I", bits), _ACKED_AT)
+        os.pwrite(fd, struct.pack("<I", pauses), _ACKED_AT)
     finally:
         os.close(fd)
 
@@ -266,7 +271,7 @@ class NullSlot:
     def gives_up_at(self, until: float) -> None:
         pass
 
-    def reach_mark(self, bit: int) -> None:
+    def pause(self, mark_bit: int = 0) -> None:
         pass
 
 
@@ -283,7 +288,8 @@ class RankState:
     step: int = 0
     comm: int = 0  # the context of the communicator it waits in (0: the task's)
     until: float = 0.0  # when its call gives up (time.monotonic()), 0 for a call without timeout
-    marks: int = 0  # the trigger marks it reached, as bits (RankSlot.reach_mark)
+    marks: int = 0  # the trigger marks it reached, as bits (RankSlot.pause)
+    pauses: int = 0  # the pauses it made for the supervisor to act
     acked: int = 0  # those the supervisor acted on
 
     @property
@@ -332,9 +338,9 @@ def read_state(job_dir: Path, rank: int) -> RankState | None:
     if len(data) < SIZE:
         return None
     (state, op, npeers, task, seq, p0, p1, p2, p3, nbytes, since, step, comm, until, marks,
-     acked) = struct.unpack_from(_FORMAT, data)
+     pauses, acked) = struct.unpack_from(_FORMAT, data)
     peers = (p0, p1, p2, p3)[:npeers]
     name = STATE_NAMES[state] if state < len(STATE_NAMES) else "unknown"
     op_name = OPS[op] if op < len(OPS) else "?"
     return RankState(rank, name, op_name, peers, nbytes, seq, since, task, step, comm, until,
-                     marks, acked)
+                     marks, pauses, acked)

@@ -237,6 +237,44 @@ class MpiEngine:
         world = [self.world_ranks[r] for r in ranks]
         return MpiEngine(sub, world, self._names.next(self.path, world, tag))
 
+    # -- survivors: Open MPI's user-level failure mitigation (engines/surviving.py) ----------
+
+    def revoke(self) -> None:
+        self._comm.Revoke()
+
+    def is_revoked(self) -> bool:
+        return bool(self._comm.Is_revoked())
+
+    def shrink(self) -> MpiEngine:
+        """The survivors of this group, renumbered in their order here (collective over them)."""
+        MPI = _mpi()
+        sub = self._comm.Shrink()
+        theirs, ours = sub.Get_group(), self._comm.Get_group()
+        here = MPI.Group.Translate_ranks(theirs, list(range(sub.Get_size())), ours)
+        theirs.Free()
+        ours.Free()
+        self._splits += 1
+        return MpiEngine(sub, [self.world_ranks[r] for r in here],
+                         f"{self.path}/s{self._splits - 1}")
+
+    def agree(self, flag: int) -> int:
+        """MPI_Comm_agree: the bitwise AND of every survivor's flag (fault tolerant)."""
+        return int(self._comm.Agree(int(flag)))
+
+    def failed(self) -> list[int]:
+        """The ranks of this group this rank knows have failed (MPIX_Comm_get_failed)."""
+        MPI = _mpi()
+        failed, ours = self._comm.Get_failed(), self._comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), ours)
+        failed.Free()
+        ours.Free()
+        return sorted(int(r) for r in ranks)
+
+    def ack_failed(self) -> int:
+        """Acknowledges every failure known here (wildcard receives and Agree go on without the
+        dead); the number acknowledged."""
+        return int(self._comm.Ack_failed())
+
     def abort(self, code: int) -> None:
         self._comm.Abort(code)
 

@@ -145,6 +145,10 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
     engine = make_engine(job.backend)
+    if job.survivors:  # a peer's death raises PeerFailed instead of ending the job
+        from ..engines.surviving import SurvivingEngine
+
+        engine = SurvivingEngine(engine, slot.running)  # type: ignore[arg-type]
     handed = None
     if job.mpi_monitoring and backend == "mpi":
         # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring

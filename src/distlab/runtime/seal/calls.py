@@ -102,6 +102,13 @@ class Call(IntEnum):
     # comm.set_timeout / get_timeout: ints (0 get, 1 set to the float, 2 clear), floats (seconds,)
     #  -> (has a timeout,) and floats (the timeout, 0 for none)
     TIMEOUT = 49
+    # Survivors (runtime/comm/survivors.py)
+    REVOKE = 50
+    IS_REVOKED = 51  # -> (revoked,)
+    AGREE = 52  # ints: (flag,) -> (agreed flag,)
+    GET_FAILED = 53  # -> the failed ranks of the communicator
+    ACK_FAILED = 54  # -> (acknowledged,)
+    SHRINK = 55  # -> (communicator handle, rank, size)
 
 
 CALLS: dict[int, Signature] = {
@@ -159,4 +166,10 @@ CALLS: dict[int, Signature] = {
     Call.STORE_NUM_KEYS: Signature("store.num_keys"),
     Call.STORE_TIMEOUT: Signature("store.set_timeout", floats=1),
     Call.TIMEOUT: Signature("set_timeout", (Int("action", 0, 2),), floats=1),
+    Call.REVOKE: Signature("Revoke"),
+    Call.IS_REVOKED: Signature("Is_revoked"),
+    Call.AGREE: Signature("Agree", (Int("flag", -(2**31), 2**31 - 1),)),
+    Call.GET_FAILED: Signature("Get_failed"),
+    Call.ACK_FAILED: Signature("Ack_failed"),
+    Call.SHRINK: Signature("Shrink"),
 }

@@ -32,7 +32,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
-from ..comm.errors import CommBroken, comm_timeout_from, timeout_seconds
+from ..comm.errors import (
+    CommBroken,
+    comm_timeout_from,
+    peer_failed_from,
+    timeout_seconds,
+)
 from ..comm.gathers import block_buffer, vector_layout
 from ..comm.groups import Group, split_color
 from ..comm.objects import ObjectCalls
@@ -300,6 +305,29 @@ class SealedComm(ObjectCalls):
         self._call(Call.FREE)
         self._freed = True
 
+    # -- survivors (runtime/comm/survivors.py) ----------------------------------------------
+
+    def Revoke(self) -> None:  # noqa: N802
+        self._call(Call.REVOKE)
+
+    def Is_revoked(self) -> bool:  # noqa: N802
+        return bool(self._call(Call.IS_REVOKED).ints[0])
+
+    def Agree(self, flag: int) -> int:  # noqa: N802
+        return int(self._call(Call.AGREE, (int(flag),)).ints[0])
+
+    def Get_failed(self) -> Group:  # noqa: N802
+        """The failed ranks, as a group of this communicator's ranks (as ``Get_group``'s)."""
+        return Group(self._call(Call.GET_FAILED).ints, self._rank, origin=self._handle)
+
+    def Ack_failed(self) -> int:  # noqa: N802
+        return int(self._call(Call.ACK_FAILED).ints[0])
+
+    def Shrink(self) -> SealedComm:  # noqa: N802
+        made = self._made(self._call(Call.SHRINK))
+        assert made is not None
+        return made
+
     def _made(self, reply: Reply) -> SealedComm | None:
         handle, rank, size = reply.ints
         return SealedComm(self._end, rank, size, handle) if handle >= 0 else None
@@ -366,6 +394,8 @@ def _as_raised(failed: CallFailed) -> BaseException:
         return comm_timeout_from(failed.message)
     if failed.kind == "CommBroken":
         return CommBroken(failed.message)
+    if failed.kind == "PeerFailed":
+        return peer_failed_from(failed.message)
     return _named(failed)
 
 

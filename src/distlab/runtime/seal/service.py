@@ -67,7 +67,10 @@ class Service:
             Call.WAITANY: self._waitany, Call.TESTALL: self._testall, Call.IBCAST: self._ibcast,
             Call.IALLGATHER: self._iallgather, Call.IREDUCE_SCATTER_BLOCK: self._ireduce_scatter_block,
             Call.ALLTOALLV: self._alltoallv, Call.PROBE: self._probe, Call.IPROBE: self._iprobe,
-            Call.TIMEOUT: self._timeout,
+            Call.TIMEOUT: self._timeout, Call.REVOKE: self._revoke,
+            Call.IS_REVOKED: self._is_revoked, Call.AGREE: self._agree,
+            Call.GET_FAILED: self._get_failed, Call.ACK_FAILED: self._ack_failed,
+            Call.SHRINK: self._shrink,
             **store_handlers(agent),
         }
 
@@ -116,6 +119,27 @@ class Service:
                 self._dispatch[request.op](comm, request)
         except Exception as exc:  # the call's own error: the learner's code sees it raised
             self._agent.fail(request, exc)
+
+    def _revoke(self, comm: Comm, request: Request) -> None:
+        comm.Revoke()
+        self._agent.reply(request)
+
+    def _is_revoked(self, comm: Comm, request: Request) -> None:
+        self._agent.reply(request, ints=(int(comm.Is_revoked()),))
+
+    def _agree(self, comm: Comm, request: Request) -> None:
+        self._agent.reply(request, ints=(comm.Agree(request.ints[0]),))
+
+    def _get_failed(self, comm: Comm, request: Request) -> None:
+        # As ranks of the communicator: the learner's groups number those (client.py).
+        here = {w: r for r, w in enumerate(comm._world_ranks)}
+        self._agent.reply(request, ints=tuple(here[w] for w in comm.Get_failed().world))
+
+    def _ack_failed(self, comm: Comm, request: Request) -> None:
+        self._agent.reply(request, ints=(comm.Ack_failed(),))
+
+    def _shrink(self, comm: Comm, request: Request) -> None:
+        self._agent.reply(request, ints=self._hold(comm.Shrink()))
 
     def _timeout(self, comm: Comm, request: Request) -> None:
         action = request.ints[0]

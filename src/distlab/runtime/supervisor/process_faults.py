@@ -90,9 +90,10 @@ def apply_due_faults(
     )
     for action in actions:
         faults.apply(action, pids[action.rank], elapsed_s)
-    # Ranks waiting at a trigger mark go on (a stopped one once continued): acted on, or not
-    # due (the fault fired in an earlier attempt).
+    # Ranks paused at a trigger step or mark go on (a stopped one once continued): what was due
+    # there has been done (or was done in an earlier attempt). A rank whose pid is not known yet
+    # waits for the next poll, which can signal it.
     for state in states:
-        if state.marks & ~state.acked:
-            rankstate.acknowledge_marks(job_dir, state.rank, state.marks)
+        if state.pauses != state.acked and state.rank in pids:
+            rankstate.acknowledge(job_dir, state.rank, state.pauses)
     return any(a.kind == "cont" for a in actions)

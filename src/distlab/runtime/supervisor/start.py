@@ -129,12 +129,17 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
         stand_in = [sys.executable, "-S", "-E", "-s", str(STAND_IN), *worker[3:]]
+        # Survivors: Open MPI's user-level failure mitigation, whose failure detection needs
+        # the TCP transport (docs/architecture.md, "Survivors").
+        ulfm = ["--with-ft", "ulfm"] if job.survivors else []
         command = [
             mpiexec_path(), "-n", str(job.world_size), "--oversubscribe", "--bind-to", "none",
-            *(worker if zygote is None else stand_in),
+            *ulfm, *(worker if zygote is None else stand_in),
         ]
         # mpiexec hands its environment to the ranks it starts on this host.
         env = mpi_env()
+        if job.survivors:
+            env["OMPI_MCA_btl"] = "self,tcp"
         env[ATTEMPT_ENV] = str(attempt)
         env.update(scratch)
         if zygote is not None:

@@ -1,0 +1,70 @@
+"""Survivors (runtime/comm/survivors.py, engines/surviving.py): with Task(survivors=True) a
+SIGKILLed rank no longer ends the task; the others get distlab.PeerFailed from the call that
+touched it, and revoke, agree and shrink their communicator through Open MPI's ULFM, then finish
+with the right sums. The death is recorded, not a crash; no process is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_launcher import assert_nothing_left
+
+from distlab.errors import UsageError
+from distlab.grading import Task, faults
+from distlab.runs import Program, run, run_options
+from distlab.runtime.clock.network import ReplayError
+from distlab.runtime.comm.errors import PeerFailed, peer_failed_from
+
+PROGRAMS = Path(__file__).resolve().parent / "programs.py"
+SOLUTION = Path(__file__).resolve().parent / "survivor_programs.py"
+KILL_2_AT_3 = faults.plan(faults.kill(rank=2, at_step=3), seed=1)
+
+
+def launch(task: Task, seal: bool, backend: str = "mpi", plan: object = KILL_2_AT_3) -> object:
+    done = run(Program(PROGRAMS, "call_solution", SOLUTION), [task.for_ranks()],
+               run_options(backend, seal=seal, faults=plan), deadline_s=60)
+    assert_nothing_left()
+    return done
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("seal", [True, False])
+def test_kill_one_of_four_mid_allreduce_the_three_survivors_shrink_and_finish(seal: bool) -> None:
+    done = launch(Task(ranks=4, case="allreduce_through_a_death", survivors=True), seal)
+    assert done.ok, done.result.message
+    assert done.result.fault_events == ["rank 2 was killed (SIGKILL) at step 3 by fault[0]"]
+    task = done.tasks[0]
+    assert len(task.values) == 3  # the survivors' (world ranks 0, 1, 3)
+    for got, new_rank in zip(task.values, (0, 1, 2)):
+        assert got["sums"] == [4.0, 4.0, 4.0, 3.0, 3.0, 3.0], got
+        failure = got["failure"]
+        assert failure["call"] == "Allreduce" and failure["ranks"] == [2]
+        assert (failure["failed"], failure["agreed"], failure["size"]) == (1, 1, 3)
+        assert failure["rank"] == new_rank
+        assert failure["waited"] < 2.0  # the kill lands 0.15 s into the step; ULFM sees it at once
+        assert failure["message"].endswith("rank 2 of the communicator failed; carry on over "
+                                           "comm.Shrink()") or "was revoked" in failure["message"]
+    with pytest.raises(ReplayError, match="1 of the task's 4 ranks died in it"):
+        task.replay()
+
+
+def test_survivors_are_asked_for_and_run_on_mpi_alone() -> None:
+    done = launch(Task(ranks=2, case="calls_without_survivors"), seal=True, plan=None)
+    assert done.ok and done.tasks[0].values[0] == (
+        "Shrink: this task's ranks do not survive their peers; a problem asks for it with "
+        "Task(survivors=True) (on MPI)")
+    with pytest.raises(UsageError, match=r"Task\(survivors=True\) runs on MPI"):
+        launch(Task(ranks=2, case="calls_without_survivors", survivors=True), True, "gloo")
+    with pytest.raises(UsageError, match="runs in a launch of its own"):
+        run(Program(PROGRAMS, "call_solution", SOLUTION),
+            [Task(ranks=2, case="calls_without_survivors", survivors=True).for_ranks()] * 2,
+            run_options("mpi"))
+
+
+def test_a_peer_failure_crosses_the_seal_as_itself() -> None:
+    for error in (PeerFailed("Allreduce", (2,)), PeerFailed("Recv", (1, 3), revoked=True),
+                  PeerFailed("Barrier", ())):
+        again = peer_failed_from(str(error))
+        assert (again.call, again.ranks, again.revoked, str(again)) == (
+            error.call, error.ranks, error.revoked, str(error))
