@@ -98,3 +98,18 @@ def test_the_seal_s_message_cost_is_measured_sealed_and_unsealed() -> None:
                                       "check 03 reference, sealed"]
     assert rows[0].judged == (sealed - plain) * 1e6 and rows[0].limit == 30.0
     assert rows[2].judged == 1.5 and rows[2].met is True  # 3.0 s sealed against 2.0 s: the limit
+
+
+def test_a_peer_death_and_the_store_are_timed_against_baselines_of_the_same_run() -> None:
+    from distlab.bench.suite import run_to_end, survivor_figures
+    from distlab.bench.survivor_cost import measure
+    from distlab.runtime.supervisor import mpi_env, mpiexec_path
+
+    timings = measure(True, run_to_end, mpiexec_path(), mpi_env())
+    assert all(_is_positive_number(v) for v in timings.__dict__.values()), timings
+    rows = survivor_figures(timings)
+    assert [r.name for r in rows] == ["SIGKILL to PeerFailed (MPI, ULFM)",
+                                      "survivors revoke, shrink, finish an Allreduce",
+                                      "store set + get, 8 B"]
+    assert all(r.limit is None and r.ratio == r.judged for r in rows)
+    assert timings.detect_s < 5.0  # ULFM sees the death long before any deadline would

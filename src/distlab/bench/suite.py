@@ -12,6 +12,9 @@
    (target: <= 30 us added per small message), and check 03 sealed against unsealed (<= 1.5x).
 6. What a launch of 8 ranks costs with ranks forked from the zygote against ranks started afresh
    (``start_cost.py``), on each engine (target on gloo: forked <= 0.5x).
+7. Runtime II's side channels (``survivor_cost.py``): a SIGKILL to the survivors' PeerFailed, and
+   their Revoke, Shrink and first Allreduce, against a 4-rank Allreduce (MPI under ULFM); a store
+   set and get against an 8-byte MPI round trip (report-only rows).
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.bench.mpi_ranks``, which
 writes raw timings as JSON; this module derives ratios, judges targets, prints a table and saves
@@ -42,7 +45,7 @@ from ..errors import HarnessError
 from ..runtime.supervisor import mpi_env, mpiexec_failed_to_start, mpiexec_path
 from ..runtime.supervisor.processes import kill_session
 from ..terminal import folding
-from . import proxy_cost, seal_cost, start_cost
+from . import proxy_cost, seal_cost, start_cost, survivor_cost
 from .timings import (
     PINGPONG_BYTES,
     RANKS,
@@ -287,6 +290,17 @@ def start_figures(t: start_cost.StartTimings) -> list[Figure]:
     return [launch("mpi", *t.mpi, None), launch("gloo", *t.gloo, start_cost.FORKED_GLOO_LIMIT_X)]
 
 
+def survivor_figures(t: survivor_cost.SurvivorTimings) -> list[Figure]:
+    """A peer's death as the survivors meet it, and the store's round trip (survivor_cost.py)."""
+    def row(name: str, value: float, baseline: str, base: float) -> Figure:
+        return Figure(name, value, baseline, base, value / base, "x", None)
+    allreduce = f"Allreduce of 8 KiB, {survivor_cost.RANKS} ranks"
+    return [row("SIGKILL to PeerFailed (MPI, ULFM)", t.detect_s, allreduce, t.allreduce_s),
+            row("survivors revoke, shrink, finish an Allreduce", t.shrink_and_finish_s, allreduce,
+                t.allreduce_s),
+            row("store set + get, 8 B", t.store_s, "8 B MPI round trip", t.pingpong_s)]
+
+
 def figures_from(
     timings: MpiTimings, check_s: float, run32_s: float,
     cost: proxy_cost.ProxyCost | None = None,
@@ -395,7 +409,9 @@ def run_benchmarks(console: Console, quick: bool = False) -> None:
     sealed = seal_figures(seal_cost.measure(quick, time_check_03))
     console.print("[dim]timing launches, ranks forked from the zygote and started afresh...[/]")
     started = start_figures(start_cost.measure(quick))
-    figures = [*figures_from(timings, check_s, run32_s, cost), *sealed, *started]
+    console.print("[dim]timing a peer's death on MPI under ULFM, and the task's store...[/]")
+    survived = survivor_figures(survivor_cost.measure(quick, run_to_end, mpiexec_path(), mpi_env()))
+    figures = [*figures_from(timings, check_s, run32_s, cost), *sealed, *started, *survived]
     console.print(figures_table(figures, f"distlab bench{' --quick' if quick else ''}"))
     met = [f.met is True for f in figures if f.limit is not None]
     # Other work on the machine skews every figure: the load says how much to trust this run.
