@@ -485,7 +485,7 @@ MALFORMED = [
      "faults.toml: fault[0].probability must be between 0 and 1; got 1.5"),
     ('[[fault]]\nkind = "drop"\n[[fault]]\nkind = "explode"\n',
      "faults.toml: fault[1]: unknown kind 'explode' (known: delay, spike, bandwidth, drop, partition, dead, hung, "
-     "kill, stop, slow, restart)"),
+     "kill, stop, reclaim, slow, restart)"),
     ('[[fault]]\nkind = "delay"\nlatency = 0.1\n',
      "faults.toml: fault[0] (kind 'delay') has unknown key 'latency' (did you mean 'latency_s'?)"),
     ('[[fault]]\nkind = "drop"\nfrom_s = 5.0\nuntil_s = 2.0\n',
@@ -508,6 +508,10 @@ MALFORMED = [
     ('[[fault]]\nkind = "stop"\nprobability = 0.1\nuntil_step = 4\nat_mark = "save"\n',
      "faults.toml: fault[0] (kind 'stop') takes either 'probability' (a random step) or "
      "'at_s'/'at_step'/'at_mark', not both"),
+    ('[[fault]]\nkind = "reclaim"\nrank = 1\nat_step = 2\ngrace_s = 0\n',
+     "faults.toml: fault[0].grace_s must be a number > 0 and at most 86400 s; got 0"),
+    ('[[fault]]\nkind = "reclaim"\nrank = 1\n',
+     "faults.toml: fault[0] (kind 'reclaim') needs a trigger"),
     ('[[fault]]\nkind = "dead"\nrank = 1\nat_mark = "save"\n',
      "faults.toml: fault[0] (kind 'dead') has unknown key 'at_mark'"),
     ('[[fault]]\nkind = "kill"\nranks = [1, 2]\nat_step = 3\n',
@@ -585,7 +589,7 @@ def test_a_toml_syntax_error_names_its_line(tmp_path: Path) -> None:
 def test_every_example_in_the_doc_parses() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "fault-plans.md").read_text()
     blocks = [b.split("```", 1)[0] for b in doc.split("```toml\n")[1:]]
-    assert len(blocks) == 12  # the file, then one per kind
+    assert len(blocks) == 13  # the file, then one per kind
     kinds = set()
     for n, block in enumerate(blocks):
         text = block if "format_version" in block else "format_version = 1\n" + block
@@ -608,3 +612,20 @@ def test_a_kill_at_a_mark_fires_once_the_rank_shows_the_mark_and_not_before() ->
         "fault[1] (stop at_mark = 'load') never fired: rank 1 never called comm.mark('load')"]
     assert plan.faults[0].describe() == (
         "fault[0] kill: rank 1 is killed (SIGKILL) when it first calls comm.mark('save')")
+
+
+def test_a_reclaim_is_a_notice_then_a_kill_after_its_grace() -> None:
+    plan = parse_fault_plan({"format_version": 1, "seed": 1, "fault": [
+        {"kind": "reclaim", "rank": 2, "at_step": 4, "grace_s": 1.5}]}, where="test")
+    assert plan.faults[0].describe() == (
+        "fault[0] reclaim: rank 2 is reclaimed (SIGTERM, then SIGKILL) at step 4; the SIGKILL "
+        "comes 1.5 s after the SIGTERM")
+    faults = ProcessFaults(plan)
+    assert faults.due(2, 3, 0.0, frozenset()) == []
+    (notice,) = faults.due(2, 4, 10.0, frozenset())
+    assert (notice.kind, notice.describe()) == (
+        "term", "rank 2 was told to leave (SIGTERM: its instance is reclaimed) at step 4 by fault[0]")
+    assert faults.due(2, 5, 11.0, frozenset({0}), {0: 10.0}) == []  # within its grace
+    (kill,) = faults.due(2, 5, 11.5, frozenset({0}), {0: 10.0})
+    assert kill.describe() == ("rank 2 was killed (SIGKILL) at 11.5 s (wall clock), 1.5 s after "
+                               "its reclaim notice, by fault[0]")

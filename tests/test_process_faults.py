@@ -207,3 +207,18 @@ def test_a_mark_that_is_never_called_fails_the_run_naming_the_fault() -> None:
     assert not done.ok
     assert done.result.message == (
         "fault[0] (kill at_mark = 'save') never fired: rank 1 never called comm.mark('save')")
+
+
+def test_a_reclaimed_rank_gets_its_notice_works_through_the_grace_and_is_killed() -> None:
+    """A reclaim (a spot instance taken away): SIGTERM at step 3, which the learner's code
+    catches (sealed: its agent hands it on), then SIGKILL a second later; the other rank, which
+    never touches it again, finishes and the run passes."""
+    fault = {"kind": "reclaim", "rank": 1, "at_step": 3, "grace_s": 1.0}
+    done = _around_a_mark("noticed_reclaim", fault, backend="gloo")
+    assert done.ok, done.result.message
+    notice, kill = done.result.fault_events
+    assert notice == ("rank 1 was told to leave (SIGTERM: its instance is reclaimed) at step 3 by "
+                      "fault[0]")
+    assert re.fullmatch(r"rank 1 was killed \(SIGKILL\) at [\d.]+ s \(wall clock\), 1 s after its "
+                        r"reclaim notice, by fault\[0\]", kill), kill
+    assert done.tasks[0].values[0] in (3, 4)  # seen at the next step boundary at the latest

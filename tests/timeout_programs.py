@@ -153,3 +153,25 @@ def killed_at_a_mark(comm):
 
 def stopped_at_a_mark(comm):
     return _around_a_mark(comm, 0.5, then_wait=True)
+
+
+def noticed_reclaim(comm, steps=60):
+    """Rank 1 catches SIGTERM (its instance is reclaimed), notes in the store at which step it
+    saw the notice, and works on until the SIGKILL that ends the grace period; rank 0 reads the
+    note and never touches rank 1 again."""
+    import signal
+
+    store = comm.store()
+    if comm.rank == 1:
+        noticed = []
+        signal.signal(signal.SIGTERM, lambda *_: noticed.append(True))
+        for step in range(steps):
+            comm.mark("step")
+            if noticed and noticed[0] is True:
+                store.set("noticed at step", str(step))
+                noticed[0] = "noted"
+            time.sleep(0.05)
+        return "never reclaimed"
+    store.wait(["noticed at step"], timeout=20)
+    time.sleep(1.5)  # past the grace period: the SIGKILL lands while this rank still runs
+    return int(store.get("noticed at step"))

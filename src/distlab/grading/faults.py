@@ -92,6 +92,15 @@ def kill(*, rank: int | None = None, ranks: Sequence[int] | None = None, note: s
     return _entry("kill", dict(rank=rank, ranks=ranks, note=note, at_mark=at_mark, **at))
 
 
+def reclaim(*, rank: int | None = None, ranks: Sequence[int] | None = None,
+            grace_s: float | None = None, note: str = "", at_mark: str | None = None,
+            **at: float) -> Entry:
+    """A spot instance taken away: SIGTERM at ``at_s``, ``at_step`` or ``at_mark``, then SIGKILL
+    ``grace_s`` later (default 2 s)."""
+    return _entry("reclaim", dict(rank=rank, ranks=ranks, grace_s=grace_s, note=note,
+                                  at_mark=at_mark, **at))
+
+
 def stop(*, rank: int | None = None, ranks: Sequence[int] | None = None,
          cont_after_s: float | None = None, note: str = "", at_mark: str | None = None,
          **at: float) -> Entry:

@@ -112,6 +112,14 @@ class _Rank:
 MessageKey = tuple[int, int, int, int, int]  # (ctx, src, dst, tag, k)
 
 
+def _seconds(value: Any, what: str, rank: int, event: int) -> float:
+    """An event's duration, once it is one: a finite number of seconds >= 0."""
+    seconds = float(value)
+    if not seconds >= 0 or seconds == math.inf:
+        raise ReplayError(f"rank {rank}, event {event}: {what} {value!r} seconds", rank, event)
+    return seconds
+
+
 def _describe_message(key: MessageKey) -> str:
     ctx, src, dst, tag, k = key
     return f"message #{k} from rank {src} to rank {dst} on tag {tag} (communicator {ctx})"
@@ -209,9 +217,7 @@ class _Replayer(CollectiveReplay):
             e = events[i]
             kind = e[0]
             if kind == COMPUTE:
-                seconds = float(e[1])
-                if not seconds >= 0 or seconds == math.inf:
-                    raise ReplayError(f"rank {r}, event {i}: compute of {e[1]!r} seconds", r, i)
+                seconds = _seconds(e[1], "compute of", r, i)
                 spans.append((t, t + seconds))
                 t += seconds
                 rs.compute += seconds
@@ -262,9 +268,7 @@ class _Replayer(CollectiveReplay):
             elif kind == STORE:  # the side channel: no time on the modelled network
                 spans.append((t, t))
             elif kind == TIMEOUT:  # a call waited its whole timeout, then gave up
-                seconds = float(e[3])
-                if not seconds >= 0 or seconds == math.inf:
-                    raise ReplayError(f"rank {r}, event {i}: a timeout of {e[3]!r} seconds", r, i)
+                seconds = _seconds(e[3], "a timeout of", r, i)
                 spans.append((t, t + seconds))
                 t += seconds
                 rs.comm += seconds

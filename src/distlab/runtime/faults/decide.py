@@ -190,8 +190,9 @@ class MessageFaults:
         return not ({src, self.rank} & self.dead_peers(step, vtime_s))
 
 
-Kind = Literal["kill", "stop", "cont"]
-_VERB = {"kill": "killed (SIGKILL)", "stop": "stopped (SIGSTOP)", "cont": "continued (SIGCONT)"}
+Kind = Literal["kill", "stop", "cont", "term"]
+_VERB = {"kill": "killed (SIGKILL)", "stop": "stopped (SIGSTOP)", "cont": "continued (SIGCONT)",
+         "term": "told to leave (SIGTERM: its instance is reclaimed)"}
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class ProcessFaults:
 
     def __init__(self, plan: FaultPlan) -> None:
         self.plan = plan
-        self._signals = plan.of_kind("kill", "stop")
+        self._signals = plan.of_kind("kill", "stop", "reclaim")
         self._slow = plan.of_kind("slow")
         # (rank, step) each step-triggered kill/stop acts at; None for time triggers or a random
         # fault whose draws never hit. Computed once: a pure function of the plan and its seed.
@@ -294,19 +295,24 @@ class ProcessFaults:
                     if elapsed_s >= since + f.cont_after_s:
                         reason = f"at {elapsed_s:.1f} s (wall clock), {fmt_s(f.cont_after_s)} after its stop,"
                         actions.append(ProcessAction("cont", rank, f.index, reason))
+                elif f.kind == "reclaim" and since is not None and elapsed_s >= since + f.grace_s:
+                    reason = (f"at {elapsed_s:.1f} s (wall clock), {fmt_s(f.grace_s)} after its "
+                              "reclaim notice,")
+                    actions.append(ProcessAction("kill", rank, f.index, reason))
                 continue
+            first: Kind = {"kill": "kill", "stop": "stop", "reclaim": "term"}[f.kind]  # type: ignore[assignment]
             if target is not None and step >= target[1]:
                 reason = f"at step {step}"
                 if f.probability is not None:
                     reason += (f" (a draw with probability {f.probability:g} per rank and step, "
                                f"seed {self.plan.seed})")
-                actions.append(ProcessAction("kill" if f.kind == "kill" else "stop", rank, f.index, reason))
+                actions.append(ProcessAction(first, rank, f.index, reason))
             elif f.at_s is not None and elapsed_s >= f.at_s:
                 reason = f"at {elapsed_s:.1f} s (wall clock)"
-                actions.append(ProcessAction("kill" if f.kind == "kill" else "stop", rank, f.index, reason))
+                actions.append(ProcessAction(first, rank, f.index, reason))
             elif f.at_mark is not None and f.at_mark in marks:
                 reason = f"at its comm.mark({f.at_mark!r})"
-                actions.append(ProcessAction("kill" if f.kind == "kill" else "stop", rank, f.index, reason))
+                actions.append(ProcessAction(first, rank, f.index, reason))
         return actions
 
     def never_fired(self, fired: frozenset[int]) -> list[str]:

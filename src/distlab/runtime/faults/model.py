@@ -20,7 +20,7 @@ FORMAT_VERSION = 1
 # Applied by the comm proxy of the sending (or receiving, for `dead`) rank, on its virtual clock.
 MESSAGE_KINDS = ("delay", "spike", "bandwidth", "drop", "partition", "dead", "hung")
 # Applied by the supervisor (kill, stop) or the virtual clock (slow), or a policy (restart).
-PROCESS_KINDS = ("kill", "stop", "slow", "restart")
+PROCESS_KINDS = ("kill", "stop", "reclaim", "slow", "restart")
 KINDS = MESSAGE_KINDS + PROCESS_KINDS
 
 # Seeds fit in an unsigned 64-bit word of the draw's hash input; below 2**63 so that they also fit
@@ -117,6 +117,7 @@ class Fault:
     gbps: float | None = None  # bandwidth: absolute cap
     mode: str = "drop"  # partition: "drop" or "hold"
     cont_after_s: float | None = None  # stop
+    grace_s: float = 2.0  # reclaim: from the SIGTERM to the SIGKILL
     max_restarts: int = 0  # restart
     note: str = ""
 
@@ -274,8 +275,9 @@ def _describe(f: Fault) -> str:
         one = f.ranks is not None and len(f.ranks) == 1
         return (f"{fmt_ranks(f.ranks)} {'hangs in its' if one else 'hang in their'} first communication "
                 f"call {_when(f, 'virtual clock')}")
-    if f.kind in ("kill", "stop"):
-        what = "killed (SIGKILL)" if f.kind == "kill" else "stopped (SIGSTOP)"
+    if f.kind in ("kill", "stop", "reclaim"):
+        what = {"kill": "killed (SIGKILL)", "stop": "stopped (SIGSTOP)",
+                "reclaim": "reclaimed (SIGTERM, then SIGKILL)"}[f.kind]
         if f.probability is not None:
             lo = f.window.from_step or 0
             text = (f"one of {fmt_ranks(f.ranks, 'the ranks')} is {what} at the first step in "
@@ -289,6 +291,8 @@ def _describe(f: Fault) -> str:
             text = f"{fmt_ranks(f.ranks)} is {what} at {fmt_s(f.at_s or 0.0)} (wall clock)"
         if f.cont_after_s is not None:
             text += f", continued (SIGCONT) {fmt_s(f.cont_after_s)} later"
+        if f.kind == "reclaim":
+            text += f"; the SIGKILL comes {fmt_s(f.grace_s)} after the SIGTERM"
         return text
     if f.kind == "slow":
         how = (f"{f.factor:g}x" if f.factor is not None

@@ -58,6 +58,7 @@ _KEYS: dict[str, frozenset[str]] = {
     "hung": _RANK | _AT,
     "kill": _RANK | _AT | _STEPS | {"probability", "at_mark"},
     "stop": _RANK | _AT | _STEPS | {"probability", "at_mark", "cont_after_s"},
+    "reclaim": _RANK | _AT | _STEPS | {"probability", "at_mark", "grace_s"},
     "slow": _RANK | _STEPS | {"factor", "factor_range", "probability"},
     "restart": frozenset({"max_restarts"}),
 }
@@ -228,7 +229,7 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
         fields["groups"] = e.groups()
     if "tags" in table:
         fields["tags"] = e.ranks("tags", allow_all=False, noun="tag")
-    if kind in ("dead", "hung", "kill", "stop", "slow"):
+    if kind in ("dead", "hung", "kill", "stop", "reclaim", "slow"):
         if e.has("rank") and e.has("ranks"):
             raise e.fail("takes 'rank' or 'ranks', not both")
         if "rank" in table:
@@ -237,7 +238,7 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
             fields["ranks"] = frozenset({table["rank"]})
         elif "ranks" in table:
             fields["ranks"] = e.ranks("ranks", allow_all=kind not in ("dead", "hung"))
-        elif kind != "kill" and kind != "stop":
+        elif kind not in ("kill", "stop", "reclaim"):
             raise e.fail("needs 'rank' or 'ranks'")
 
     # Triggers.
@@ -275,10 +276,12 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
                          "no step window; a partition that never heals cannot hold messages: "
                          "use mode = \"drop\"")
         fields["mode"] = mode
-    elif kind in ("kill", "stop"):
+    elif kind in ("kill", "stop", "reclaim"):
         _check_signal(e, fields)
         fields["at_mark"] = _mark_name(e)
         fields["cont_after_s"] = e.number("cont_after_s", lo_open=True)
+        if "grace_s" in table:
+            fields["grace_s"] = e.number("grace_s", lo_open=True)
     elif kind == "slow":
         if e.has("factor") == e.has("factor_range"):
             raise e.fail("needs exactly one of 'factor' (e.g. 3.0) or 'factor_range' (e.g. [2.0, 5.0])")

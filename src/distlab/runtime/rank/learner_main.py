@@ -60,7 +60,8 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
     first process only reaps; the learner is its child. The learner must not be the first: a
     namespace's first process ignores the signals it sends itself, so its ``os.abort()`` would
     read as a segmentation fault. The waiter forwards SIGUSR1 (the supervisor asking for a stack)
-    and ends as the learner ended, exit status or signal, so the agent sees one child."""
+    and SIGTERM (a reclaim's notice, which the learner's code may catch), and ends as the learner
+    ended, exit status or signal, so the agent sees one child."""
     isolation = sandbox.isolate(hidden, kept)
     if isolation == sandbox.NONE:
         _enter_folder(isolation, shared_tmp_folder)
@@ -85,7 +86,8 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
             return isolation
         _reap_until(learner, status_w)
     os.close(status_w)
-    signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(first, signum))
+    for handed_on in _HANDED_ON:
+        signal.signal(handed_on, lambda signum, frame: os.kill(first, signum))
     _, first_status = os.waitpid(first, 0)
     raw = os.read(status_r, 4)
     _end_as(struct.unpack("<i", raw)[0] if len(raw) == 4 else first_status)
@@ -101,10 +103,15 @@ def _enter_folder(isolation: str, shared_tmp_folder: str) -> None:
     os.chdir(folder)
 
 
+# What the waiter and the namespace's first process hand on to the learner (``enter_sandbox``).
+_HANDED_ON = (signal.SIGUSR1, signal.SIGTERM)
+
+
 def _reap_until(learner: int, status_w: int) -> NoReturn:
     """The namespace's first process: reaps every orphan until the learner ends, hands its wait
     status to the waiter, and leaves (the kernel then kills whatever the learner left)."""
-    signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(learner, signum))
+    for handed_on in _HANDED_ON:
+        signal.signal(handed_on, lambda signum, frame: os.kill(learner, signum))
     while True:
         pid, status = os.wait()
         if pid == learner:
