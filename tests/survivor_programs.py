@@ -40,3 +40,17 @@ def calls_without_survivors(comm):
     except RuntimeError as error:
         return str(error)
     return "nothing raised"
+
+
+def a_rank_leaves_by_itself(comm, steps=6):
+    """As allreduce_through_a_death, but rank 2 ends its own process as step 3 starts (no fault
+    plan: a crash, an os._exit, the OOM killer)."""
+    import os
+
+    if comm.rank == 2:
+        for step in range(steps):
+            if step == 3:
+                os._exit(3)
+            comm.mark("step")
+            comm.Allreduce(np.ones(2), np.zeros(2))
+    return allreduce_through_a_death(comm, steps)

@@ -68,3 +68,13 @@ def test_a_peer_failure_crosses_the_seal_as_itself() -> None:
         again = peer_failed_from(str(error))
         assert (again.call, again.ranks, again.revoked, str(again)) == (
             error.call, error.ranks, error.revoked, str(error))
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through() -> None:
+    done = launch(Task(ranks=4, case="a_rank_leaves_by_itself", survivors=True), False, plan=None)
+    assert done.ok, done.result.message
+    assert done.result.fault_events == [
+        "rank 2 died: its process ended without reporting, and the others went on (a task with "
+        "survivors)"]
+    assert [got["sums"] for got in done.tasks[0].values] == [[4.0] * 3 + [3.0] * 3] * 3

@@ -33,6 +33,7 @@ from pathlib import Path
 from ..comm import rankstate
 from ..jobspec import JOB_FILE, Job, RankOutcome, outcome_path, write_pickle_atomically
 from . import mpi_monitoring
+from .deaths import Deaths
 from .judge import Observation, judge, should_restart
 from .leftovers import claim, new_job_dir
 from .process_faults import FaultState, apply_due_faults, process_faults
@@ -114,6 +115,7 @@ def _run_attempt(
     if faults is not None:
         faults.new_attempt()
     procs = start_ranks(job, job_dir, attempt)
+    deaths = Deaths() if job.survivors else None
     outcomes: dict[int, RankOutcome] = {}
     pids: dict[int, int] = {}  # rank -> pid, once its pid file is there (fixed for the attempt)
     last_seqs: tuple[int, ...] = ()
@@ -130,6 +132,8 @@ def _run_attempt(
             killed: frozenset[int] = frozenset()
             stopped: frozenset[int] = frozenset()
             if faults is not None:
+                if deaths is not None:  # before the signals: a dead rank is signalled no more
+                    deaths.look(job_dir, job.world_size, outcomes, faults)
                 if apply_due_faults(faults, job_dir, job.world_size, states, outcomes, pids, now - started):
                     # A rank just continued: it had no chance to move yet, so the stall clock
                     # starts again rather than counting its frozen time as no progress.

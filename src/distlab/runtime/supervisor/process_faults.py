@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..comm import rankstate
-from ..faults.plans import FaultPlan, ProcessAction, ProcessFaults
+from ..faults.plans import FaultPlan, ProcessAction, ProcessFaults, parse_fault_plan
 from ..jobspec import Job, RankOutcome, learner_pid_path, pid_path
 from .judge import due_signals
 from .processes import signal_quietly
@@ -73,10 +73,14 @@ class FaultState:
 
 def process_faults(job: Job) -> FaultState | None:
     """The job's process faults, checked against its world before anything starts; None if the
-    plan has none (then the poll loop does no fault work at all)."""
+    plan has none (then the poll loop does no fault work at all). A job with survivors always
+    has one: its deaths are recorded there (deaths.py), with or without a plan."""
     plan = job.faults
     if not isinstance(plan, FaultPlan) or not plan.of_kind("kill", "stop", "reclaim", "restart"):
-        return None
+        if not job.survivors:
+            return None
+        plan = plan if isinstance(plan, FaultPlan) else parse_fault_plan({"format_version": 1},
+                                                                          where="survivors")
     return FaultState(plan.validate_for(job.world_size))
 
 
