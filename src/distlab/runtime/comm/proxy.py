@@ -275,7 +275,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array = _buffer(buf, "Isend buffer")
         dest, tag = self._peer(dest, "dest"), _tag(tag)
-        self._check_broken()
+        if self._broken is not None:
+            self._check_broken()
         self._check_hung()
         nbytes = array.nbytes
         action, arrival = self._outgoing(dest, tag, nbytes)
@@ -302,7 +303,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         array = _buffer(buf, "Irecv buffer")
         source, tag = self._peer(source, "source", wildcard=True), _tag(tag)
-        self._check_broken()
+        if self._broken is not None:
+            self._check_broken()
         self._check_hung()
         self.stats.count_call("Irecv", array.nbytes)
         req = 0
@@ -329,8 +331,9 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         recv_array = _buffer(recvbuf, "Sendrecv recvbuf")
         dest, sendtag = self._peer(dest, "dest"), _tag(sendtag)
         source, recvtag = self._peer(source, "source", wildcard=True), _tag(recvtag)
-        self._check_broken()
-        limit = self._limit(timeout, "Sendrecv")
+        if self._broken is not None:
+            self._check_broken()
+        limit = self._timeout_s if timeout is None else self._limit(timeout, "Sendrecv")
         send_nbytes, recv_nbytes = send_array.nbytes, recv_array.nbytes
         action, arrival = None, 0.0
         if self._faults is not None or self._clock is not None:
@@ -388,6 +391,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
             )
         if status is not None:
             _fill_status(status, matched[0], matched[1], recv_array.size)
+
 
 def _tag(tag: Any) -> int:
     return tag if type(tag) is int else int(tag)

@@ -192,7 +192,7 @@ class Request:
         comm.set_timeout), raises distlab.CommTimeout after it, the request still pending."""
         if not self._completed:
             comm = self._comm
-            limit = comm._limit(timeout, "Wait")
+            limit = comm._timeout_s if timeout is None else comm._limit(timeout, "Wait")
             comm._slot.blocked("Wait", self._peers(), self._nbytes, comm._ctx)
             wall0 = time.perf_counter()
             if limit is not None and not finished_by(self._inner, comm._deadline(limit, wall0)):
@@ -258,7 +258,7 @@ class Request:
             op, peers = "Wait", (ALL_PEERS,)
         else:
             op, peers = "Waitall", tuple(comm._world(r._peer) for r in pending)
-        limit = comm._limit(timeout, "Waitall")
+        limit = comm._timeout_s if timeout is None else comm._limit(timeout, "Waitall")
         comm._slot.blocked(op, peers, sum(r._nbytes for r in pending), comm._ctx)
         wall0 = time.perf_counter()
         if limit is not None:
