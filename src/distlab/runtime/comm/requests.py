@@ -264,7 +264,7 @@ class Request:
         if limit is not None:
             every = _Every([r._inner for r in pending])
             if not finished_by(every, comm._deadline(limit, wall0)):
-                raise comm._timed_out("Waitall", _peers_of([r for r in pending]), limit, wall0,
+                raise comm._timed_out("Waitall", _peers_of(pending), limit, wall0,
                                       f"{every.left} of its {len(pending)} requests did not complete")
         for request in pending:
             source, tag = request._inner.wait()

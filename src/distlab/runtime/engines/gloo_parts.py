@@ -108,12 +108,11 @@ class _Request:
             # The group rank of the sender (``dist.recv`` does the same; the public
             # ``source_rank`` spelling prints a deprecation warning).
             self._source = int(self._work._source_rank())
-        if self._into is not None and not self.orphaned:
-            target = self._into.reshape(-1).view(np.uint8)
-            landed = self._keep.numpy()
-            target[: landed.size] = landed[: target.size]
-            self._keep = None
-        elif not self.orphaned:
+        if not self.orphaned:  # an orphan keeps its bytes for the receive that adopts it
+            if self._into is not None:
+                target = self._into.reshape(-1).view(np.uint8)
+                landed = self._keep.numpy()
+                target[: landed.size] = landed[: target.size]
             self._keep = None
         self._done = True
 
