@@ -9,29 +9,47 @@ import distlab
 
 def allreduce_through_a_death(comm, steps=6):
     """Every rank adds its ones each step; the plan kills rank 2 as step 3 starts. The others
-    catch PeerFailed, revoke, acknowledge, agree and shrink, then redo the step and finish over
-    the survivors: each sum is the number of ranks alive."""
+    catch PeerFailed, revoke, acknowledge, agree and shrink, then go back to the last step every
+    survivor finished and carry on over the survivors: each sum is the number of ranks alive.
+
+    Going back is what makes the recovery right, not a nicety: a collective that a member dies in
+    may end at some ranks and fail at others (a rank leaves its last Allreduce once it has its
+    result, and what it was still sending to a peer may die with it), so survivors can find out
+    one step apart."""
     sums, failure = [], None
-    for _ in range(steps):
+    while len(sums) < steps:
         comm.mark("step")
-        while True:
-            out = np.zeros(2)
-            started = time.monotonic()
-            try:
-                comm.Allreduce(np.ones(2), out)
-                break
-            except distlab.PeerFailed as error:
-                waited = time.monotonic() - started
-                comm.Revoke()
-                failed = comm.Get_failed().Get_size()
-                comm.Ack_failed()
-                agreed = comm.Agree(1)
-                comm = comm.Shrink()
-                failure = {"call": error.call, "ranks": list(error.ranks), "failed": failed,
-                           "agreed": agreed, "size": comm.size, "rank": comm.rank,
-                           "message": str(error), "waited": waited}
+        out = np.zeros(2)
+        started = time.monotonic()
+        try:
+            comm.Allreduce(np.ones(2), out)
+        except distlab.PeerFailed as error:
+            waited = time.monotonic() - started
+            comm.Revoke()
+            agreed = acknowledged_agreement(comm)
+            failed = comm.Get_failed().Get_size()  # after the agreement: known to all alike
+            comm = comm.Shrink()
+            finished_by_all = np.zeros(1)
+            comm.Allreduce(np.array([float(len(sums))]), finished_by_all, op=distlab.MIN)
+            del sums[int(finished_by_all[0]):]
+            failure = {"call": error.call, "ranks": list(error.ranks), "failed": failed,
+                       "agreed": agreed, "size": comm.size, "rank": comm.rank,
+                       "message": str(error), "waited": waited}
+            continue
         sums.append(float(out[0]))
     return {"sums": sums, "failure": failure}
+
+
+def acknowledged_agreement(comm):
+    """Agree(1) once every survivor has acknowledged every failure: a rank that learnt of the
+    death only from the revocation acknowledges nothing the first time, and Agree then raises
+    PeerFailed at every survivor alike; each acknowledges what it knows now and they agree again."""
+    while True:
+        comm.Ack_failed()
+        try:
+            return comm.Agree(1)
+        except distlab.PeerFailed:
+            continue
 
 
 def calls_without_survivors(comm):

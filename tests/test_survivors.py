@@ -19,6 +19,10 @@ from distlab.runtime.comm.errors import PeerFailed, peer_failed_from
 PROGRAMS = Path(__file__).resolve().parent / "programs.py"
 SOLUTION = Path(__file__).resolve().parent / "survivor_programs.py"
 KILL_2_AT_3 = faults.plan(faults.kill(rank=2, at_step=3), seed=1)
+# What the survivors' sums may be, the same at every survivor: four ranks until rank 2 dies as step
+# 3 starts, then three. Step 2 is redone over three when one survivor's Allreduce of it failed
+# (rank 2 left it with its result while a message of it to that survivor died with it).
+SUMS_THROUGH_A_DEATH = ([4.0] * 3 + [3.0] * 3, [4.0] * 2 + [3.0] * 4)
 
 
 def launch(task: Task, seal: bool, backend: str = "mpi", plan: object = KILL_2_AT_3) -> object:
@@ -37,9 +41,11 @@ def test_kill_one_of_four_mid_allreduce_the_three_survivors_shrink_and_finish(se
     task = done.tasks[0]
     assert len(task.values) == 3  # the survivors' (world ranks 0, 1, 3)
     for got, new_rank in zip(task.values, (0, 1, 2)):
-        assert got["sums"] == [4.0, 4.0, 4.0, 3.0, 3.0, 3.0], got
+        assert got["sums"] == task.values[0]["sums"] and got["sums"] in SUMS_THROUGH_A_DEATH, got
         failure = got["failure"]
-        assert failure["call"] == "Allreduce" and failure["ranks"] == [2]
+        # A survivor that learns of the death from another's revocation may not know yet who died.
+        assert failure["call"] == "Allreduce"
+        assert failure["ranks"] == [2] or "was revoked" in failure["message"], failure
         assert (failure["failed"], failure["agreed"], failure["size"]) == (1, 1, 3)
         assert failure["rank"] == new_rank
         assert failure["waited"] < 2.0  # the kill lands 0.15 s into the step; ULFM sees it at once
@@ -77,4 +83,6 @@ def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through() -> None
     assert done.result.fault_events == [
         "rank 2 died: its process ended without reporting, and the others went on (a task with "
         "survivors)"]
-    assert [got["sums"] for got in done.tasks[0].values] == [[4.0] * 3 + [3.0] * 3] * 3
+    first = done.tasks[0].values[0]["sums"]
+    assert first in SUMS_THROUGH_A_DEATH
+    assert [got["sums"] for got in done.tasks[0].values] == [first] * 3

@@ -4,7 +4,9 @@ following mpi4py's names for Open MPI's user-level failure mitigation (ULFM):
 * a call that involves a dead rank raises ``distlab.PeerFailed`` (engines/surviving.py);
 * ``comm.Revoke()`` makes every pending and later call on the communicator fail on every rank
   (PeerFailed, ``revoked``), so that ranks waiting on a live peer learn of the death too;
-* ``comm.Agree(flag)`` returns the bitwise AND of the survivors' flags, whatever has failed;
+* ``comm.Agree(flag)`` returns the bitwise AND of the survivors' flags, whatever has failed; a
+  failure that not every survivor had acknowledged before the call makes it raise PeerFailed at
+  every survivor alike (ULFM's rule), so the survivors acknowledge and agree again together;
 * ``comm.Get_failed()`` is the group of the ranks this rank knows have failed, and
   ``comm.Ack_failed()`` acknowledges them (a wildcard receive then goes on without them);
 * ``comm.Shrink()`` is a new communicator of the survivors, renumbered in their order here,
