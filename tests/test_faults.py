@@ -614,6 +614,17 @@ def test_a_kill_at_a_mark_fires_once_the_rank_shows_the_mark_and_not_before() ->
         "fault[0] kill: rank 1 is killed (SIGKILL) when it first calls comm.mark('save')")
 
 
+def test_a_step_kill_that_never_fired_is_named_and_a_random_or_timed_one_is_not() -> None:
+    plan = parse_fault_plan({"format_version": 1, "seed": 1, "fault": [
+        {"kind": "kill", "rank": 1, "at_step": 3},
+        {"kind": "stop", "rank": 0, "at_s": 5.0, "cont_after_s": 1.0},
+        {"kind": "kill", "probability": 0.5, "until_step": 9}]}, where="test").validate_for(2)
+    assert ProcessFaults(plan).never_fired(frozenset()) == [
+        "fault[0] (kill at_step = 3) never fired: rank 1 never started step 3 (steps are "
+        "numbered by its comm.mark('step') calls)"]
+    assert ProcessFaults(plan).never_fired(frozenset({0})) == []
+
+
 def test_a_reclaim_is_a_notice_then_a_kill_after_its_grace() -> None:
     plan = parse_fault_plan({"format_version": 1, "seed": 1, "fault": [
         {"kind": "reclaim", "rank": 2, "at_step": 4, "grace_s": 1.5}]}, where="test")

@@ -209,6 +209,15 @@ def test_a_mark_that_is_never_called_fails_the_run_naming_the_fault() -> None:
         "fault[0] (kill at_mark = 'save') never fired: rank 1 never called comm.mark('save')")
 
 
+def test_a_step_the_rank_never_starts_fails_the_run_naming_the_fault() -> None:
+    """The case marks no steps: a kill at step 2 would test nothing, and the run says so."""
+    done = _around_a_mark("stopped_at_a_mark", {"kind": "kill", "rank": 1, "at_step": 2})
+    assert not done.ok
+    assert done.result.message == (
+        "fault[0] (kill at_step = 2) never fired: rank 1 never started step 2 (steps are "
+        "numbered by its comm.mark('step') calls)")
+
+
 def test_a_reclaimed_rank_gets_its_notice_works_through_the_grace_and_is_killed() -> None:
     """A reclaim (a spot instance taken away): SIGTERM at step 3, which the learner's code
     catches (sealed: its agent hands it on), then SIGKILL a second later; the other rank, which

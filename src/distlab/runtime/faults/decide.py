@@ -316,11 +316,22 @@ class ProcessFaults:
         return actions
 
     def never_fired(self, fired: frozenset[int]) -> list[str]:
-        """Why each ``at_mark`` kill/stop that did not fire in a run that ended well did not: a
-        mark the rank never called is a plan that tested nothing."""
-        return [f"fault[{f.index}] ({f.kind} at_mark = {f.at_mark!r}) never fired: rank "
-                f"{min(f.ranks or ())} never called comm.mark({f.at_mark!r})"
-                for f in self._signals if f.at_mark is not None and f.index not in fired]
+        """Why each kill/stop/reclaim at a mark or at a step that did not fire in a run that ended
+        well did not: a mark the rank never called, or a step it never reached, is a plan that
+        tested nothing. (A random fault may miss by design, and a run may end before an
+        ``at_s``: neither is named.)"""
+        why = []
+        for f in self._signals:
+            if f.index in fired:
+                continue
+            if f.at_mark is not None:
+                why.append(f"fault[{f.index}] ({f.kind} at_mark = {f.at_mark!r}) never fired: rank "
+                           f"{min(f.ranks or ())} never called comm.mark({f.at_mark!r})")
+            elif f.at_step is not None and f.probability is None:
+                why.append(f"fault[{f.index}] ({f.kind} at_step = {f.at_step}) never fired: rank "
+                           f"{min(f.ranks or ())} never started step {f.at_step} (steps are "
+                           "numbered by its comm.mark('step') calls)")
+        return why
 
     def compute_multiplier(self, rank: int, step: int | None = None) -> float:
         """How many times longer this rank's declared compute takes (1.0: not slowed).
