@@ -5,6 +5,8 @@ with the right sums. The death is recorded, not a crash; no process is left."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from distlab.grading import Task, faults
 from distlab.runs import Program, run, run_options
 from distlab.runtime.clock.network import ReplayError
 from distlab.runtime.comm.errors import PeerFailed, peer_failed_from
+from distlab.runtime.faults.model import FaultPlanError
 
 PROGRAMS = Path(__file__).resolve().parent / "programs.py"
 SOLUTION = Path(__file__).resolve().parent / "survivor_programs.py"
@@ -86,3 +89,22 @@ def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through() -> None
     first = done.tasks[0].values[0]["sums"]
     assert first in SUMS_THROUGH_A_DEATH
     assert [got["sums"] for got in done.tasks[0].values] == [first] * 3
+
+
+def test_a_plan_that_kills_or_reclaims_a_rank_the_task_cannot_lose_is_refused_before_any_start() -> None:
+    coordinated = Task(ranks=4, case="allreduce_through_a_death", survivors=True, needed_ranks=(0,),
+                       label="the coordinated loop")
+    reclaim_0 = faults.plan(faults.reclaim(rank=0, at_step=3), seed=1, where="plan.toml")
+    with pytest.raises(FaultPlanError, match=re.escape(
+            "plan.toml: fault[0] (reclaim) would take away rank 0, which task 'the coordinated "
+            "loop' cannot lose (its ranks survive the others' deaths, not rank 0's); give the "
+            "fault another rank")):
+        launch(coordinated, False, plan=reclaim_0)
+    anyone = faults.plan(faults.kill(probability=0.1, until_step=6), seed=1, where="plan.toml")
+    with pytest.raises(FaultPlanError, match=r"fault\[0\] \(kill\) draws among all ranks, would "
+                                             r"take away rank 0"):
+        launch(coordinated, False, plan=anyone)
+    with pytest.raises(UsageError, match=r"needed_ranks names rank 4, outside its 4 ranks"):
+        launch(dataclasses.replace(coordinated, needed_ranks=(4,)), False, plan=None)
+    with pytest.raises(UsageError, match="without survivors=True every rank is needed"):
+        launch(dataclasses.replace(coordinated, survivors=False), False, plan=None)

@@ -45,11 +45,15 @@ class Task:
     # A killed rank does not end the task: the others get distlab.PeerFailed and can Shrink
     # their communicator and go on (MPI; the task runs in a launch of its own).
     survivors: bool = False
+    # With survivors: the ranks the task cannot lose (its coordinator); a fault plan that kills
+    # or reclaims one is refused before any process starts.
+    needed_ranks: tuple[int, ...] = ()
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
-                        platform=self.platform, store=self.store, survivors=self.survivors)
+                        platform=self.platform, store=self.store, survivors=self.survivors,
+                        needed_ranks=tuple(self.needed_ranks))
 
 
 @dataclass

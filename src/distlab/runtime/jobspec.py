@@ -49,6 +49,9 @@ class Task:
     # A rank's death (a kill fault) does not end the task: the others get distlab.PeerFailed
     # and may go on without it (runtime/comm/survivors.py).
     survivors: bool = False
+    # Ranks a task with survivors cannot lose (a coordinator): a plan that kills or reclaims one
+    # is refused before any process starts.
+    needed_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def make_job(
     filled in; ``options`` are the other Job fields (limits, faults, platform, online_clock, ...)."""
     tasks = tuple(tasks)
     world = max(task.ranks for task in tasks)
+    _spare_needed_ranks(tasks, options.get("faults"))
     platform = options.get("platform")
     if platform is not None and "device_flops" not in options:
         options["device_flops"] = tuple(platform.device_of(r).flops for r in range(world))
@@ -128,9 +132,25 @@ def make_job(
     )
 
 
+def _spare_needed_ranks(tasks: Sequence[Task], job_plan: Any) -> None:
+    """A kill or reclaim of a rank its task cannot lose is a fault-plan error, before any start."""
+    for i, task in enumerate(tasks):
+        name = f"task {task.label!r}" if task.label else f"task {i + 1}"
+        outside = [r for r in task.needed_ranks if not 0 <= r < task.ranks]
+        if outside:
+            raise UsageError(f"{name}: needed_ranks names rank {outside[0]}, outside its "
+                             f"{task.ranks} ranks (0..{task.ranks - 1})")
+        plan = task.faults if task.faults is not None else job_plan
+        if task.needed_ranks and plan is not None:
+            plan.spare(frozenset(task.needed_ranks), name)
+
+
 def _survivors(tasks: Sequence[Task], backend: str) -> bool:
     """Whether a task lets its ranks outlive a peer; such a task is alone in its launch, on MPI."""
     if not any(task.survivors for task in tasks):
+        if any(task.needed_ranks for task in tasks):
+            raise UsageError("Task(needed_ranks=...) names the ranks a task with survivors cannot "
+                             "lose; without survivors=True every rank is needed")
         return False
     if backend != "mpi":
         raise UsageError("Task(survivors=True) runs on MPI (Open MPI's ULFM) for now; on gloo a "

@@ -199,6 +199,20 @@ class FaultPlan:
                     )
         return replace(self, world_size=world_size)
 
+    def spare(self, needed: frozenset[int], task: str) -> None:
+        """Raises when a kill or reclaim may take away a rank of ``needed``: ranks a task with
+        survivors cannot lose (a coordinator, the rank that holds the only copy of a state), so
+        a plan that ends one tests nothing the task can pass."""
+        for fault in self.of_kind("kill", "reclaim"):
+            lost = sorted(needed if fault.ranks is None else needed & fault.ranks)
+            if lost:
+                among = "draws among all ranks, " if fault.ranks is None else ""
+                raise FaultPlanError(
+                    f"{self.where}: fault[{fault.index}] ({fault.kind}) {among}would take away "
+                    f"rank {lost[0]}, which {task} cannot lose (its ranks survive the others' "
+                    f"deaths, not rank {', '.join(map(str, sorted(needed)))}'s); give the fault "
+                    "another rank")
+
     def describe(self) -> str:
         origin = {"file": "from the plan", "caller": "given by the caller"}.get(
             self.seed_origin, "derived from the plan")
