@@ -72,3 +72,29 @@ def a_rank_leaves_by_itself(comm, steps=6):
             comm.mark("step")
             comm.Allreduce(np.ones(2), np.zeros(2))
     return allreduce_through_a_death(comm, steps)
+
+
+def a_revocation_reaches_every_waiter(comm):
+    """Rank 0 waits for a message from rank 1, which waits for one from rank 2, which the plan
+    kills as step 1 starts; rank 3 waits in a Barrier. Rank 1 learns of the death, revokes, and
+    the revocation ends rank 0's wait (rank 3's Barrier fails by itself); the survivors shrink and meet once more."""
+    comm.mark("step")
+    if comm.rank == 2:
+        comm.mark("step")  # killed here
+    buf = np.zeros(1)
+    try:
+        if comm.rank == 0:
+            comm.Recv(buf, source=1)
+        elif comm.rank == 1:
+            comm.Recv(buf, source=2)
+        else:
+            comm.Barrier()
+        raise AssertionError("the wait ended without a failure")
+    except distlab.PeerFailed as error:
+        if comm.rank == 1:  # the one rank that saw the death itself
+            comm.Revoke()
+        call, revoked = error.call, error.revoked
+    acknowledged_agreement(comm)
+    comm = comm.Shrink()
+    comm.Barrier()
+    return {"call": call, "revoked": revoked, "survivors": comm.size}

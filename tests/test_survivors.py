@@ -1,7 +1,8 @@
-"""Survivors (runtime/comm/survivors.py, engines/surviving.py): with Task(survivors=True) a
-SIGKILLed rank no longer ends the task; the others get distlab.PeerFailed from the call that
-touched it, and revoke, agree and shrink their communicator through Open MPI's ULFM, then finish
-with the right sums. The death is recorded, not a crash; no process is left."""
+"""Survivors (runtime/comm/survivors.py, engines/surviving.py, engines/surviving_gloo.py): with
+Task(survivors=True) a SIGKILLed rank no longer ends the task; the others get distlab.PeerFailed
+from the call that touched it, and revoke, agree and shrink their communicator (through Open
+MPI's ULFM, or on gloo over the launch's store), then finish with the right sums. The death is
+recorded, not a crash; no process is left."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def launch(task: Task, seal: bool, backend: str = "mpi", plan: object = KILL_2_A
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("seal", [True, False])
-def test_kill_one_of_four_mid_allreduce_the_three_survivors_shrink_and_finish(seal: bool) -> None:
-    done = launch(Task(ranks=4, case="allreduce_through_a_death", survivors=True), seal)
+@pytest.mark.parametrize(("backend", "seal"), [("mpi", True), ("mpi", False), ("gloo", True),
+                                               ("gloo", False)])
+def test_kill_one_of_four_mid_allreduce_the_three_survivors_shrink_and_finish(
+        backend: str, seal: bool) -> None:
+    done = launch(Task(ranks=4, case="allreduce_through_a_death", survivors=True), seal, backend)
     assert done.ok, done.result.message
     assert done.result.fault_events == ["rank 2 was killed (SIGKILL) at step 3 by fault[0]"]
     task = done.tasks[0]
@@ -58,13 +61,11 @@ def test_kill_one_of_four_mid_allreduce_the_three_survivors_shrink_and_finish(se
         task.replay()
 
 
-def test_survivors_are_asked_for_and_run_on_mpi_alone() -> None:
+def test_survivors_are_asked_for_and_have_a_launch_of_their_own() -> None:
     done = launch(Task(ranks=2, case="calls_without_survivors"), seal=True, plan=None)
     assert done.ok and done.tasks[0].values[0] == (
         "Shrink: this task's ranks do not survive their peers; a problem asks for it with "
-        "Task(survivors=True) (on MPI)")
-    with pytest.raises(UsageError, match=r"Task\(survivors=True\) runs on MPI"):
-        launch(Task(ranks=2, case="calls_without_survivors", survivors=True), True, "gloo")
+        "Task(survivors=True)")
     with pytest.raises(UsageError, match="runs in a launch of its own"):
         run(Program(PROGRAMS, "call_solution", SOLUTION),
             [Task(ranks=2, case="calls_without_survivors", survivors=True).for_ranks()] * 2,
@@ -80,8 +81,10 @@ def test_a_peer_failure_crosses_the_seal_as_itself() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through() -> None:
-    done = launch(Task(ranks=4, case="a_rank_leaves_by_itself", survivors=True), False, plan=None)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through(backend: str) -> None:
+    done = launch(Task(ranks=4, case="a_rank_leaves_by_itself", survivors=True), False, backend,
+                  plan=None)
     assert done.ok, done.result.message
     assert done.result.fault_events == [
         "rank 2 died: its process ended without reporting, and the others went on (a task with "
@@ -89,6 +92,21 @@ def test_a_rank_that_ends_by_itself_is_a_death_the_others_live_through() -> None
     first = done.tasks[0].values[0]["sums"]
     assert first in SUMS_THROUGH_A_DEATH
     assert [got["sums"] for got in done.tasks[0].values] == [first] * 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_revocation_reaches_a_rank_that_waits_on_a_live_peer(backend: str) -> None:
+    """Rank 0 waits for rank 1, rank 1 for rank 2, which is killed: only rank 1 can see the
+    death, and its Revoke is how rank 0 learns of it (gloo cannot interrupt a call: its calls
+    poll the revocation notices)."""
+    done = launch(Task(ranks=4, case="a_revocation_reaches_every_waiter", survivors=True), True,
+                  backend, plan=faults.plan(faults.kill(rank=2, at_step=1), seed=1))
+    assert done.ok, done.result.message
+    first, second, third = done.tasks[0].values
+    assert first == {"call": "Recv", "revoked": True, "survivors": 3}, first
+    assert second == {"call": "Recv", "revoked": False, "survivors": 3}, second
+    assert third["survivors"] == 3 and third["call"] == "Barrier", third
 
 
 def test_a_plan_that_kills_or_reclaims_a_rank_the_task_cannot_lose_is_refused_before_any_start() -> None:

@@ -43,7 +43,7 @@ class Task:
     label: str = ""  # how a failure names the task: "while running <label>"
     store: bool = False  # comm.store(): a key-value store of the task's own
     # A killed rank does not end the task: the others get distlab.PeerFailed and can Shrink
-    # their communicator and go on (MPI; the task runs in a launch of its own).
+    # their communicator and go on (MPI or gloo; the task runs in a launch of its own).
     survivors: bool = False
     # With survivors: the ranks the task cannot lose (its coordinator); a fault plan that kills
     # or reclaims one is refused before any process starts.

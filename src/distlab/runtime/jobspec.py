@@ -20,6 +20,8 @@ from ..errors import UsageError
 from .comm.stats import CommStats
 
 JOB_FILE = "job.pkl"
+# Which attempt of the job a rank belongs to: 0, then 1 after a restart, ... (set by the supervisor).
+ATTEMPT_ENV = "DISTLAB_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class Job:
     store: bool = False
     store_address: str = ""
     # Some task lets its ranks survive a peer's death (Task.survivors): MPI runs with Open MPI's
-    # user-level failure mitigation (ULFM).
+    # user-level failure mitigation (ULFM); gloo meets at the launch's store (``store``), where
+    # the supervisor posts each death (engines/surviving_gloo.py).
     survivors: bool = False
 
 
@@ -113,6 +116,7 @@ def make_job(
     tasks = tuple(tasks)
     world = max(task.ranks for task in tasks)
     _spare_needed_ranks(tasks, options.get("faults"))
+    survivors = _survivors(tasks)
     platform = options.get("platform")
     if platform is not None and "device_flops" not in options:
         options["device_flops"] = tuple(platform.device_of(r).flops for r in range(world))
@@ -126,8 +130,9 @@ def make_job(
         backend=backend,
         world_size=world,
         supervisor_pid=os.getpid(),
-        store=any(task.store for task in tasks),
-        survivors=_survivors(tasks, backend),
+        # Survivors on gloo meet at the launch's store, where the supervisor posts each death.
+        store=any(task.store for task in tasks) or (survivors and backend == "gloo"),
+        survivors=survivors,
         **options,
     )
 
@@ -145,16 +150,13 @@ def _spare_needed_ranks(tasks: Sequence[Task], job_plan: Any) -> None:
             plan.spare(frozenset(task.needed_ranks), name)
 
 
-def _survivors(tasks: Sequence[Task], backend: str) -> bool:
-    """Whether a task lets its ranks outlive a peer; such a task is alone in its launch, on MPI."""
+def _survivors(tasks: Sequence[Task]) -> bool:
+    """Whether a task lets its ranks outlive a peer; such a task is alone in its launch."""
     if not any(task.survivors for task in tasks):
         if any(task.needed_ranks for task in tasks):
             raise UsageError("Task(needed_ranks=...) names the ranks a task with survivors cannot "
                              "lose; without survivors=True every rank is needed")
         return False
-    if backend != "mpi":
-        raise UsageError("Task(survivors=True) runs on MPI (Open MPI's ULFM) for now; on gloo a "
-                         "rank's death still ends the task")
     if len(tasks) > 1:
         raise UsageError("a task with survivors=True runs in a launch of its own: after a death, "
                          "the launch has no whole world left to run the next task on")

@@ -10,7 +10,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from ..engines.surviving import PeerFailed, peer_failed_from
+from ..engines.peer_failed import PeerFailed, peer_failed_from
 
 __all__ = ["CommBroken", "CommTimeout", "PeerFailed", "comm_timeout_from", "peer_failed_from",
            "timeout_seconds"]

@@ -12,7 +12,8 @@ following mpi4py's names for Open MPI's user-level failure mitigation (ULFM):
 * ``comm.Shrink()`` is a new communicator of the survivors, renumbered in their order here,
   with the rank's slot, trace, clock and counters as every communicator of the rank (groups.py).
 
-On an engine without failure mitigation (gloo, or MPI without survivors) these calls say so.
+On MPI these are Open MPI's own; on gloo, the same calls over the launch's store
+(engines/surviving_gloo.py). In a task without survivors they say so.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Survivors:
         """The engine's failure mitigation, or an error saying there is none."""
         if not getattr(self._engine, "survives_peers", False):
             raise RuntimeError(f"{call}: this task's ranks do not survive their peers; a problem "
-                               "asks for it with Task(survivors=True) (on MPI)")
+                               "asks for it with Task(survivors=True)")
         return self._engine
 
     def Revoke(self) -> None:  # noqa: N802

@@ -317,8 +317,11 @@ class GlooEngine(BlockCollectives):
         store = dist.PrefixStore(f"distlab/{path}/", _job_store(self._timeout))
         group = dist.ProcessGroupGloo(store, ranks.index(self.rank), len(ranks), self._timeout)
         _SUB_GROUPS.append(group)
-        return GlooEngine(group, ranks.index(self.rank), len(ranks),
-                          [self.world_ranks[r] for r in ranks], self._timeout, False, path)
+        return self._made(group, ranks.index(self.rank), [self.world_ranks[r] for r in ranks], path)
+
+    def _made(self, group: Any, rank: int, world_ranks: list[int], path: str) -> GlooEngine:
+        """The engine of a group this one made (engines/surviving_gloo.py makes its own kind)."""
+        return GlooEngine(group, rank, len(world_ranks), world_ranks, self._timeout, False, path)
 
     def abort(self, code: int) -> None:
         # Gloo has no job-wide abort: this rank leaves, its peers fail on their next transfer with
@@ -343,8 +346,11 @@ class GlooEngine(BlockCollectives):
         # MPI_Finalize); destroying the group under it could hang, so the process just exits.
 
 
-def world(timeout_s: float = 1800.0) -> GlooEngine:
-    """Joins the job's process group from torchrun's variables (RANK, WORLD_SIZE, MASTER_*)."""
+def world(timeout_s: float = 1800.0, store: Any = None) -> GlooEngine:
+    """Joins the job's process group from torchrun's variables (RANK, WORLD_SIZE, MASTER_*), or,
+    given ``store`` (a client of a store outside the ranks: a job whose ranks survive their peers
+    meets at the supervisor's, since rank 0's would die with it), over that store."""
+    global _STORE
     _, dist = _torch()
     try:
         rank = int(os.environ["RANK"])
@@ -354,16 +360,23 @@ def world(timeout_s: float = 1800.0) -> GlooEngine:
             f"the gloo engine needs torchrun's environment variables ({missing.args[0]} is unset)"
         ) from None
     timeout = timedelta(seconds=timeout_s)
+    if store is not None:
+        _STORE = store
     if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method="env://", rank=rank, world_size=size, timeout=timeout
-        )
+        if store is None:
+            dist.init_process_group(
+                "gloo", init_method="env://", rank=rank, world_size=size, timeout=timeout
+            )
+        else:
+            dist.init_process_group("gloo", store=dist.PrefixStore("distlab/world", store),
+                                    rank=rank, world_size=size, timeout=timeout)
     return GlooEngine(dist.group.WORLD, rank, size, list(range(size)), timeout, True)
 
 
 def _job_store(timeout: timedelta) -> Any:
     """A client of the store the world met at (rank 0 hosts it, from MASTER_ADDR and
-    MASTER_PORT): where sub-groups meet. One per process, made at the first split."""
+    MASTER_PORT, unless ``world`` was given one): where sub-groups meet. One per process, made
+    at the first split."""
     global _STORE
     if _STORE is None:
         _, dist = _torch()

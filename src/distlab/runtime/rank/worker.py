@@ -50,6 +50,7 @@ from ..comm.store import StoreLink
 from ..engines.base import Engine, split_off
 from ..engines.counted import harness_engine
 from ..jobspec import (
+    ATTEMPT_ENV,
     JOB_FILE,
     Job,
     RankOutcome,
@@ -98,6 +99,18 @@ def make_engine(backend: str, timeout_s: float = 1800.0) -> Engine:
     return gloo.world(timeout_s=timeout_s)
 
 
+def _surviving_engine(job: Job, slot: RankSlot) -> Engine:
+    """The engine of a job whose ranks outlive their peers: a peer's death raises PeerFailed
+    instead of ending the job (MPI under ULFM; gloo over the launch's store)."""
+    if job.backend == "mpi":
+        from ..engines.surviving import SurvivingEngine
+
+        return SurvivingEngine(make_engine("mpi"), slot.running)  # type: ignore[arg-type, return-value]
+    from ..engines.surviving_gloo import surviving_world
+
+    return surviving_world(job.store_address, int(os.environ.get(ATTEMPT_ENV, "0")), slot.running)
+
+
 def _watch_supervisor(pid: int) -> None:
     """Ends this rank if the supervisor dies, so a crashed harness leaves no process behind."""
     while True:
@@ -144,11 +157,7 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
-    engine = make_engine(job.backend)
-    if job.survivors:  # a peer's death raises PeerFailed instead of ending the job
-        from ..engines.surviving import SurvivingEngine
-
-        engine = SurvivingEngine(engine, slot.running)  # type: ignore[arg-type]
+    engine = _surviving_engine(job, slot) if job.survivors else make_engine(job.backend)
     handed = None
     if job.mpi_monitoring and backend == "mpi":
         # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring

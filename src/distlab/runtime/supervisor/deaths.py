@@ -3,22 +3,30 @@ reporting and not by the plan's signal (the learner's own os._exit, a crash, the
 killer): not a crash of the job but a death the others live through, recorded as a kill of the
 plan is (in the launch's ``FaultState``, which a job with survivors always has), so the verdicts
 read it the same way.
+
+On gloo, which has no failure detector, the survivors learn of a death from the launch's store:
+once a dead rank's process is gone (killed by the plan, reclaimed, or ended by itself), ``Deaths``
+posts its notice there (engines/notices.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from ..jobspec import RankOutcome, pid_path
+from ..engines.notices import publish_death
+from ..jobspec import RankOutcome, outcome_path, pid_path
 from .process_faults import FaultState
 
 
 class Deaths:
     """Looks for the deaths of one attempt, and records each in the attempt's FaultState."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Any = None, attempt: int = 0) -> None:
         self._pids: dict[int, int] = {}
+        self._store, self._attempt = store, attempt  # where deaths are posted (gloo), or None
+        self._posted: set[int] = set()
 
     def look(self, job_dir: Path, world: int, outcomes: Mapping[int, RankOutcome],
              faults: FaultState) -> None:
@@ -30,11 +38,26 @@ class Deaths:
             if pid is None:
                 continue  # not started yet
             self._pids[rank] = pid
-            if not _alive(pid):
+            # Gone, but it may have written its outcome since this poll read the outcomes: a
+            # rank that finished is no death.
+            if not _alive(pid) and not outcome_path(job_dir, rank).exists():
                 sentence = (f"rank {rank} died: its process ended without reporting, and the "
                             "others went on (a task with survivors)")
                 faults.killed[rank] = sentence
                 faults.events.append(sentence)
+        if self._store is not None:
+            self._post(job_dir, faults)
+
+    def _post(self, job_dir: Path, faults: FaultState) -> None:
+        """Posts the death of every killed rank whose process is gone (a reclaimed one lives on
+        through its grace period)."""
+        for rank in faults.killed:
+            if rank in self._posted:
+                continue
+            pid = self._pids.get(rank) or _pid_of(job_dir, rank)
+            if pid is None or not _alive(pid):
+                publish_death(self._store, self._attempt, rank)
+                self._posted.add(rank)
 
 
 def _pid_of(job_dir: Path, rank: int) -> int | None:

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ..comm import rankstate
 from ..jobspec import JOB_FILE, Job, RankOutcome, outcome_path, write_pickle_atomically
@@ -62,11 +63,12 @@ def launch(
         keep_root = Path(os.environ["DISTLAB_KEEP_JOBS"])
         keep_root.mkdir(parents=True, exist_ok=True)
         keep_dir = Path(tempfile.mkdtemp(prefix="distlab-job-", dir=keep_root))
-    with hosted_store(job) as job:
-        return _attempts(job, deadline_s, stall_s, keep_dir)
+    with hosted_store(job) as hosted:
+        return _attempts(hosted.job, deadline_s, stall_s, keep_dir, hosted.server)
 
 
-def _attempts(job: Job, deadline_s: float, stall_s: float, keep_dir: Path | None) -> LaunchResult:
+def _attempts(job: Job, deadline_s: float, stall_s: float, keep_dir: Path | None,
+              store: Any = None) -> LaunchResult:
     """The attempts of a launch: one, or more under a ``restart`` fault."""
     faults = process_faults(job)
     started = time.monotonic()  # the clock of the deadline and of at_s triggers, for every attempt
@@ -75,7 +77,7 @@ def _attempts(job: Job, deadline_s: float, stall_s: float, keep_dir: Path | None
     start_retried = False
     while True:
         kept = keep_dir if keep_dir is None or attempt == 0 else keep_dir / f"attempt-{attempt}"
-        result = _run_attempt(job, attempt, started, deadline_s, stall_s, kept, faults)
+        result = _run_attempt(job, attempt, started, deadline_s, stall_s, kept, faults, store)
         time_left = deadline_s - (time.monotonic() - started)
         if not start_retried and failed_to_start(result) and time_left > 5:
             # Open MPI's launcher sometimes fails to start on a heavily loaded machine before any
@@ -103,8 +105,10 @@ def _run_attempt(
     stall_s: float,
     keep_dir: Path | None,
     faults: FaultState | None,
+    store: Any = None,
 ) -> LaunchResult:
-    """One start of the job's ranks, polled to its end; every process of it is gone on return."""
+    """One start of the job's ranks, polled to its end; every process of it is gone on return.
+    ``store``: the launch's store server, where a gloo job with survivors learns of deaths."""
     if keep_dir is None:
         job_dir = new_job_dir()
     else:
@@ -115,7 +119,9 @@ def _run_attempt(
     if faults is not None:
         faults.new_attempt()
     procs = start_ranks(job, job_dir, attempt)
-    deaths = Deaths() if job.survivors else None
+    deaths = None
+    if job.survivors:  # gloo's survivors learn of a death from the store (engines/notices.py)
+        deaths = Deaths(store if job.backend == "gloo" else None, attempt)
     outcomes: dict[int, RankOutcome] = {}
     pids: dict[int, int] = {}  # rank -> pid, once its pid file is there (fixed for the attempt)
     last_seqs: tuple[int, ...] = ()

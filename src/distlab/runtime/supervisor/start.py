@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import HarnessError
-from ..jobspec import Job
+from ..jobspec import ATTEMPT_ENV, Job
 from ..zygote import wire as zygote_wire
 from ..zygote.client import STAND_IN, ForkedRank, preload_for, zygote_for
 from . import mpi_monitoring
@@ -25,7 +25,6 @@ from .processes import kill_session
 if TYPE_CHECKING:
     from .verdicts import LaunchResult
 
-ATTEMPT_ENV = "DISTLAB_ATTEMPT"  # which attempt a rank belongs to: 0, then 1 after a restart, ...
 RANK_MODULE = "distlab.runtime.rank.worker"
 
 
