@@ -13,7 +13,8 @@
 6. What a launch of 8 ranks costs with ranks forked from the zygote against ranks started afresh
    (``start_cost.py``), on each engine (target on gloo: forked <= 0.5x).
 7. Runtime II's side channels (``survivor_cost.py``): a SIGKILL to the survivors' PeerFailed, and
-   their Revoke, Shrink and first Allreduce, against a 4-rank Allreduce (MPI under ULFM); a store
+   their Revoke, Shrink and first Allreduce, against a 4-rank Allreduce (MPI under ULFM, and gloo
+   over the store's notices); a store
    set and get against an 8-byte MPI round trip (report-only rows).
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.bench.mpi_ranks``, which
@@ -295,10 +296,13 @@ def survivor_figures(t: survivor_cost.SurvivorTimings) -> list[Figure]:
     def row(name: str, value: float, baseline: str, base: float) -> Figure:
         return Figure(name, value, baseline, base, value / base, "x", None)
     allreduce = f"Allreduce of 8 KiB, {survivor_cost.RANKS} ranks"
-    return [row("SIGKILL to PeerFailed (MPI, ULFM)", t.detect_s, allreduce, t.allreduce_s),
-            row("survivors revoke, shrink, finish an Allreduce", t.shrink_and_finish_s, allreduce,
-                t.allreduce_s),
-            row("store set + get, 8 B", t.store_s, "8 B MPI round trip", t.pingpong_s)]
+    rows = []
+    for engine, death in (("MPI, ULFM", t.mpi), ("gloo, store notices", t.gloo)):
+        rows += [row(f"SIGKILL to PeerFailed ({engine})", death.detect_s, allreduce,
+                     death.allreduce_s),
+                 row(f"survivors revoke, shrink, finish an Allreduce ({engine})",
+                     death.shrink_and_finish_s, allreduce, death.allreduce_s)]
+    return [*rows, row("store set + get, 8 B", t.store_s, "8 B MPI round trip", t.pingpong_s)]
 
 
 def figures_from(
@@ -409,7 +413,7 @@ def run_benchmarks(console: Console, quick: bool = False) -> None:
     sealed = seal_figures(seal_cost.measure(quick, time_check_03))
     console.print("[dim]timing launches, ranks forked from the zygote and started afresh...[/]")
     started = start_figures(start_cost.measure(quick))
-    console.print("[dim]timing a peer's death on MPI under ULFM, and the task's store...[/]")
+    console.print("[dim]timing a peer's death on MPI under ULFM and on gloo, and the task's store...[/]")
     survived = survivor_figures(survivor_cost.measure(quick, run_to_end, mpiexec_path(), mpi_env()))
     figures = [*figures_from(timings, check_s, run32_s, cost), *sealed, *started, *survived]
     console.print(figures_table(figures, f"distlab bench{' --quick' if quick else ''}"))

@@ -1,8 +1,9 @@
 """What runtime II's side channels cost (issue 12): the time from a rank's SIGKILL to the
 survivors' ``distlab.PeerFailed``, and for them to revoke, shrink and finish one Allreduce, each
-against a 4-rank Allreduce of the same run (MPI under Open MPI's ULFM: gloo has no survivors
-yet); and a set plus a get on the task's store against an 8-byte MPI round trip. Report-only
-rows: the issue sets no targets for them.
+against a 4-rank Allreduce of the same run, on MPI under Open MPI's ULFM (mpiexec started here,
+so that the engine's own detection is timed) and on gloo (a job through the front door: there the
+supervisor's notice of the death is the detection); and a set plus a get on the task's store
+against an 8-byte MPI round trip. Report-only rows: the issue sets no targets for them.
 """
 
 from __future__ import annotations
@@ -24,10 +25,16 @@ DIAGNOSES: list[str] = []  # runs that had to be ended, and whether they had mea
 
 
 @dataclass(frozen=True)
-class SurvivorTimings:
+class DeathTimings:
     allreduce_s: float  # a 4-rank Allreduce of 8 KiB through the proxy, the baseline
     detect_s: float  # SIGKILL to PeerFailed, the median over the survivors
     shrink_and_finish_s: float  # PeerFailed to the survivors' first Allreduce done
+
+
+@dataclass(frozen=True)
+class SurvivorTimings:
+    mpi: DeathTimings
+    gloo: DeathTimings
     store_s: float  # a set and a get of 8 bytes on the task's store
     pingpong_s: float  # an 8-byte Send/Recv round trip, the store's baseline
 
@@ -57,24 +64,40 @@ def one_death(run_to_end: Callable[[list[str], dict[str, str], float], tuple[int
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
+def one_gloo_death() -> dict[str, float]:
+    """A 4-rank gloo job with survivors through the front door, whose rank 2 SIGKILLs itself."""
+    with tempfile.TemporaryDirectory(prefix="distlab-bench-") as tmp:
+        return _harness_run("through_a_death_on_gloo",
+                            Task(ranks=RANKS, args=(str(Path(tmp) / "death.killed"),),
+                                 survivors=True), "gloo")
+
+
 def store_timings(rounds: int) -> dict[str, float]:
+    return _harness_run("store_round_trip", Task(ranks=2, args=(rounds,), store=True), "mpi")
+
+
+def _harness_run(program_name: str, task: Task, backend: str) -> dict[str, float]:
+    """Rank 0's value of one of survivor_ranks.py's programs, run as every job runs."""
     from ..runs import Program, run, run_options  # the front door for runs, as every job starts
 
-    program = Program(Path(__file__).with_name("survivor_ranks.py"), "store_round_trip")
-    done = run(program, [Task(ranks=2, args=(rounds,), store=True)], run_options("mpi"),
-               deadline_s=120)
+    program = Program(Path(__file__).with_name("survivor_ranks.py"), program_name)
+    done = run(program, [task], run_options(backend), deadline_s=120)
     if not done.ok:
-        raise HarnessError(f"the store benchmark failed: {done.result.message}")
+        raise HarnessError(f"the {program_name} benchmark failed: {done.result.message}")
     return done.tasks[0].values[0]  # type: ignore[no-any-return]
 
 
 def measure(quick: bool, run_to_end: Callable[[list[str], dict[str, str], float], tuple[int, str]],
             mpiexec: str, env: dict[str, str]) -> SurvivorTimings:
-    deaths = [one_death(run_to_end, mpiexec, env) for _ in range(1 if quick else 3)]
+    runs = 1 if quick else 3
+    mpi = [one_death(run_to_end, mpiexec, env) for _ in range(runs)]
+    gloo = [one_gloo_death() for _ in range(runs)]
     store = store_timings(20 if quick else 200)
+    return SurvivorTimings(_medians(mpi), _medians(gloo), store["store_s"], store["pingpong_s"])
 
+
+def _medians(deaths: list[dict[str, float]]) -> DeathTimings:
     def median(key: str) -> float:
         return statistics.median(d[key] for d in deaths)
 
-    return SurvivorTimings(median("allreduce_s"), median("detect_s"),
-                           median("shrink_and_finish_s"), store["store_s"], store["pingpong_s"])
+    return DeathTimings(median("allreduce_s"), median("detect_s"), median("shrink_and_finish_s"))

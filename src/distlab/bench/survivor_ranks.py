@@ -8,6 +8,9 @@ others sit in an Allreduce; they time from that time to their ``distlab.PeerFail
 through Revoke, Shrink and one Allreduce of the survivors; rank 0 writes the medians to F. (A kill of the harness's fault plan lands at the supervisor's next
 50 ms poll, which would hide the engine's own detection time.)
 
+``through_a_death_on_gloo``: the same in a gloo job with survivors started through the front
+door, where detection is the supervisor's notice of the death (engines/notices.py).
+
 ``store_round_trip``: a harness program; rank 0 times a set and a get of 8 bytes on the task's
 store against an 8-byte Send/Recv round trip with rank 1.
 """
@@ -58,6 +61,15 @@ def through_a_death(comm: Any, kill_file: Path) -> dict[str, float] | None:
     survivors.Allgather(mine, medians)
     return dict(zip(("allreduce_s", "detect_s", "shrink_and_finish_s"),
                     (float(v) for v in np.median(medians, axis=0))))
+
+
+def through_a_death_on_gloo(comm: Any, solution: Any, kill_file: str) -> dict[str, float] | None:
+    """A harness program: ``through_a_death`` in a gloo job with survivors, where the supervisor
+    notices the death and posts it on the launch's store; rank 0 returns the medians."""
+    got = through_a_death(comm, Path(kill_file))
+    if got is None:
+        raise RuntimeError("rank 2's death went unseen: the Allreduce after it completed")
+    return got if comm.rank == 0 else None
 
 
 def store_round_trip(comm: Any, solution: Any, rounds: int) -> dict[str, float] | None:
