@@ -98,3 +98,53 @@ def a_revocation_reaches_every_waiter(comm):
     comm = comm.Shrink()
     comm.Barrier()
     return {"call": call, "revoked": revoked, "survivors": comm.size}
+
+
+def elastic(comm, steps=6):
+    """An elastic loop: every step starts with comm.Admit() (the membership barrier: ranks waiting
+    to join enter there, and rank 0 tells them the step), then an Allreduce of ones, the size of
+    the group. A rank that dies is survived as in allreduce_through_a_death. A newcomer's task
+    starts on the communicator that admitted it, where the others are just out of their Admit:
+    it learns the step from rank 0, then does that step's work with them."""
+    import os
+
+    joined = os.environ.get("DISTLAB_JOINED") == "1"
+    sizes, step = {}, 0  # step -> the group's size then
+    if joined:
+        where = np.zeros(1)
+        comm.Bcast(where, root=0)
+        step = int(where[0])
+    entering = joined  # a newcomer starts where the others are, just out of their Admit
+    while step < steps:
+        out = np.zeros(1)
+        try:
+            if not entering:
+                comm.mark("step")
+                grown = comm.Admit()
+                if grown is not comm:
+                    comm = grown
+                    comm.Bcast(np.array([float(step)]), root=0)
+            entering = False
+            comm.Allreduce(np.ones(1), out)
+        except distlab.PeerFailed:
+            comm.Revoke()
+            acknowledged_agreement(comm)
+            comm = comm.Shrink()
+            finished_by_all = np.zeros(1)
+            comm.Allreduce(np.array([float(step)]), finished_by_all, op=distlab.MIN)
+            step = int(finished_by_all[0])
+            sizes = {s: n for s, n in sizes.items() if s < step}
+            continue
+        sizes[step] = int(out[0])
+        step += 1
+    return {"joined": joined, "restarted": os.environ.get("DISTLAB_RESTARTED_RANK"),
+            "sizes": [sizes[s] for s in sorted(sizes)], "first": min(sizes),
+            "rank": comm.rank, "size": comm.size}
+
+
+def admit_on_mpi(comm):
+    try:
+        comm.Admit()
+    except RuntimeError as error:
+        return str(error)
+    return "nothing raised"

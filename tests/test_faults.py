@@ -8,6 +8,7 @@ is due. Randomness is checked for being a function of the plan and the message, 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from distlab.errors import DistlabError
+from distlab.platforms import uniform
 from distlab.runtime.faults.plans import (
     KINDS,
     FaultPlan,
@@ -440,7 +442,42 @@ def test_slow_multiplies_declared_compute(tmp_path: Path) -> None:
 def test_restart_gives_the_restart_budget(tmp_path: Path) -> None:
     restart = plan_from(tmp_path, '[[fault]]\nkind = "restart"\nmax_restarts = 3\n')
     assert ProcessFaults(restart).restarts_allowed() == 3
+    assert ProcessFaults(restart).rank_restarts_allowed() == 0
     assert ProcessFaults(plan_from(tmp_path, "")).restarts_allowed() == 0
+    alone = plan_from(tmp_path, '[[fault]]\nkind = "restart"\nmax_restarts = 2\nrestart = "rank"\n')
+    assert (ProcessFaults(alone).restarts_allowed(), ProcessFaults(alone).rank_restarts_allowed()) == (0, 2)
+    assert alone.newcomers() == 2
+    assert "a rank that dies starts again alone" in alone.describe()
+
+
+def test_a_join_is_due_once_a_rank_starts_its_step_or_at_its_time(tmp_path: Path) -> None:
+    plan = plan_from(tmp_path, '[[fault]]\nkind = "join"\ncount = 2\nat_step = 4\n'
+                               '[[fault]]\nkind = "join"\nat_s = 1.5\n')
+    faults = ProcessFaults(plan)
+    assert plan.newcomers() == 3 and faults.trigger_steps(0) == faults.trigger_steps(7) == {4}
+    assert faults.joins_due(3, 1.0, frozenset()) == []
+    assert [f.index for f in faults.joins_due(4, 1.0, frozenset())] == [0]
+    assert [f.index for f in faults.joins_due(9, 2.0, frozenset({0}))] == [1]
+    assert faults.never_fired(frozenset({1})) == [
+        "fault[0] (join at_step = 4) never fired: no rank started step 4 (steps are numbered by "
+        "comm.mark('step'))"]
+    assert "fault[0] join: 2 new ranks join the job at step 4; they enter at the others' next " \
+           "comm.Admit()" in plan.describe()
+
+
+@pytest.mark.parametrize(("survivors", "backend", "seats", "message"), [
+    (False, "gloo", 8, "fault[0] (join) adds ranks to a running job, which only a task whose ranks "
+                       "survive their peers takes (Task(survivors=True)"),
+    (True, "mpi", 8, "fault[0] (join) adds ranks to a running job, which distlab does on gloo"),
+    (True, "gloo", 5, "fault[0] (join) may bring the job to 6 ranks, and platform 'uniform-5' "
+                      "seats 5"),
+])
+def test_a_plan_that_adds_ranks_is_refused_where_they_cannot_join(
+        tmp_path: Path, survivors: bool, backend: str, seats: int, message: str) -> None:
+    plan = plan_from(tmp_path, '[[fault]]\nkind = "join"\ncount = 2\nat_step = 4\n')
+    with pytest.raises(FaultPlanError, match=re.escape(message)):
+        plan.newcomers_for(survivors, backend, 4, uniform(seats, 1e-6, 1e-9))
+    assert plan.newcomers_for(True, "gloo", 4, uniform(6, 1e-6, 1e-9)) == 2
 
 
 # -- seeds ----------------------------------------------------------------------------------------
@@ -485,7 +522,17 @@ MALFORMED = [
      "faults.toml: fault[0].probability must be between 0 and 1; got 1.5"),
     ('[[fault]]\nkind = "drop"\n[[fault]]\nkind = "explode"\n',
      "faults.toml: fault[1]: unknown kind 'explode' (known: delay, spike, bandwidth, drop, partition, dead, hung, "
-     "kill, stop, reclaim, slow, restart)"),
+     "kill, stop, reclaim, slow, restart, join)"),
+    ('[[fault]]\nkind = "join"\ncount = 2\n',
+     "faults.toml: fault[0] (kind 'join') needs one trigger, 'at_step' (when a rank starts that step) "
+     "or 'at_s' (wall clock)"),
+    ('[[fault]]\nkind = "join"\ncount = 0\nat_step = 3\n',
+     "faults.toml: fault[0].count must be an integer >= 1 and at most 64; got 0"),
+    ('[[fault]]\nkind = "join"\nrank = 4\nat_step = 3\n',
+     "faults.toml: fault[0] (kind 'join') has unknown key 'rank'"),
+    ('[[fault]]\nkind = "restart"\nmax_restarts = 1\nrestart = "node"\n',
+     "faults.toml: fault[0].restart must be \"job\" (start the whole job again) or \"rank\" (the dead "
+     "rank alone, which joins the survivors); got 'node'"),
     ('[[fault]]\nkind = "delay"\nlatency = 0.1\n',
      "faults.toml: fault[0] (kind 'delay') has unknown key 'latency' (did you mean 'latency_s'?)"),
     ('[[fault]]\nkind = "drop"\nfrom_s = 5.0\nuntil_s = 2.0\n',
@@ -589,7 +636,7 @@ def test_a_toml_syntax_error_names_its_line(tmp_path: Path) -> None:
 def test_every_example_in_the_doc_parses() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "fault-plans.md").read_text()
     blocks = [b.split("```", 1)[0] for b in doc.split("```toml\n")[1:]]
-    assert len(blocks) == 13  # the file, then one per kind
+    assert len(blocks) == 14  # the file, then one per kind
     kinds = set()
     for n, block in enumerate(blocks):
         text = block if "format_version" in block else "format_version = 1\n" + block

@@ -111,6 +111,7 @@ class TaskRun:
     outcomes: list[TaskOutcome]
     platform: Platform
     _replay: Replay | None = None
+    newcomers: int = 0  # ranks that joined the task while it ran (a join fault, restart = "rank")
 
     @property
     def values(self) -> list[Any]:
@@ -133,6 +134,10 @@ class TaskRun:
             raise ReplayError(f"{self.task.ranks - len(self.outcomes)} of the task's "
                               f"{self.task.ranks} ranks died in it, with their events: a task "
                               "with a death has no replay (comm.now() is its online clock)")
+        if self.newcomers:
+            raise ReplayError(f"{self.newcomers} rank(s) joined the task's {self.task.ranks} while "
+                              "it ran: a task whose ranks changed has no replay (comm.now() is "
+                              "its online clock)")
         if self._replay is None:
             self._replay = replay(self.traces, self.platform)
         return self._replay
@@ -198,8 +203,10 @@ def run(
     result = launch(job, deadline_s=deadline_s or options.deadline_s, stall_s=stall_s)
     if not result.ok:
         return Run(result)
+    joined = result.world_size - job.world_size  # a launch with newcomers has one task
     return Run(result, [
-        TaskRun(task, result.task_outcomes(i), platform if task.platform is None else task.platform)
+        TaskRun(task, result.task_outcomes(i), platform if task.platform is None else task.platform,
+                newcomers=joined)
         for i, task in enumerate(tasks)
     ])
 

@@ -14,7 +14,7 @@
    (``start_cost.py``), on each engine (target on gloo: forked <= 0.5x).
 7. Runtime II's side channels (``survivor_cost.py``): a SIGKILL to the survivors' PeerFailed, and
    their Revoke, Shrink and first Allreduce, against a 4-rank Allreduce (MPI under ULFM, and gloo
-   over the store's notices); a store
+   over the store's notices); an elastic step's comm.Admit(), empty and with a joiner; a store
    set and get against an 8-byte MPI round trip (report-only rows).
 
 The MPI figures come from one ``mpiexec -n 4`` run of ``distlab.bench.mpi_ranks``, which
@@ -302,6 +302,9 @@ def survivor_figures(t: survivor_cost.SurvivorTimings) -> list[Figure]:
                      death.allreduce_s),
                  row(f"survivors revoke, shrink, finish an Allreduce ({engine})",
                      death.shrink_and_finish_s, allreduce, death.allreduce_s)]
+    rows += [row("Admit with no one waiting (gloo)", t.admit_s, allreduce, t.gloo.allreduce_s),
+             row("Admit a joiner, then the grown group's Allreduce (gloo)", t.reform_s, allreduce,
+                 t.gloo.allreduce_s)]
     return [*rows, row("store set + get, 8 B", t.store_s, "8 B MPI round trip", t.pingpong_s)]
 
 

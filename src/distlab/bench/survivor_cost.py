@@ -2,7 +2,9 @@
 survivors' ``distlab.PeerFailed``, and for them to revoke, shrink and finish one Allreduce, each
 against a 4-rank Allreduce of the same run, on MPI under Open MPI's ULFM (mpiexec started here,
 so that the engine's own detection is timed) and on gloo (a job through the front door: there the
-supervisor's notice of the death is the detection); and a set plus a get on the task's store
+supervisor's notice of the death is the detection); the membership barrier of an elastic gloo
+job (comm.Admit()) with no one waiting, and the Admit that takes a joiner in with the grown
+group's first Allreduce, against the same Allreduce; and a set plus a get on the task's store
 against an 8-byte MPI round trip. Report-only rows: the issue sets no targets for them.
 """
 
@@ -14,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import HarnessError
 from ..runtime.jobspec import Task
@@ -35,6 +37,8 @@ class DeathTimings:
 class SurvivorTimings:
     mpi: DeathTimings
     gloo: DeathTimings
+    admit_s: float  # comm.Admit() with no one waiting, 4 gloo ranks
+    reform_s: float  # the Admit that takes a joiner in, and the grown group's first Allreduce
     store_s: float  # a set and a get of 8 bytes on the task's store
     pingpong_s: float  # an 8-byte Send/Recv round trip, the store's baseline
 
@@ -72,16 +76,29 @@ def one_gloo_death() -> dict[str, float]:
                                  survivors=True), "gloo")
 
 
+def one_join() -> dict[str, float]:
+    """A 4-rank gloo job with survivors that one rank joins at step 1 (survivor_ranks.py)."""
+    from ..runtime.faults.plans import parse_fault_plan
+
+    plan = parse_fault_plan({"format_version": 1, "fault": [{"kind": "join", "at_step": 1}]},
+                            "the joiner benchmark")
+    return _harness_run("admit_a_joiner", Task(ranks=RANKS, survivors=True), "gloo", plan)
+
+
 def store_timings(rounds: int) -> dict[str, float]:
     return _harness_run("store_round_trip", Task(ranks=2, args=(rounds,), store=True), "mpi")
 
 
-def _harness_run(program_name: str, task: Task, backend: str) -> dict[str, float]:
+def _harness_run(program_name: str, task: Task, backend: str, faults: Any = None) -> dict[str, float]:
     """Rank 0's value of one of survivor_ranks.py's programs, run as every job runs."""
-    from ..runs import Program, run, run_options  # the front door for runs, as every job starts
+    from ..runs import (  # the front door for runs, as every job starts
+        Program,
+        run,
+        run_options,
+    )
 
     program = Program(Path(__file__).with_name("survivor_ranks.py"), program_name)
-    done = run(program, [task], run_options(backend), deadline_s=120)
+    done = run(program, [task], run_options(backend, faults=faults), deadline_s=120)
     if not done.ok:
         raise HarnessError(f"the {program_name} benchmark failed: {done.result.message}")
     return done.tasks[0].values[0]  # type: ignore[no-any-return]
@@ -92,8 +109,12 @@ def measure(quick: bool, run_to_end: Callable[[list[str], dict[str, str], float]
     runs = 1 if quick else 3
     mpi = [one_death(run_to_end, mpiexec, env) for _ in range(runs)]
     gloo = [one_gloo_death() for _ in range(runs)]
+    joins = [one_join() for _ in range(runs)]
     store = store_timings(20 if quick else 200)
-    return SurvivorTimings(_medians(mpi), _medians(gloo), store["store_s"], store["pingpong_s"])
+    return SurvivorTimings(_medians(mpi), _medians(gloo),
+                           statistics.median(j["admit_s"] for j in joins),
+                           statistics.median(j["reform_s"] for j in joins),
+                           store["store_s"], store["pingpong_s"])
 
 
 def _medians(deaths: list[dict[str, float]]) -> DeathTimings:

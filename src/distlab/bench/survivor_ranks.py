@@ -11,6 +11,8 @@ through Revoke, Shrink and one Allreduce of the survivors; rank 0 writes the med
 ``through_a_death_on_gloo``: the same in a gloo job with survivors started through the front
 door, where detection is the supervisor's notice of the death (engines/notices.py).
 
+``admit_a_joiner``: the membership barrier of an elastic gloo job, empty and with a newcomer.
+
 ``store_round_trip``: a harness program; rank 0 times a set and a get of 8 bytes on the task's
 store against an 8-byte Send/Recv round trip with rank 1.
 """
@@ -70,6 +72,33 @@ def through_a_death_on_gloo(comm: Any, solution: Any, kill_file: str) -> dict[st
     if got is None:
         raise RuntimeError("rank 2's death went unseen: the Allreduce after it completed")
     return got if comm.rank == 0 else None
+
+
+def admit_a_joiner(comm: Any, solution: Any) -> dict[str, float] | None:
+    """A harness program for a 4-rank gloo job with survivors whose plan has one rank join at
+    step 1: rank 0 times an Admit with no one waiting (the membership barrier every elastic step
+    pays), then the Admit that takes the newcomer in and the grown group's first Allreduce (which
+    includes the newcomer's start: the Admit waits for it to reach the lobby)."""
+    ones, out = np.ones(1024), np.zeros(1024)
+    if os.environ.get("DISTLAB_JOINED") == "1":
+        comm.Allreduce(ones, out)
+        return None
+    empty = []
+    comm.mark("step")  # step 0
+    for _ in range(ROUNDS + 3):
+        comm.Barrier()
+        start = time.perf_counter()
+        same = comm.Admit()
+        empty.append(time.perf_counter() - start)
+        assert same is comm, "a rank joined before its step"
+    comm.mark("step")  # step 1, the join's: the supervisor starts the newcomer here
+    start = time.perf_counter()
+    grown = comm.Admit()
+    grown.Allreduce(ones, out)
+    reform_s = time.perf_counter() - start
+    if comm.rank != 0:
+        return None
+    return {"admit_s": float(np.median(empty[3:])), "reform_s": reform_s}
 
 
 def store_round_trip(comm: Any, solution: Any, rounds: int) -> dict[str, float] | None:

@@ -22,6 +22,10 @@ from .comm.stats import CommStats
 JOB_FILE = "job.pkl"
 # Which attempt of the job a rank belongs to: 0, then 1 after a restart, ... (set by the supervisor).
 ATTEMPT_ENV = "DISTLAB_ATTEMPT"
+# Set to "1" for a rank that joins the running job (a join fault's, or a dead rank started again
+# alone), which the survivors let in with comm.Admit(); the second names the rank it replaces.
+JOINED_ENV = "DISTLAB_JOINED"
+RESTARTED_ENV = "DISTLAB_RESTARTED_RANK"
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,9 @@ def make_job(
     _spare_needed_ranks(tasks, options.get("faults"))
     survivors = _survivors(tasks)
     platform = options.get("platform")
+    seats = world + _newcomers(tasks, options.get("faults"), backend, platform, world)
     if platform is not None and "device_flops" not in options:
-        options["device_flops"] = tuple(platform.device_of(r).flops for r in range(world))
+        options["device_flops"] = tuple(platform.device_of(r).flops for r in range(seats))
     return Job(
         program_file=str(program_file),
         program_module=program_module or program_module_name(program_file),
@@ -148,6 +153,15 @@ def _spare_needed_ranks(tasks: Sequence[Task], job_plan: Any) -> None:
         plan = task.faults if task.faults is not None else job_plan
         if task.needed_ranks and plan is not None:
             plan.spare(frozenset(task.needed_ranks), name)
+
+
+def _newcomers(tasks: Sequence[Task], plan: Any, backend: str, platform: Any, world: int) -> int:
+    """How many ranks the job may gain while it runs (joins, ranks started again alone); a
+    FaultPlanError (from the plan) when the tasks, the engine or the platform cannot take them."""
+    if plan is None:
+        return 0
+    return int(plan.newcomers_for(any(task.survivors for task in tasks), backend, world,
+                                  platform))
 
 
 def _survivors(tasks: Sequence[Task]) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...ops import MAX
-from ..engines.base import Engine, abandon, finished_by
+from ..engines.base import Engine, abandon, finished_by, split_off
 from .collectives_cost import ALIASES, collective_time
 
 EAGER_LIMIT = 64 * 1024  # bytes: sends up to this size are eager (the proxy's and the replay's default)
@@ -101,6 +101,23 @@ class Timekeeper:
         """The clock of the survivors' communicator (comm.Shrink): its side channel shrunk alike."""
         side = self._side.shrink()  # type: ignore[attr-defined]  # a SurvivingEngine's
         return Timekeeper(self._platform, side, shared=self._time)
+
+    def admit(self, grown: Engine) -> Timekeeper:
+        """The clock of the communicator comm.Admit() made: a side channel split off the grown
+        group (as each newcomer splits its own as its task starts), and every member's time the
+        latest among them (``catch_up``)."""
+        side = split_off(grown, list(range(grown.size)))
+        assert side is not None  # every rank of the group is in its side channel
+        clock = Timekeeper(self._platform, side, shared=self._time)
+        clock.catch_up()
+        return clock
+
+    def catch_up(self) -> None:
+        """Every member of this clock's group takes the latest time among them (collective): a
+        rank that joins a running job starts where the others are, not at 0."""
+        latest = np.zeros(1)
+        self._side.allreduce(np.array([self.now]), latest, MAX)
+        self.now = max(self.now, float(latest[0]))
 
     def compute(self, seconds: float) -> None:
         self._time.now += seconds

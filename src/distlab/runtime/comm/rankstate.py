@@ -55,6 +55,7 @@ OPS = (
     "Alltoallv",
     "store.get",
     "store.wait",
+    "Admit",  # a newcomer in the lobby, or a member in comm.Admit() (engines/admission.py)
 )
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
@@ -304,6 +305,9 @@ class RankState:
             return f"rank {self.rank} is {self.state}"
         if self.op == "hung":
             return f"rank {self.rank} is hung (a fault plan froze it in a communication call)"
+        if self.op == "Admit":
+            return (f"rank {self.rank} joined the running job and waits to be admitted (the "
+                    "others' comm.Admit())")
         if self.op.startswith("store."):
             return f"rank {self.rank} waits on the task's store ({self.op}) for a key no rank has set"
         on = (f" on communicator {communicator.path} (world ranks "

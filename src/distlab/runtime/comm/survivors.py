@@ -10,7 +10,13 @@ following mpi4py's names for Open MPI's user-level failure mitigation (ULFM):
 * ``comm.Get_failed()`` is the group of the ranks this rank knows have failed, and
   ``comm.Ack_failed()`` acknowledges them (a wildcard receive then goes on without them);
 * ``comm.Shrink()`` is a new communicator of the survivors, renumbered in their order here,
-  with the rank's slot, trace, clock and counters as every communicator of the rank (groups.py).
+  with the rank's slot, trace, clock and counters as every communicator of the rank (groups.py);
+* ``comm.Admit()`` (distlab's own, gloo only) is the membership barrier of an elastic job: every
+  rank of the communicator calls it at a step boundary, and the ranks waiting to join (a
+  ``join`` fault's, a dead rank started again alone) enter: a new communicator of this one's
+  ranks then the newcomers, renumbered in that order, or this communicator itself when no one
+  waits. A newcomer's task starts with that communicator (it knows it is one from
+  ``DISTLAB_JOINED`` in its environment).
 
 On MPI these are Open MPI's own; on gloo, the same calls over the launch's store
 (engines/surviving_gloo.py). In a task without survivors they say so.
@@ -66,4 +72,15 @@ class Survivors:
     def Shrink(self) -> Comm:  # noqa: N802
         engine = self._ulfm("Shrink").shrink()
         clock = self._clock.shrink() if self._clock is not None else None
+        return self._derive(engine, clock)
+
+    def Admit(self) -> Comm:  # noqa: N802
+        surviving = self._ulfm("Admit")
+        if not hasattr(surviving, "admit"):
+            raise RuntimeError("Admit: ranks join a running job on gloo only (a new process group "
+                               "over the store); run with --backend gloo")
+        engine = surviving.admit()
+        if engine is self._engine:
+            return self  # type: ignore[return-value]  # mixed into Comm
+        clock = self._clock.admit(engine) if self._clock is not None else None
         return self._derive(engine, clock)

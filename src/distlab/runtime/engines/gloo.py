@@ -311,12 +311,7 @@ class GlooEngine(BlockCollectives):
 
     def _group_of(self, ranks: list[int], path: str) -> GlooEngine:
         """The process group of these ranks of this group (this rank among them), named by path."""
-        _, dist = _torch()
-        # The members meet under the group's path in the job's store, as new_group's do under
-        # its name; construction returns once all of them are connected.
-        store = dist.PrefixStore(f"distlab/{path}/", _job_store(self._timeout))
-        group = dist.ProcessGroupGloo(store, ranks.index(self.rank), len(ranks), self._timeout)
-        _SUB_GROUPS.append(group)
+        group = meet_group(path, ranks.index(self.rank), len(ranks), self._timeout)
         return self._made(group, ranks.index(self.rank), [self.world_ranks[r] for r in ranks], path)
 
     def _made(self, group: Any, rank: int, world_ranks: list[int], path: str) -> GlooEngine:
@@ -350,7 +345,6 @@ def world(timeout_s: float = 1800.0, store: Any = None) -> GlooEngine:
     """Joins the job's process group from torchrun's variables (RANK, WORLD_SIZE, MASTER_*), or,
     given ``store`` (a client of a store outside the ranks: a job whose ranks survive their peers
     meets at the supervisor's, since rank 0's would die with it), over that store."""
-    global _STORE
     _, dist = _torch()
     try:
         rank = int(os.environ["RANK"])
@@ -361,7 +355,7 @@ def world(timeout_s: float = 1800.0, store: Any = None) -> GlooEngine:
         ) from None
     timeout = timedelta(seconds=timeout_s)
     if store is not None:
-        _STORE = store
+        use_store(store)
     if not dist.is_initialized():
         if store is None:
             dist.init_process_group(
@@ -371,6 +365,24 @@ def world(timeout_s: float = 1800.0, store: Any = None) -> GlooEngine:
             dist.init_process_group("gloo", store=dist.PrefixStore("distlab/world", store),
                                     rank=rank, world_size=size, timeout=timeout)
     return GlooEngine(dist.group.WORLD, rank, size, list(range(size)), timeout, True)
+
+
+def meet_group(path: str, rank: int, size: int, timeout: timedelta) -> Any:
+    """A ProcessGroupGloo of ``size`` members, this process its ``rank``: the members meet under
+    the group's path in the job's store, as new_group's do under its name; it returns once all of
+    them are connected."""
+    _, dist = _torch()
+    store = dist.PrefixStore(f"distlab/{path}/", _job_store(timeout))
+    group = dist.ProcessGroupGloo(store, rank, size, timeout)
+    _SUB_GROUPS.append(group)
+    return group
+
+
+def use_store(store: Any) -> None:
+    """Groups of this process meet at ``store`` (a rank that joins a running job has no world
+    to meet at first: engines/surviving_gloo.py)."""
+    global _STORE
+    _STORE = store
 
 
 def _job_store(timeout: timedelta) -> Any:

@@ -22,8 +22,13 @@ launch's store, since gloo has no failure mitigation of its own.
   Shrink's is the members, in their order here, and they form a ``ProcessGroupGloo`` of their
   own under the shrink's path, as a split does (engines/gloo.py).
 
-Known limit: a member that dies after Shrink has decided but before the new group has met makes
-the others wait for it until the group's timeout (gloo's construction cannot be polled).
+* **Admit** (engines/admission.py) meets the same way; its decision is the ranks waiting in the
+  lobby to join, and the members and the newcomers form a group of them all.
+
+Known limits: a member that dies after Shrink or Admit has decided but before the new group has
+met makes the others wait for it until the group's timeout (gloo's construction cannot be
+polled); two communicators that Admit at the same time may both take the same newcomer (admit on
+one communicator of the task at a time, as an elastic job re-forms its one world).
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+from . import admission
 from .base import ANY_SOURCE
-from .gloo import GlooEngine
+from .gloo import GlooEngine, meet_group, use_store
 from .gloo import world as gloo_world
 from .gloo_parts import _EAGER, _Done, _SelfRecv, _torch
 from .notices import FailureWatch, connect, job_keys, publish
@@ -68,6 +74,22 @@ def surviving_world(address: str, attempt: int, on_failure: Callable[[], None],
                                timedelta(seconds=timeout_s), True, life=life)
 
 
+def newcomer(address: str, attempt: int, world_rank: int, on_failure: Callable[[], None],
+             waiting_shown: Callable[[], None], timeout_s: float = 1800.0) -> SurvivingGlooEngine:
+    """The engine of a rank that joins the running job: it waits in the lobby until the members
+    of a communicator admit it (engines/admission.py), and is then a member of their new group."""
+    _, dist = _torch()
+    client = connect(address)
+    keys = dist.PrefixStore(job_keys(attempt).rstrip("/"), client)
+    use_store(keys)
+    life = Survival(FailureWatch(address, attempt), client, keys, attempt, on_failure)
+    path, members = admission.wait_admission(keys, world_rank, waiting_shown)
+    timeout = timedelta(seconds=timeout_s)
+    rank = members.index(world_rank)
+    return SurvivingGlooEngine(meet_group(path, rank, len(members), timeout), rank, len(members),
+                               members, timeout, True, path, life=life)
+
+
 class SurvivingGlooEngine(GlooEngine):
     """A GlooEngine whose calls raise PeerFailed (see the module docstring)."""
 
@@ -82,6 +104,7 @@ class SurvivingGlooEngine(GlooEngine):
         self._acked: frozenset[int] = frozenset()  # world ranks whose death this rank acknowledged
         self._agreements = 0
         self._shrinks = 0
+        self._admissions = 0
 
     def _made(self, group: Any, rank: int, world_ranks: list[int], path: str) -> GlooEngine:
         return SurvivingGlooEngine(group, rank, len(world_ranks), world_ranks, self._timeout,
@@ -155,12 +178,20 @@ class SurvivingGlooEngine(GlooEngine):
                         recvbuf, source, recvtag)
 
     def isend(self, buf: Any, dest: int, tag: int, synchronous: bool = True) -> Any:
-        self.check(self._label or "Isend", dest)
-        return self._watched(super().isend(buf, dest, tag, synchronous), "Isend", dest)
+        return self._started("Isend", dest, super().isend, buf, dest, tag, synchronous)
 
     def irecv(self, buf: Any, source: int, tag: int, cancellable: bool = False) -> Any:
-        self.check(self._label or "Irecv", source)
-        return self._watched(super().irecv(buf, source, tag, cancellable), "Irecv", source)
+        return self._started("Irecv", source, super().irecv, buf, source, tag, cancellable)
+
+    def _started(self, call: str, peer: int | None, start: Callable[..., Any], *args: Any) -> Any:
+        """The request ``start(*args)`` makes, watched; gloo may refuse to start it on a broken
+        connection (or report an earlier buffered send's failure), which is a failure too."""
+        self.check(self._label or call, peer)
+        try:
+            request = start(*args)
+        except RuntimeError as error:
+            raise self.broken(self._label or call, error) from None
+        return self._watched(request, call, peer)
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -225,6 +256,29 @@ class SurvivingGlooEngine(GlooEngine):
         members = [int(w) for w in self._meet(f"shrink/{self.path}/{n}", "in", decide).split(",")]
         return self._group_of([self.world_ranks.index(w) for w in members], f"{self.path}/s{n}")
 
+    def admit(self) -> GlooEngine:
+        """This group's members and the ranks waiting to join, in that order (collective over
+        the members); this group itself when no one waits."""
+        self._admissions += 1
+        n = self._admissions - 1
+        keys = self._life.keys
+
+        def decide(parts: dict[int, str]) -> str:
+            if any(w in self._life.watch.dead for w in self.world_ranks):
+                return "a member failed"
+            return ",".join(map(str, admission.waiting(keys, lambda: self._life.watch.dead)))
+
+        decision = self._meet(f"admit/{self.path}/{n}", "in", decide)
+        if decision == "a member failed":
+            raise self._peer_failed("Admit")
+        newcomers = [int(w) for w in decision.split(",") if w]
+        if not newcomers:
+            return self
+        members, path = self.world_ranks + newcomers, f"{self.path}/j{n}"
+        admission.admit(keys, newcomers, path, members)
+        group = meet_group(path, self.rank, len(members), self._timeout)
+        return self._made(group, self.rank, members, path)
+
     def _meet(self, base: str, mine: str, decide: Callable[[dict[int, str]], str]) -> str:
         """This rank's part of an agreement of the live members, and the decision (see the
         module docstring)."""
@@ -254,8 +308,7 @@ def _watched_nonblocking(name: str, call: str) -> Callable[..., Any]:
     started = getattr(GlooEngine, name)
 
     def nonblocking(self: SurvivingGlooEngine, *args: Any) -> Any:
-        self.check(self._label or call, None)
-        return self._watched(started(self, *args), call, None)
+        return self._started(call, None, started, self, *args)
 
     return nonblocking
 

@@ -219,6 +219,7 @@ class ProcessFaults:
         self.plan = plan
         self._signals = plan.of_kind("kill", "stop", "reclaim")
         self._slow = plan.of_kind("slow")
+        self._joins = plan.of_kind("join")
         # (rank, step) each step-triggered kill/stop acts at; None for time triggers or a random
         # fault whose draws never hit. Computed once: a pure function of the plan and its seed.
         self._targets = {f.index: self._target(f) for f in self._signals}
@@ -248,9 +249,11 @@ class ProcessFaults:
         return self._targets.get(fault_index)
 
     def trigger_steps(self, rank: int) -> frozenset[int]:
-        """Steps at which a kill/stop targets ``rank``: a worker may pause at those step markers
-        until the supervisor has acted, so that "killed at step 30" is exact rather than polled."""
-        return frozenset(t[1] for t in self._targets.values() if t is not None and t[0] == rank)
+        """Steps at which a kill/stop targets ``rank``, or a join adds ranks: a worker may pause at
+        those step markers until the supervisor has acted, so that "killed at step 30" is exact
+        rather than polled, and the ranks of a join wait to be admitted from that step on."""
+        signals = {t[1] for t in self._targets.values() if t is not None and t[0] == rank}
+        return frozenset(signals | {f.at_step for f in self._joins if f.at_step is not None})
 
     def trigger_marks(self, rank: int) -> tuple[str, ...]:
         """The mark names a kill/stop of ``rank`` triggers on (``at_mark``), in a fixed order: the
@@ -331,6 +334,10 @@ class ProcessFaults:
                 why.append(f"fault[{f.index}] ({f.kind} at_step = {f.at_step}) never fired: rank "
                            f"{min(f.ranks or ())} never started step {f.at_step} (steps are "
                            "numbered by its comm.mark('step') calls)")
+        for f in self._joins:
+            if f.index not in fired and f.at_step is not None:
+                why.append(f"fault[{f.index}] (join at_step = {f.at_step}) never fired: no rank "
+                           f"started step {f.at_step} (steps are numbered by comm.mark('step'))")
         return why
 
     def compute_multiplier(self, rank: int, step: int | None = None) -> float:
@@ -362,5 +369,18 @@ class ProcessFaults:
         return multiplier
 
     def restarts_allowed(self) -> int:
+        """How many times the whole job may start again after a crash."""
         restart = self.plan.of_kind("restart")
-        return restart[0].max_restarts if restart else 0
+        return restart[0].max_restarts if restart and restart[0].restart == "job" else 0
+
+    def rank_restarts_allowed(self) -> int:
+        """How many dead ranks may start again alone (``restart = "rank"``), in all."""
+        restart = self.plan.of_kind("restart")
+        return restart[0].max_restarts if restart and restart[0].restart == "rank" else 0
+
+    def joins_due(self, top_step: int, elapsed_s: float, fired: frozenset[int]) -> list[Fault]:
+        """The joins whose trigger has passed and that have not fired: ``top_step``, the highest
+        step a running rank has started; ``elapsed_s``, the supervisor's wall clock."""
+        return [f for f in self._joins if f.index not in fired
+                and (f.at_step is not None and top_step >= f.at_step
+                     or f.at_s is not None and elapsed_s >= f.at_s)]

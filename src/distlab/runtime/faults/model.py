@@ -19,8 +19,9 @@ FORMAT_VERSION = 1
 
 # Applied by the comm proxy of the sending (or receiving, for `dead`) rank, on its virtual clock.
 MESSAGE_KINDS = ("delay", "spike", "bandwidth", "drop", "partition", "dead", "hung")
-# Applied by the supervisor (kill, stop) or the virtual clock (slow), or a policy (restart).
-PROCESS_KINDS = ("kill", "stop", "reclaim", "slow", "restart")
+# Applied by the supervisor (kill, stop, reclaim, join) or the virtual clock (slow), or a policy
+# (restart).
+PROCESS_KINDS = ("kill", "stop", "reclaim", "slow", "restart", "join")
 KINDS = MESSAGE_KINDS + PROCESS_KINDS
 
 # Seeds fit in an unsigned 64-bit word of the draw's hash input; below 2**63 so that they also fit
@@ -33,6 +34,7 @@ MAX_SECONDS = 86_400.0  # latency_s, at_s, from_s, until_s, cont_after_s: a day
 MAX_GBPS = 1e6  # bandwidth gbps: a petabit per second
 MAX_SLOWDOWN = 1e4  # slow factor and factor_range: ten thousand times slower
 MAX_RESTARTS = 100  # restart max_restarts
+MAX_JOINERS = 64  # join count
 
 
 class FaultPlanError(DistlabError):
@@ -119,6 +121,8 @@ class Fault:
     cont_after_s: float | None = None  # stop
     grace_s: float = 2.0  # reclaim: from the SIGTERM to the SIGKILL
     max_restarts: int = 0  # restart
+    restart: str = "job"  # restart: what starts again, the whole "job" or the dead "rank" alone
+    count: int = 0  # join: how many new ranks
     note: str = ""
 
     @property
@@ -212,6 +216,36 @@ class FaultPlan:
                     f"rank {lost[0]}, which {task} cannot lose (its ranks survive the others' "
                     f"deaths, not rank {', '.join(map(str, sorted(needed)))}'s); give the fault "
                     "another rank")
+
+    def newcomers(self) -> int:
+        """The most ranks a run can gain: every join's, and every rank started again alone."""
+        joins = sum(f.count for f in self.of_kind("join"))
+        return joins + sum(f.max_restarts for f in self.of_kind("restart") if f.restart == "rank")
+
+    def newcomers_for(self, survivors: bool, backend: str, world: int, platform: Any) -> int:
+        """``newcomers()``, once the job can take them: only a task whose ranks survive their
+        peers lets new ranks in (comm.Admit()), on gloo, and the platform must seat them (a
+        newcomer is a new machine: ranks world, world + 1, ...). Raises before any start."""
+        adding = [f for f in self.faults if f.kind == "join" or f.restart == "rank"]
+        if not adding:
+            return 0
+        first = adding[0]
+        name = f"{self.where}: fault[{first.index}] ({first.kind}" + (
+            ' = "rank"' if first.kind == "restart" else "") + ")"
+        if not survivors:
+            raise FaultPlanError(f"{name} adds ranks to a running job, which only a task whose "
+                                 "ranks survive their peers takes (Task(survivors=True): its ranks "
+                                 "let the newcomers in with comm.Admit())")
+        if backend != "gloo":
+            raise FaultPlanError(f"{name} adds ranks to a running job, which distlab does on gloo "
+                                 "(a new process group over the store); on MPI it would take "
+                                 "Comm_spawn, not wired into the harness: run with --backend gloo")
+        seats = world + self.newcomers()
+        if platform is not None and seats > platform.max_ranks():
+            raise FaultPlanError(f"{name} may bring the job to {seats} ranks, and platform "
+                                 f"'{platform.name}' seats {platform.max_ranks()}: give it more "
+                                 "devices")
+        return self.newcomers()
 
     def describe(self) -> str:
         origin = {"file": "from the plan", "caller": "given by the caller"}.get(
@@ -316,6 +350,13 @@ def _describe(f: Fault) -> str:
         return f"{fmt_ranks(f.ranks, 'all ranks')} {verb} {how} slower{chance}, {f.window.describe('')}"
     if f.kind == "restart":
         times = "time" if f.max_restarts == 1 else "times"
+        if f.restart == "rank":
+            return (f"a rank that dies starts again alone, as a new rank that joins the survivors "
+                    f"(comm.Admit()), at most {f.max_restarts} {times}")
         return f"the job restarts after a failure, at most {f.max_restarts} {times}"
+    if f.kind == "join":
+        when = f"at step {f.at_step}" if f.at_step is not None else f"at {fmt_s(f.at_s or 0.0)} (wall clock)"
+        ranks = "a new rank joins" if f.count == 1 else f"{f.count} new ranks join"
+        return f"{ranks} the job {when}; they enter at the others' next comm.Admit()"
     return "?"
 

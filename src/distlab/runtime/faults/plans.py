@@ -13,8 +13,8 @@
     at_step = 30
 
 Message faults (delay, spike, bandwidth, drop, partition, dead, hung) are decided by the rank that
-sends, on its virtual clock and step counter; process faults (kill, stop) by the supervisor on the
-wall clock; slow by the virtual clock; restart is the supervisor's budget. Every random draw is a
+sends, on its virtual clock and step counter; process faults (kill, stop, reclaim, join) by the
+supervisor on the wall clock; slow by the virtual clock; restart is the supervisor's budget. Every random draw is a
 hash of (seed, fault index, src, dst, k) or (seed, fault index, rank, step), never of timing.
 docs/fault-plans.md is the reference; this module only parses. The types live in model.py,
 the decisions in decide.py; import all of them from here.
@@ -33,8 +33,22 @@ from typing import Any
 
 from .decide import MessageAction, MessageFaults, ProcessAction, ProcessFaults
 from .model import (
-    FORMAT_VERSION, KINDS, MAX_GBPS, MAX_RESTARTS, MAX_SECONDS, MAX_SEED, MAX_SLOWDOWN,
-    MESSAGE_KINDS, PROCESS_KINDS, Fault, FaultPlan, FaultPlanError, Ranks, Window, draw,
+    FORMAT_VERSION,
+    KINDS,
+    MAX_GBPS,
+    MAX_JOINERS,
+    MAX_RESTARTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SLOWDOWN,
+    MESSAGE_KINDS,
+    PROCESS_KINDS,
+    Fault,
+    FaultPlan,
+    FaultPlanError,
+    Ranks,
+    Window,
+    draw,
 )
 
 __all__ = [
@@ -60,7 +74,8 @@ _KEYS: dict[str, frozenset[str]] = {
     "stop": _RANK | _AT | _STEPS | {"probability", "at_mark", "cont_after_s"},
     "reclaim": _RANK | _AT | _STEPS | {"probability", "at_mark", "grace_s"},
     "slow": _RANK | _STEPS | {"factor", "factor_range", "probability"},
-    "restart": frozenset({"max_restarts"}),
+    "restart": frozenset({"max_restarts", "restart"}),
+    "join": _AT | {"count"},
 }
 _COMMON = frozenset({"kind", "note"})
 _PLAN_KEYS = frozenset({"format_version", "seed", "note", "fault"})
@@ -217,7 +232,19 @@ def _parse_fault(table: Mapping[str, Any], where: str, i: int) -> Fault:
     fields: dict[str, Any] = {"index": i, "kind": kind, "note": table.get("note", "")}
     if kind == "restart":
         e.need("max_restarts")
-        return Fault(**fields, max_restarts=e.integer("max_restarts", hi=MAX_RESTARTS) or 0)
+        what = table.get("restart", "job")
+        if what not in ("job", "rank"):
+            raise e.bad("restart", '"job" (start the whole job again) or "rank" (the dead rank '
+                        'alone, which joins the survivors)')
+        return Fault(**fields, max_restarts=e.integer("max_restarts", hi=MAX_RESTARTS) or 0,
+                     restart=what)
+    if kind == "join":
+        if e.has("at_s") == e.has("at_step"):
+            raise e.fail("needs one trigger, 'at_step' (when a rank starts that step) or 'at_s' "
+                         "(wall clock)")
+        count = e.integer("count", lo=1, hi=MAX_JOINERS)
+        return Fault(**fields, at_s=e.number("at_s"), at_step=e.integer("at_step"),
+                     count=1 if count is None else count)
 
     # Selection.
     if e.has("groups") and e.has("src", "dst"):

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, TypeGuard
 
-from ..clock.online import Timekeeper
 from ..comm.proxy import Comm
 from ..comm.rankstate import (
     FAILED,
@@ -50,7 +49,6 @@ from ..comm.store import StoreLink
 from ..engines.base import Engine, split_off
 from ..engines.counted import harness_engine
 from ..jobspec import (
-    ATTEMPT_ENV,
     JOB_FILE,
     Job,
     RankOutcome,
@@ -66,49 +64,16 @@ from ..jobspec import (
 )
 from ..trace.events import TraceRecorder
 from . import limits as rank_limits
+from .backend import detect_backend, make_engine
 from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
+from .survival import joined, surviving_engine, task_clock
 
 if TYPE_CHECKING:  # imported by sealed ranks only (see _start_learner)
     from ..seal.errors import LearnerGone
     from .learner_fork import LearnerSeed
     from .sealed import LearnerProcess
-
-
-def detect_backend() -> tuple[str, int, int]:
-    """(backend, rank, size) from the launcher's environment variables."""
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
-        return "mpi", int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    if "PMI_RANK" in os.environ:
-        return "mpi", int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return "gloo", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    raise SystemExit(
-        "distlab.worker must be started by mpiexec/mpirun or torchrun (no rank in the environment)"
-    )
-
-
-def make_engine(backend: str, timeout_s: float = 1800.0) -> Engine:
-    if backend == "mpi":
-        from ..engines import mpi
-
-        return mpi.world()
-    from ..engines import gloo
-
-    return gloo.world(timeout_s=timeout_s)
-
-
-def _surviving_engine(job: Job, slot: RankSlot) -> Engine:
-    """The engine of a job whose ranks outlive their peers: a peer's death raises PeerFailed
-    instead of ending the job (MPI under ULFM; gloo over the launch's store)."""
-    if job.backend == "mpi":
-        from ..engines.surviving import SurvivingEngine
-
-        return SurvivingEngine(make_engine("mpi"), slot.running)  # type: ignore[arg-type, return-value]
-    from ..engines.surviving_gloo import surviving_world
-
-    return surviving_world(job.store_address, int(os.environ.get(ATTEMPT_ENV, "0")), slot.running)
 
 
 def _watch_supervisor(pid: int) -> None:
@@ -157,7 +122,7 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
-    engine = _surviving_engine(job, slot) if job.survivors else make_engine(job.backend)
+    engine = surviving_engine(job, slot) if job.survivors else make_engine(job.backend)
     handed = None
     if job.mpi_monitoring and backend == "mpi":
         # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
@@ -260,9 +225,10 @@ def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]
 def _run_task(
     engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner
 ) -> TaskOutcome | None:
-    members = list(range(task.ranks))
+    # A rank that joined the running job runs the task on the communicator that admitted it.
+    members = list(range(engine.size if joined() else task.ranks))
     # Both splits are collective over every rank of the job, members or not.
-    group = engine if task.ranks == engine.size else split_off(engine, members)
+    group = engine if len(members) == engine.size else split_off(engine, members)
     plan = task.faults if task.faults is not None else job.faults
     platform = task.platform if task.platform is not None else job.platform
     clocked = platform is not None and (job.online_clock or plan is not None)
@@ -283,7 +249,7 @@ def _run_task(
                 task.platform.device_of(world_rank).flops if task.platform is not None
                 else _per_rank(job.device_flops, world_rank, None)
             ),
-            clock=Timekeeper(platform, side) if side is not None else None,
+            clock=task_clock(platform, side),
             **_fault_layers(plan, world_rank),
         )
         if task.store and job.store_address:
@@ -300,7 +266,7 @@ def _run_task(
             group.close()
         if side is not None:
             side.close()
-    if task.ranks != engine.size:
+    if len(members) != engine.size:
         # Ranks outside the group wait here while the group runs the task.
         slot.set(IDLE)
         engine.barrier()

@@ -109,6 +109,7 @@ class Call(IntEnum):
     GET_FAILED = 53  # -> the failed ranks of the communicator
     ACK_FAILED = 54  # -> (acknowledged,)
     SHRINK = 55  # -> (communicator handle, rank, size)
+    ADMIT = 56  # -> (communicator handle, rank, size); handle -1: the same communicator
 
 
 CALLS: dict[int, Signature] = {
@@ -172,4 +173,5 @@ CALLS: dict[int, Signature] = {
     Call.GET_FAILED: Signature("Get_failed"),
     Call.ACK_FAILED: Signature("Ack_failed"),
     Call.SHRINK: Signature("Shrink"),
+    Call.ADMIT: Signature("Admit"),
 }

@@ -328,6 +328,11 @@ class SealedComm(ObjectCalls):
         assert made is not None
         return made
 
+    def Admit(self) -> SealedComm:  # noqa: N802
+        """This communicator's ranks and the ranks waiting to join (comm/survivors.py); itself
+        when no one waits."""
+        return self._made(self._call(Call.ADMIT)) or self
+
     def _made(self, reply: Reply) -> SealedComm | None:
         handle, rank, size = reply.ints
         return SealedComm(self._end, rank, size, handle) if handle >= 0 else None

@@ -70,7 +70,7 @@ class Service:
             Call.TIMEOUT: self._timeout, Call.REVOKE: self._revoke,
             Call.IS_REVOKED: self._is_revoked, Call.AGREE: self._agree,
             Call.GET_FAILED: self._get_failed, Call.ACK_FAILED: self._ack_failed,
-            Call.SHRINK: self._shrink,
+            Call.SHRINK: self._shrink, Call.ADMIT: self._admit,
             **store_handlers(agent),
         }
 
@@ -140,6 +140,10 @@ class Service:
 
     def _shrink(self, comm: Comm, request: Request) -> None:
         self._agent.reply(request, ints=self._hold(comm.Shrink()))
+
+    def _admit(self, comm: Comm, request: Request) -> None:
+        grown = comm.Admit()
+        self._agent.reply(request, ints=(-1, -1, 0) if grown is comm else self._hold(grown))
 
     def _timeout(self, comm: Comm, request: Request) -> None:
         action = request.ints[0]

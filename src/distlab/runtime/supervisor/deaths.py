@@ -45,19 +45,25 @@ class Deaths:
                             "others went on (a task with survivors)")
                 faults.killed[rank] = sentence
                 faults.events.append(sentence)
-        if self._store is not None:
-            self._post(job_dir, faults)
 
-    def _post(self, job_dir: Path, faults: FaultState) -> None:
-        """Posts the death of every killed rank whose process is gone (a reclaimed one lives on
-        through its grace period)."""
+    def gone(self, job_dir: Path, faults: FaultState) -> frozenset[int]:
+        """The killed ranks whose processes are gone and whose deaths are not posted yet (a
+        reclaimed one lives on through its grace period); none where nothing is posted."""
+        if self._store is None:
+            return frozenset()
+        found = set()
         for rank in faults.killed:
-            if rank in self._posted:
-                continue
-            pid = self._pids.get(rank) or _pid_of(job_dir, rank)
-            if pid is None or not _alive(pid):
-                publish_death(self._store, self._attempt, rank)
-                self._posted.add(rank)
+            if rank not in self._posted:
+                pid = self._pids.get(rank) or _pid_of(job_dir, rank)
+                if pid is None or not _alive(pid):
+                    found.add(rank)
+        return frozenset(found)
+
+    def post(self, ranks: frozenset[int]) -> None:
+        """Posts these deaths (``gone``'s), for the survivors' watches to see."""
+        for rank in sorted(ranks):
+            publish_death(self._store, self._attempt, rank)
+            self._posted.add(rank)
 
 
 def _pid_of(job_dir: Path, rank: int) -> int | None:

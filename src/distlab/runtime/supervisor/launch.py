@@ -23,6 +23,7 @@ once per run, restarts included, and ``at_s`` triggers count from the first atte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import shutil
@@ -37,6 +38,7 @@ from . import mpi_monitoring
 from .deaths import Deaths
 from .judge import Observation, judge, should_restart
 from .leftovers import claim, new_job_dir
+from .newcomers import Newcomers
 from .process_faults import FaultState, apply_due_faults, process_faults
 from .processes import rank_pids
 from .start import Processes, failed_to_start, start_ranks
@@ -119,9 +121,12 @@ def _run_attempt(
     if faults is not None:
         faults.new_attempt()
     procs = start_ranks(job, job_dir, attempt)
-    deaths = None
+    deaths = newcomers = None
     if job.survivors:  # gloo's survivors learn of a death from the store (engines/notices.py)
         deaths = Deaths(store if job.backend == "gloo" else None, attempt)
+        assert faults is not None  # a job with survivors always has one (process_faults)
+        newcomers = Newcomers(job, job_dir, attempt, faults, store)
+    world = job.world_size  # every rank started so far: newcomers join a running job
     outcomes: dict[int, RankOutcome] = {}
     pids: dict[int, int] = {}  # rank -> pid, once its pid file is there (fixed for the attempt)
     last_seqs: tuple[int, ...] = ()
@@ -130,47 +135,55 @@ def _run_attempt(
         while True:
             time.sleep(POLL_S)
             now = time.monotonic()
-            _collect_outcomes(job_dir, job.world_size, outcomes)
-            states = [s for r in range(job.world_size) if (s := rankstate.read_state(job_dir, r))]
+            _collect_outcomes(job_dir, world, outcomes)
+            states = [s for r in range(world) if (s := rankstate.read_state(job_dir, r))]
             seqs = tuple(s.seq for s in states)
             if seqs != last_seqs:
                 last_seqs, last_change = seqs, now
             killed: frozenset[int] = frozenset()
             stopped: frozenset[int] = frozenset()
             if faults is not None:
-                if deaths is not None:  # before the signals: a dead rank is signalled no more
-                    deaths.look(job_dir, job.world_size, outcomes, faults)
-                if apply_due_faults(faults, job_dir, job.world_size, states, outcomes, pids, now - started):
+                if deaths is not None and newcomers is not None:
+                    # Before the signals: a dead rank is signalled no more. A dead rank's
+                    # replacement is announced before its death, so the survivors' next Admit
+                    # waits for it.
+                    deaths.look(job_dir, world, outcomes, faults)
+                    gone = deaths.gone(job_dir, faults)
+                    newcomers.start_due(states, now - started, gone, procs)
+                    deaths.post(gone)
+                    world = newcomers.world
+                if apply_due_faults(faults, job_dir, world, states, outcomes, pids, now - started):
                     # A rank just continued: it had no chance to move yet, so the stall clock
                     # starts again rather than counting its frozen time as no progress.
                     last_change = now
                 killed, stopped = frozenset(faults.killed), faults.stopped()
             exited = procs.exited()
             if exited:  # a rank may have written its outcome and left since they were read
-                _collect_outcomes(job_dir, job.world_size, outcomes)
+                _collect_outcomes(job_dir, world, outcomes)
             # Who is in which sub-communicator matters only to tell a stall from a collective.
-            communicators = (rankstate.read_communicators(job_dir, job.world_size)
+            communicators = (rankstate.read_communicators(job_dir, world)
                              if now - last_change >= stall_s else {})
             obs = Observation(now - started, exited, outcomes, states, now - last_change, killed,
                               stopped, communicators)
-            verdict = judge(obs, job.world_size, deadline_s, stall_s)
+            verdict = judge(obs, world, deadline_s, stall_s)
             if verdict.action == "wait":
                 continue
             if verdict.action == "done":
                 # Monitoring files are written at MPI_Finalize: give the ranks longer to get there.
                 _wait_briefly(procs, 10.0 if job.mpi_monitoring else 3.0)
+            # The verdict reads every rank started, newcomers included.
             result = conclude(
-                verdict.action, job, job_dir, procs, outcomes, states, now - started,
-                obs.stalled_for_s, faults,
+                verdict.action, dataclasses.replace(job, world_size=world), job_dir, procs,
+                outcomes, states, now - started, obs.stalled_for_s, faults,
             )
             break
     except BaseException:
-        procs.kill_all(rank_pids(job_dir, job.world_size))
+        procs.kill_all(rank_pids(job_dir, world))
         _cleanup(job_dir, keep_dir)
         raise
     # SIGKILL ends stopped ranks as well, and mpiexec/prterun never learn of a stop (they wait for
     # exits only), so no SIGCONT is needed first.
-    procs.kill_all(rank_pids(job_dir, job.world_size))
+    procs.kill_all(rank_pids(job_dir, world))
     if job.mpi_monitoring and job.backend == "mpi" and result.ok:
         result.mpi_traffic = mpi_monitoring.read_job(job_dir, job.world_size)
     _cleanup(job_dir, keep_dir)

@@ -12,12 +12,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ...errors import HarnessError
-from ..jobspec import ATTEMPT_ENV, Job
+from ..jobspec import ATTEMPT_ENV, JOINED_ENV, RESTARTED_ENV, Job
 from ..zygote import wire as zygote_wire
-from ..zygote.client import STAND_IN, ForkedRank, preload_for, zygote_for
+from ..zygote.client import STAND_IN, ForkedRank, Zygote, preload_for, zygote_for
 from . import mpi_monitoring
 from .leftovers import TMP_FOLDER
 from .processes import kill_session
@@ -154,27 +154,57 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     elif job.backend == "gloo":
         port = free_port()
         for rank in range(job.world_size):
-            env = rank_env()
-            env[ATTEMPT_ENV] = str(attempt)
-            env.update(scratch)
-            env.update(
-                RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(job.world_size), GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            )
-            if zygote is not None:
-                try:
-                    procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log"))
-                    continue
-                except zygote_wire.Refused:
-                    zygote = None  # the ranks not forked yet start as plain processes
-            procs.popens.append(
-                subprocess.Popen(
-                    worker, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                    start_new_session=True,
-                )
-            )
+            env = _gloo_env(job, attempt, rank, port, scratch)
+            zygote = _start_gloo_rank(procs, worker, env, zygote, job_dir, out)
     else:
         raise HarnessError(f"unknown backend {job.backend!r}: use mpi or gloo")
     out.close()
     return procs
+
+
+def start_newcomer(job: Job, job_dir: Path, attempt: int, world_rank: int, procs: Processes,
+                   restarted: int | None = None) -> None:
+    """A rank that joins the running gloo job (supervisor/newcomers.py): a process like the
+    others, rank ``world_rank`` (the next one of the job), told in its environment that it joins
+    (it finds the job through the launch's store and waits there to be admitted) and, for a dead
+    rank started again alone, which rank that was."""
+    env = _gloo_env(job, attempt, world_rank, 0, {"TMPDIR": str(job_dir / TMP_FOLDER)})
+    env[JOINED_ENV] = "1"
+    if restarted is not None:
+        env[RESTARTED_ENV] = str(restarted)
+    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir), *(["--sealed"] if job.seal else [])]
+    zygote = zygote_for(rank_env(), preload_for(job.backend, job.program_file, job.seal, job.store))
+    with open(job_dir / "launcher.log", "ab") as out:
+        _start_gloo_rank(procs, worker, env, zygote, job_dir, out)
+
+
+def _gloo_env(job: Job, attempt: int, rank: int, port: int, scratch: dict[str, str]) -> dict[str, str]:
+    """A gloo rank's environment: torchrun's variables, the attempt, the job's scratch folder."""
+    env = rank_env()
+    env[ATTEMPT_ENV] = str(attempt)
+    env.update(scratch)
+    env.update(
+        RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(job.world_size), GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    return env
+
+
+def _start_gloo_rank(procs: Processes, worker: list[str], env: dict[str, str],
+                     zygote: Zygote | None, job_dir: Path, out: IO[bytes]) -> Zygote | None:
+    """Starts one gloo rank, forked from the zygote where it can; the zygote for the next one
+    (None once it refused: the ranks not forked yet start as plain processes)."""
+    if zygote is not None:
+        try:
+            procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log"))
+            return zygote
+        except zygote_wire.Refused:
+            zygote = None
+    procs.popens.append(
+        subprocess.Popen(
+            worker, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            start_new_session=True,
+        )
+    )
+    return zygote

@@ -107,9 +107,12 @@ def conclude(
         result.status = action
         if action == "deadlock":
             hung = [st.rank for st in states if st.state == "blocked" and st.op == "hung"]
+            lobby = _unadmitted(states, outcomes)
             if hung:
                 head = (f"rank(s) {', '.join(map(str, hung))} hung by the fault plan, and every "
                         "other rank waits: the job is stuck")
+            elif lobby:
+                head = lobby
             elif graph.cycle:
                 head = waitfor.cycle_sentence(graph.cycle) + ": a deadlock"
             else:
@@ -194,14 +197,24 @@ def _conclude_killed(
         result.details = launcher_tail(job_dir)
     else:
         graph = _collect_stacks(job_dir, job, _alive(states, faults))
-        then = (
-            f"then rank(s) {', '.join(map(str, others))} waited for it and none could go on "
-            f"(no progress for {stalled_for:.1f} s)"
-        )
+        then = "then " + (_unadmitted(_alive(states, faults), outcomes) or (
+            f"rank(s) {', '.join(map(str, others))} waited for it and none could go on "
+            f"(no progress for {stalled_for:.1f} s)"))
         result.details = (
             _dead_lines(faults) + graph.describe() + "\n\n" + stacks(job_dir, job.world_size, only=others)
         )
     result.message = f"{head}; {then}"
+
+
+def _unadmitted(states: list[rankstate.RankState], outcomes: dict[int, RankOutcome]) -> str:
+    """Why the job is stuck when every rank left waits in the lobby of a running job (joined,
+    never admitted), or "" when some other rank waits too."""
+    waiting = [s.rank for s in states if s.rank not in outcomes and s.state != "finished"]
+    lobby = [s.rank for s in states if s.state == "blocked" and s.op == "Admit"]
+    if not lobby or sorted(lobby) != sorted(waiting):
+        return ""
+    return (f"rank(s) {', '.join(map(str, lobby))} joined the running job and waited to be "
+            "admitted, but the others finished without a comm.Admit() after they arrived")
 
 
 def _alive(states: list[rankstate.RankState], faults: FaultState | None) -> list[rankstate.RankState]:
