@@ -91,11 +91,7 @@ def store_timings(rounds: int) -> dict[str, float]:
 
 def _harness_run(program_name: str, task: Task, backend: str, faults: Any = None) -> dict[str, float]:
     """Rank 0's value of one of survivor_ranks.py's programs, run as every job runs."""
-    from ..runs import (  # the front door for runs, as every job starts
-        Program,
-        run,
-        run_options,
-    )
+    from ..runs import Program, run, run_options  # the front door for runs, as every job starts
 
     program = Program(Path(__file__).with_name("survivor_ranks.py"), program_name)
     done = run(program, [task], run_options(backend, faults=faults), deadline_s=120)
