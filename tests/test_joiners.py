@@ -110,3 +110,25 @@ def test_admit_on_mpi_says_it_needs_gloo() -> None:
     assert done.ok and done.tasks[0].values[0] == (
         "Admit: ranks join a running job on gloo only (a new process group over the store); run "
         "with --backend gloo")
+
+
+def test_a_check_s_own_plan_kills_and_joins_in_a_launch_of_its_own() -> None:
+    """What a problem's check writes (grading's Task and fault builders): the task's own plan
+    drives the supervisor when the task runs alone; in a batch it is refused before any start."""
+    from distlab.errors import UsageError
+    from distlab.grading import faults
+
+    plan = faults.plan(faults.kill(rank=1, at_step=1), faults.join(count=1, at_step=3),
+                       faults.restart(max_restarts=1, rank_alone=True), seed=3, where="the check")
+    task = Task(ranks=4, case="elastic", survivors=True, faults=plan)
+    done = run(Program(PROGRAMS, "call_solution", SOLUTION), [task.for_ranks()],
+               run_options("gloo", seal=False), deadline_s=60)
+    assert_nothing_left()
+    assert done.ok, done.result.message
+    assert done.result.fault_events[0] == "rank 1 was killed (SIGKILL) at step 1 by fault[0]"
+    assert [(v["rank"], v["size"]) for v in done.tasks[0].values] == [(r, 5) for r in range(5)]
+    with pytest.raises(UsageError, match=re.escape(
+            "the check: its kill acts on the launch's processes, so the task whose plan it is must "
+            "run in a launch of its own (this one has 2 tasks)")):
+        run(Program(PROGRAMS, "call_solution", SOLUTION),
+            [task.for_ranks(), Task(ranks=2, case="elastic").for_ranks()], run_options("gloo"))

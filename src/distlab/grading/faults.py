@@ -15,7 +15,8 @@ from typing import Any, Sequence
 from ..runtime.faults.plans import FORMAT_VERSION, FaultPlan, parse_fault_plan
 
 __all__ = [
-    "FaultPlan", "bandwidth", "delay", "drop", "kill", "partition", "plan", "slow", "spike", "stop",
+    "FaultPlan", "bandwidth", "delay", "drop", "join", "kill", "partition", "plan", "reclaim",
+    "restart", "slow", "spike", "stop",
 ]
 
 Ranks = int | Sequence[int]
@@ -107,3 +108,16 @@ def stop(*, rank: int | None = None, ranks: Sequence[int] | None = None,
     """SIGSTOP, at ``at_s``, ``at_step`` or ``at_mark``; SIGCONT after ``cont_after_s`` if given."""
     return _entry("stop", dict(rank=rank, ranks=ranks, cont_after_s=cont_after_s, note=note,
                                at_mark=at_mark, **at))
+
+
+def join(*, count: int | None = None, note: str = "", **at: float) -> Entry:
+    """``count`` new ranks (default 1) join the running job at ``at_step`` or ``at_s``; a task
+    with survivors lets them in with ``comm.Admit()`` (gloo)."""
+    return _entry("join", dict(count=count, note=note, **at))
+
+
+def restart(*, max_restarts: int, rank_alone: bool = False, note: str = "") -> Entry:
+    """After a failure the whole job starts again, at most ``max_restarts`` times; with
+    ``rank_alone`` only the dead rank does (``restart = "rank"``), as a rank that joins."""
+    return _entry("restart", dict(max_restarts=max_restarts,
+                                  restart="rank" if rank_alone else None, note=note))

@@ -44,7 +44,8 @@ class Task:
     ranks: int
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # A fault plan for this task alone (runtime/faults); None: the job's plan, if any.
+    # A fault plan for this task alone (runtime/faults); None: the job's plan, if any. Its process
+    # faults (kill, stop, reclaim, join, restart) act when the task runs alone in its launch.
     faults: Any = None
     label: str = ""
     # The platform this task alone models (a distlab.platforms.Platform: a hidden variant's own
@@ -119,6 +120,7 @@ def make_job(
     filled in; ``options`` are the other Job fields (limits, faults, platform, online_clock, ...)."""
     tasks = tuple(tasks)
     world = max(task.ranks for task in tasks)
+    options["faults"] = _supervised_plan(tasks, options.get("faults"))
     _spare_needed_ranks(tasks, options.get("faults"))
     survivors = _survivors(tasks)
     platform = options.get("platform")
@@ -140,6 +142,26 @@ def make_job(
         survivors=survivors,
         **options,
     )
+
+
+# The kinds of fault the supervisor carries out on the launch's processes (the others are the
+# ranks' own, from the task's plan or the job's).
+SUPERVISED_KINDS = ("kill", "stop", "reclaim", "restart", "join")
+
+
+def _supervised_plan(tasks: Sequence[Task], job_plan: Any) -> Any:
+    """The plan whose process faults the supervisor carries out: the job's, or the own plan of a
+    task that runs alone in its launch and has some (a check's kill, reclaim or join). In a batch
+    a task's process faults cannot be told apart from the others' ranks: refused."""
+    own = [t for t in tasks if t.faults is not None and t.faults.of_kind(*SUPERVISED_KINDS)]
+    if not own:
+        return job_plan
+    if len(tasks) > 1:
+        plan = own[0].faults
+        raise UsageError(f"{plan.where}: its {plan.of_kind(*SUPERVISED_KINDS)[0].kind} acts on the "
+                         "launch's processes, so the task whose plan it is must run in a launch of "
+                         f"its own (this one has {len(tasks)} tasks)")
+    return own[0].faults
 
 
 def _spare_needed_ranks(tasks: Sequence[Task], job_plan: Any) -> None:
