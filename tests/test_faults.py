@@ -465,19 +465,17 @@ def test_a_join_is_due_once_a_rank_starts_its_step_or_at_its_time(tmp_path: Path
            "comm.Admit()" in plan.describe()
 
 
-@pytest.mark.parametrize(("survivors", "backend", "seats", "message"), [
-    (False, "gloo", 8, "fault[0] (join) adds ranks to a running job, which only a task whose ranks "
-                       "survive their peers takes (Task(survivors=True)"),
-    (True, "mpi", 8, "fault[0] (join) adds ranks to a running job, which distlab does on gloo"),
-    (True, "gloo", 5, "fault[0] (join) may bring the job to 6 ranks, and platform 'uniform-5' "
-                      "seats 5"),
+@pytest.mark.parametrize(("survivors", "seats", "message"), [
+    (False, 8, "fault[0] (join) adds ranks to a running job, which only a task whose ranks "
+               "survive their peers takes (Task(survivors=True)"),
+    (True, 5, "fault[0] (join) may bring the job to 6 ranks, and platform 'uniform-5' seats 5"),
 ])
 def test_a_plan_that_adds_ranks_is_refused_where_they_cannot_join(
-        tmp_path: Path, survivors: bool, backend: str, seats: int, message: str) -> None:
+        tmp_path: Path, survivors: bool, seats: int, message: str) -> None:
     plan = plan_from(tmp_path, '[[fault]]\nkind = "join"\ncount = 2\nat_step = 4\n')
     with pytest.raises(FaultPlanError, match=re.escape(message)):
-        plan.newcomers_for(survivors, backend, 4, uniform(seats, 1e-6, 1e-9))
-    assert plan.newcomers_for(True, "gloo", 4, uniform(6, 1e-6, 1e-9)) == 2
+        plan.newcomers_for(survivors, 4, uniform(seats, 1e-6, 1e-9))
+    assert plan.newcomers_for(True, 4, uniform(6, 1e-6, 1e-9)) == 2
 
 
 # -- seeds ----------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""Joiners (engines/admission.py, supervisor/newcomers.py): a fault plan's `join` starts new ranks
-in a running gloo job, and `restart = "rank"` starts a dead rank again alone; each newcomer waits
-in the store's lobby until the survivors' comm.Admit() lets it in, renumbered after them. A
-newcomer no Admit takes in, a join that never fires, and plans the job cannot take are named;
-no process is left."""
+"""Joiners (engines/admission.py, supervisor/newcomers.py): a fault plan's `join` adds ranks to a
+running job, and `restart = "rank"` starts a dead rank again alone; the survivors' comm.Admit()
+lets each newcomer in, renumbered after them (on gloo the supervisor starts it and it waits in
+the store's lobby; on MPI the Admit spawns it). A newcomer no Admit takes in, a join that never
+fires, and plans the job cannot take are named; no process is left."""
 
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def launch(case: str, faults: list[dict[str, Any]], backend: str = "gloo", seal:
 
 
 @pytest.mark.timeout(120)
-def test_a_reclaim_then_a_join_of_two_leaves_a_group_of_the_right_size_and_members() -> None:
-    done = launch("elastic", RECLAIM_THEN_JOIN)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_reclaim_then_a_join_of_two_leaves_a_group_of_the_right_size_and_members(
+        backend: str) -> None:
+    done = launch("elastic", RECLAIM_THEN_JOIN, backend)
     assert done.ok, done.result.message
     assert done.result.fault_events[:2] == [
         "rank 2 was told to leave (SIGTERM: its instance is reclaimed) at step 2 by fault[0]",
@@ -61,10 +63,11 @@ def test_a_reclaim_then_a_join_of_two_leaves_a_group_of_the_right_size_and_membe
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_restarted_alone_rejoins_the_survivors() -> None:
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_rank_restarted_alone_rejoins_the_survivors(backend: str) -> None:
     done = launch("elastic", [{"kind": "kill", "rank": 2, "at_step": 2},
                               {"kind": "restart", "max_restarts": 1, "restart": "rank"}],
-                  seal=False)
+                  backend, seal=False)
     assert done.ok, done.result.message
     assert done.result.fault_events == [
         "rank 2 was killed (SIGKILL) at step 2 by fault[0]",
@@ -83,6 +86,11 @@ def test_a_newcomer_that_no_admit_takes_in_fails_the_run_naming_it() -> None:
         "rank(s) 4 joined the running job and waited to be admitted, but the others finished "
         "without a comm.Admit() after they arrived")
     assert "rank 4 joined the running job and waits to be admitted" in done.result.details
+    # On MPI no process waits: the Admit that would spawn it never came.
+    done = launch("allreduce_through_a_death", [{"kind": "join", "at_step": 1}], "mpi", seal=False)
+    assert (done.result.status, done.result.message) == ("error", (
+        "rank(s) 4 were due to join the running job, but the others finished without a "
+        "comm.Admit() that would let them in"))
 
 
 @pytest.mark.timeout(120)
@@ -93,23 +101,17 @@ def test_a_join_at_a_step_no_rank_reaches_fails_a_run_that_ended_well() -> None:
                                    "step 40 (steps are numbered by comm.mark('step'))")
 
 
-@pytest.mark.parametrize(("backend", "survivors", "message"), [
-    ("gloo", False, "plan.toml: fault[1] (join) adds ranks to a running job, which only a task "
-                    "whose ranks survive their peers takes"),
-    ("mpi", True, "plan.toml: fault[1] (join) adds ranks to a running job, which distlab does on "
-                  "gloo (a new process group over the store); on MPI it would take Comm_spawn"),
-])
-def test_a_join_the_job_cannot_take_is_refused_before_any_process_starts(
-        backend: str, survivors: bool, message: str) -> None:
-    with pytest.raises(FaultPlanError, match=re.escape(message)):
-        launch("elastic", RECLAIM_THEN_JOIN, backend, survivors=survivors)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_join_the_job_cannot_take_is_refused_before_any_process_starts(backend: str) -> None:
+    with pytest.raises(FaultPlanError, match=re.escape(
+            "plan.toml: fault[1] (join) adds ranks to a running job, which only a task whose "
+            "ranks survive their peers takes")):
+        launch("elastic", RECLAIM_THEN_JOIN, backend, survivors=False)
 
 
-def test_admit_on_mpi_says_it_needs_gloo() -> None:
-    done = launch("admit_on_mpi", [], "mpi", seal=False)
-    assert done.ok and done.tasks[0].values[0] == (
-        "Admit: ranks join a running job on gloo only (a new process group over the store); run "
-        "with --backend gloo")
+def test_admit_with_no_one_waiting_is_the_same_communicator() -> None:
+    done = launch("admit_alone", [], "mpi")
+    assert done.ok and done.tasks[0].values == [True] * 4
 
 
 def test_a_check_s_own_plan_kills_and_joins_in_a_launch_of_its_own() -> None:

@@ -20,12 +20,16 @@ from ..errors import UsageError
 from .comm.stats import CommStats
 
 JOB_FILE = "job.pkl"
+RANK_MODULE = "distlab.runtime.rank.worker"  # what every rank runs (python -m)
 # Which attempt of the job a rank belongs to: 0, then 1 after a restart, ... (set by the supervisor).
 ATTEMPT_ENV = "DISTLAB_ATTEMPT"
 # Set to "1" for a rank that joins the running job (a join fault's, or a dead rank started again
 # alone), which the survivors let in with comm.Admit(); the second names the rank it replaces.
 JOINED_ENV = "DISTLAB_JOINED"
 RESTARTED_ENV = "DISTLAB_RESTARTED_RANK"
+# How an MPI job's comm.Admit() starts a newcomer (JSON: the command before the worker's own
+# arguments): through the zygote's stand-in where the supervisor keeps one, as mpiexec does.
+SPAWN_ENV = "DISTLAB_SPAWN"
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ def make_job(
     _spare_needed_ranks(tasks, options.get("faults"))
     survivors = _survivors(tasks)
     platform = options.get("platform")
-    seats = world + _newcomers(tasks, options.get("faults"), backend, platform, world)
+    newcomers = _newcomers(tasks, options.get("faults"), platform, world)
+    seats = world + newcomers
     if platform is not None and "device_flops" not in options:
         options["device_flops"] = tuple(platform.device_of(r).flops for r in range(seats))
     return Job(
@@ -137,8 +142,9 @@ def make_job(
         backend=backend,
         world_size=world,
         supervisor_pid=os.getpid(),
-        # Survivors on gloo meet at the launch's store, where the supervisor posts each death.
-        store=any(task.store for task in tasks) or (survivors and backend == "gloo"),
+        # Survivors on gloo meet at the launch's store, where the supervisor posts each death
+        # and announces each rank that joins (on MPI too).
+        store=any(task.store for task in tasks) or (survivors and (backend == "gloo" or newcomers > 0)),
         survivors=survivors,
         **options,
     )
@@ -177,13 +183,12 @@ def _spare_needed_ranks(tasks: Sequence[Task], job_plan: Any) -> None:
             plan.spare(frozenset(task.needed_ranks), name)
 
 
-def _newcomers(tasks: Sequence[Task], plan: Any, backend: str, platform: Any, world: int) -> int:
+def _newcomers(tasks: Sequence[Task], plan: Any, platform: Any, world: int) -> int:
     """How many ranks the job may gain while it runs (joins, ranks started again alone); a
-    FaultPlanError (from the plan) when the tasks, the engine or the platform cannot take them."""
+    FaultPlanError (from the plan) when the tasks or the platform cannot take them."""
     if plan is None:
         return 0
-    return int(plan.newcomers_for(any(task.survivors for task in tasks), backend, world,
-                                  platform))
+    return int(plan.newcomers_for(any(task.survivors for task in tasks), world, platform))
 
 
 def _survivors(tasks: Sequence[Task]) -> bool:

@@ -305,7 +305,7 @@ class RankState:
             return f"rank {self.rank} is {self.state}"
         if self.op == "hung":
             return f"rank {self.rank} is hung (a fault plan froze it in a communication call)"
-        if self.op == "Admit":
+        if self.op == "Admit" and self.peers != (ALL_PEERS,):
             return (f"rank {self.rank} joined the running job and waits to be admitted (the "
                     "others' comm.Admit())")
         if self.op.startswith("store."):

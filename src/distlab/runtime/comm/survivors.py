@@ -11,7 +11,7 @@ following mpi4py's names for Open MPI's user-level failure mitigation (ULFM):
   ``comm.Ack_failed()`` acknowledges them (a wildcard receive then goes on without them);
 * ``comm.Shrink()`` is a new communicator of the survivors, renumbered in their order here,
   with the rank's slot, trace, clock and counters as every communicator of the rank (groups.py);
-* ``comm.Admit()`` (distlab's own, gloo only) is the membership barrier of an elastic job: every
+* ``comm.Admit()`` (distlab's own) is the membership barrier of an elastic job: every
   rank of the communicator calls it at a step boundary, and the ranks waiting to join (a
   ``join`` fault's, a dead rank started again alone) enter: a new communicator of this one's
   ranks then the newcomers, renumbered in that order, or this communicator itself when no one
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..clock.online import Timekeeper
 from ..engines.base import Engine
 from .groups import Group
+from .rankstate import ALL_PEERS, NullSlot, RankSlot
 
 if TYPE_CHECKING:
     from .proxy import Comm
@@ -41,6 +42,8 @@ class Survivors:
     _engine: Engine
     _clock: Timekeeper | None
     _world_ranks: list[int]
+    _slot: RankSlot | NullSlot
+    _ctx: int
 
     if TYPE_CHECKING:
         def _derive(self, engine: Engine, clock: Timekeeper | None) -> Comm: ...
@@ -76,10 +79,13 @@ class Survivors:
 
     def Admit(self) -> Comm:  # noqa: N802
         surviving = self._ulfm("Admit")
-        if not hasattr(surviving, "admit"):
-            raise RuntimeError("Admit: ranks join a running job on gloo only (a new process group "
-                               "over the store); run with --backend gloo")
-        engine = surviving.admit()
+        # Shown as a wait of the whole communicator: its members wait for each other, and for
+        # the newcomers to start (a newcomer in the lobby shows "Admit" without peers).
+        self._slot.blocked("Admit", (ALL_PEERS,), 0, self._ctx)
+        try:
+            engine = surviving.admit()
+        finally:
+            self._slot.running()
         if engine is self._engine:
             return self  # type: ignore[return-value]  # mixed into Comm
         clock = self._clock.admit(engine) if self._clock is not None else None

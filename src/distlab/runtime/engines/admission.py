@@ -1,6 +1,7 @@
-"""Ranks that join a running gloo job (a ``join`` fault's, or a dead rank started again alone:
-``restart = "rank"``), and the survivors' ``comm.Admit()`` that lets them in. The rendezvous,
-on the launch's store under the attempt's keys (engines/notices.py):
+"""Ranks that join a running job (a ``join`` fault's, or a dead rank started again alone:
+``restart = "rank"``), and the survivors' ``comm.Admit()`` that lets them in. On gloo the
+supervisor starts each newcomer, and the rendezvous is on the launch's store under the attempt's
+keys (engines/notices.py):
 
 1. The supervisor announces each newcomer as it starts it (``newcomers/<k>``, then the count),
    and the newcomer takes a place in the *lobby* (``lobby/<n>``, numbered with the store's atomic
@@ -17,6 +18,11 @@ on the launch's store under the attempt's keys (engines/notices.py):
    whatever order they arrived in), and all of
    them, newcomers included, meet in a ``ProcessGroupGloo`` under that path, as torchrun's elastic
    agent re-forms a group over its store. Ranks are renumbered in that order.
+
+On MPI a running job gains processes only by spawning them itself: the supervisor announces each
+newcomer (step 1) and starts nothing, and the members' Admit spawns the announced ones not
+admitted yet (``MPI_Comm_spawn`` of the rank's worker, root rank 0, then ``Intercomm_merge``:
+engines/surviving.py), in the same order, with the same renumbering.
 """
 
 from __future__ import annotations
@@ -33,19 +39,36 @@ def enter_lobby(keys: Any, world_rank: int) -> None:
     keys.set(f"lobby/{number}", str(world_rank))
 
 
-def announce(store: Any, keys_prefix: str, number: int, world_rank: int) -> None:
-    """The supervisor's: the ``number``-th newcomer of the attempt is ``world_rank`` (written
-    before the count, and by the supervisor alone, so a reader of the count finds every one)."""
-    store.set(f"{keys_prefix}newcomers/{number}", str(world_rank))
+def announce(store: Any, keys_prefix: str, number: int, world_rank: int,
+             restarted: int | None) -> None:
+    """The supervisor's: the ``number``-th newcomer of the attempt is ``world_rank`` (in the place
+    of dead rank ``restarted``, if it is one), written before the count, and by the supervisor
+    alone, so a reader of the count finds every one."""
+    value = str(world_rank) if restarted is None else f"{world_rank}:{restarted}"
+    store.set(f"{keys_prefix}newcomers/{number}", value)
     store.set(f"{keys_prefix}newcomers/count", str(number + 1))
+
+
+def announced(keys: Any) -> list[tuple[int, int | None]]:
+    """Every newcomer announced so far: (its world rank, the dead rank it replaces or None)."""
+    count = int(keys.get("newcomers/count")) if keys.check(["newcomers/count"]) else 0
+    found = []
+    for number in range(count):
+        rank, _, restarted = keys.get(f"newcomers/{number}").decode().partition(":")
+        found.append((int(rank), int(restarted) if restarted else None))
+    return found
+
+
+def pending(keys: Any) -> list[tuple[int, int | None]]:
+    """The announced newcomers not admitted yet (on MPI, not spawned yet), in order."""
+    return [(rank, was) for rank, was in announced(keys) if not keys.check([f"admitted/{rank}"])]
 
 
 def waiting(keys: Any, dead: Callable[[], frozenset[int]]) -> list[int]:
     """The world ranks in the lobby not admitted yet, in order, once every
     newcomer announced so far is there, admitted or dead (``dead()``: the world ranks known dead,
     read afresh on each look)."""
-    announced = int(keys.get("newcomers/count")) if keys.check(["newcomers/count"]) else 0
-    expected = {int(keys.get(f"newcomers/{k}")) for k in range(announced)}
+    expected = {rank for rank, _ in announced(keys)}
     while True:
         found, arrived = [], set()
         for number in range(int(keys.add("lobby/count", 0))):

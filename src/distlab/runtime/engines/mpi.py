@@ -275,12 +275,43 @@ class MpiEngine:
         dead); the number acknowledged."""
         return int(self._comm.Ack_failed())
 
+    def spawn(self, command: list[str], count: int, world_ranks: list[int], path: str) -> MpiEngine:
+        """``count`` new processes running ``command`` (MPI_Comm_spawn, collective over this
+        group, rank 0 its root), merged with this group into one (this group's ranks first, then
+        the new ones in their order): the group of ``world_ranks`` named ``path``. The new
+        processes merge with ``from_parent`` (engines/admission.py)."""
+        inter = self._comm.Spawn(command[0], args=command[1:], maxprocs=count, root=0)
+        merged = inter.Merge(high=False)
+        _MERGED.append((merged, inter))
+        return MpiEngine(merged, world_ranks, path)
+
     def abort(self, code: int) -> None:
         self._comm.Abort(code)
 
     def close(self) -> None:
-        if self._comm is not _mpi().COMM_WORLD:
+        if self._comm is _mpi().COMM_WORLD or any(self._comm is m for m, _ in _MERGED):
+            # The rank's last close: processes a spawn connected stay connected until every
+            # group that joins them is disconnected, and MPI_Finalize would wait on all of them.
+            while _MERGED:
+                merged, inter = _MERGED.pop(0)
+                merged.Free()
+                inter.Disconnect()
+        else:
             self._comm.Free()
+
+
+def from_parent(world_ranks: list[int], path: str) -> MpiEngine:
+    """In a process that ``spawn`` started: the merged group it belongs to."""
+    MPI = _mpi()
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True)
+    _MERGED.append((merged, parent))
+    return MpiEngine(merged, world_ranks, path)
+
+
+# Every group this process's spawns merged (``spawn``, ``from_parent``), in the order they were
+# made, the same on every member: disconnected together as the rank ends (``close``).
+_MERGED: list[tuple[Any, Any]] = []  # (the merged group, the spawn's intercommunicator)
 
 
 def world() -> MpiEngine:

@@ -222,10 +222,10 @@ class FaultPlan:
         joins = sum(f.count for f in self.of_kind("join"))
         return joins + sum(f.max_restarts for f in self.of_kind("restart") if f.restart == "rank")
 
-    def newcomers_for(self, survivors: bool, backend: str, world: int, platform: Any) -> int:
+    def newcomers_for(self, survivors: bool, world: int, platform: Any) -> int:
         """``newcomers()``, once the job can take them: only a task whose ranks survive their
-        peers lets new ranks in (comm.Admit()), on gloo, and the platform must seat them (a
-        newcomer is a new machine: ranks world, world + 1, ...). Raises before any start."""
+        peers lets new ranks in (comm.Admit()), and the platform must seat them (a newcomer is a
+        new machine: ranks world, world + 1, ...). Raises before any start."""
         adding = [f for f in self.faults if f.kind == "join" or f.restart == "rank"]
         if not adding:
             return 0
@@ -236,10 +236,6 @@ class FaultPlan:
             raise FaultPlanError(f"{name} adds ranks to a running job, which only a task whose "
                                  "ranks survive their peers takes (Task(survivors=True): its ranks "
                                  "let the newcomers in with comm.Admit())")
-        if backend != "gloo":
-            raise FaultPlanError(f"{name} adds ranks to a running job, which distlab does on gloo "
-                                 "(a new process group over the store); on MPI it would take "
-                                 "Comm_spawn, not wired into the harness: run with --backend gloo")
         seats = world + self.newcomers()
         if platform is not None and seats > platform.max_ranks():
             raise FaultPlanError(f"{name} may bring the job to {seats} ranks, and platform "

@@ -45,7 +45,8 @@ ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
 # The launcher's and the engines' variables: without them the learner cannot join the job (nor
 # find the zygote that forks ranks, runtime/zygote/, which it could not reach anyway).
 _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR", "MASTER_PORT",
-                     "TORCHELASTIC_", "GROUP_", "LOCAL_", "ROLE_", "RANK", "WORLD_SIZE", "DISTLAB_ZYGOTE")
+                     "TORCHELASTIC_", "GROUP_", "LOCAL_", "ROLE_", "RANK", "WORLD_SIZE", "DISTLAB_ZYGOTE",
+                     "DISTLAB_SPAWN")
 
 
 class LearnerProcess:

@@ -68,7 +68,7 @@ from .backend import detect_backend, make_engine
 from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
-from .survival import joined, surviving_engine, task_clock
+from .survival import JoinedAs, joined, surviving_engine, task_clock
 
 if TYPE_CHECKING:  # imported by sealed ranks only (see _start_learner)
     from ..seal.errors import LearnerGone
@@ -99,7 +99,7 @@ def _redirect_output(path: Path) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def run_job(job_dir: Path, sealed: bool = False) -> int:
+def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = None) -> int:
     # Sealed, the learner process is forked first, while this process holds nothing of the job.
     seed = _fork_learner() if sealed else None
     with open(job_dir / JOB_FILE, "rb") as f:
@@ -108,6 +108,9 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
         seed.discard()
         seed = None
     backend, rank, size = detect_backend()
+    if joined_as is not None:  # spawned by the members' Admit (MPI): the job's next rank
+        joined_as.tell(rank)
+        rank = joined_as.world_rank(rank)
     pid_path(job_dir, rank).write_text(str(os.getpid()))
     _redirect_output(log_path(job_dir, rank))
     # Sealed, the stack file is the learner process's (its lines are the ones worth showing);
@@ -122,7 +125,7 @@ def run_job(job_dir: Path, sealed: bool = False) -> int:
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
-    engine = surviving_engine(job, slot) if job.survivors else make_engine(job.backend)
+    engine = surviving_engine(job, job_dir, slot, joined_as) if job.survivors else make_engine(job.backend)
     handed = None
     if job.mpi_monitoring and backend == "mpi":
         # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
@@ -351,9 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problem", help="problem number, for a run under mpirun/torchrun")
     parser.add_argument("--solution", default="reference", help="'reference', 'starter' or a path")
     parser.add_argument("--param", action="append", default=[], help="NAME=VALUE for main()")
+    # A newcomer that an MPI job's comm.Admit() spawned (rank/survival.py's JoinedAs).
+    parser.add_argument("--joined", help=argparse.SUPPRESS)
+    parser.add_argument("--members", help=argparse.SUPPRESS)
+    parser.add_argument("--replacing", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
-        return run_job(args.job, args.sealed)
+        joined_as = (JoinedAs.parse(args.joined, args.members, args.replacing) if args.joined
+                     else None)
+        return run_job(args.job, args.sealed, joined_as)
     if not args.problem:
         parser.error("give --job (from distlab) or --problem")
     params = dict(p.split("=", 1) for p in args.param)

@@ -123,7 +123,7 @@ def _run_attempt(
     procs = start_ranks(job, job_dir, attempt)
     deaths = newcomers = None
     if job.survivors:  # gloo's survivors learn of a death from the store (engines/notices.py)
-        deaths = Deaths(store if job.backend == "gloo" else None, attempt)
+        deaths = Deaths(store, attempt)  # posted where there is a store (gloo, or joins)
         assert faults is not None  # a job with survivors always has one (process_faults)
         newcomers = Newcomers(job, job_dir, attempt, faults, store)
     world = job.world_size  # every rank started so far: newcomers join a running job
@@ -186,6 +186,8 @@ def _run_attempt(
     procs.kill_all(rank_pids(job_dir, world))
     if job.mpi_monitoring and job.backend == "mpi" and result.ok:
         result.mpi_traffic = mpi_monitoring.read_job(job_dir, job.world_size)
+    if newcomers is not None and result.ok and newcomers.never_started():
+        result.status, result.message = "error", "; ".join(newcomers.never_started())
     _cleanup(job_dir, keep_dir)
     return result
 

@@ -1,8 +1,9 @@
-"""The ranks a running gloo job gains: ``count`` new ranks when a ``join`` fault's trigger passes,
-and a dead rank started again alone under ``restart = "rank"``. Each is a real process, the next
-rank of the job (world size, world size + 1, ...), started as the others were (start.py); it finds
-the job through the launch's store and waits there until the survivors admit it
-(engines/admission.py). Each is announced on the store as it starts, and an Admit waits for the
+"""The ranks a running job gains: ``count`` new ranks when a ``join`` fault's trigger passes, and
+a dead rank started again alone under ``restart = "rank"``. Each is a real process, the next rank
+of the job (world size, world size + 1, ...). On gloo the supervisor starts it as the others were
+(start.py); it finds the job through the launch's store and waits there until the survivors admit
+it (engines/admission.py). On MPI the members' Admit spawns it (a job gains processes only by
+MPI_Comm_spawn), so the supervisor only announces it, and counts it once it runs. Each is announced on the store as it starts, and an Admit waits for the
 announced ones to reach the lobby; ranks pause at a join's trigger step until the supervisor has
 acted on it (as at a kill's), so "two join at step 60" means they are in at the first Admit from
 step 60 on, however slowly their processes start.
@@ -16,7 +17,7 @@ from typing import Any
 from ..comm import rankstate
 from ..engines.admission import announce
 from ..engines.notices import job_keys
-from ..jobspec import Job
+from ..jobspec import Job, pid_path
 from .process_faults import FaultState
 from .start import Processes, start_newcomer
 
@@ -34,8 +35,22 @@ class Newcomers:
 
     @property
     def world(self) -> int:
-        """Every rank the attempt has started so far."""
-        return self._job.world_size + len(self.started)
+        """Every rank the attempt has started so far (on MPI: that the members have spawned)."""
+        if self._job.backend == "gloo":
+            return self._job.world_size + len(self.started)
+        running = 0
+        while running < len(self.started) and pid_path(self._job_dir, self.started[running]).exists():
+            running += 1
+        return self._job.world_size + running
+
+    def never_started(self) -> list[str]:
+        """Why the run failed although its ranks ended well, if a newcomer never got in: on MPI,
+        announced but never spawned (on gloo one waits in the lobby, which ends the run)."""
+        missing = self.started[self.world - self._job.world_size:]
+        if not missing:
+            return []
+        return [f"rank(s) {', '.join(map(str, missing))} were due to join the running job, but "
+                "the others finished without a comm.Admit() that would let them in"]
 
     def start_due(self, states: list[rankstate.RankState], elapsed_s: float,
                   gone: frozenset[int], procs: Processes) -> None:
@@ -59,9 +74,10 @@ class Newcomers:
                                  "(restart = \"rank\")")
 
     def _start(self, procs: Processes, restarted: int | None = None) -> int:
-        rank = self.world
+        rank = self._job.world_size + len(self.started)
         # Announced first: an Admit that starts while the process starts waits for it.
-        announce(self._store, job_keys(self._attempt), len(self.started), rank)
+        announce(self._store, job_keys(self._attempt), len(self.started), rank, restarted)
         self.started.append(rank)
-        start_newcomer(self._job, self._job_dir, self._attempt, rank, procs, restarted)
+        if self._job.backend == "gloo":  # on MPI the members' Admit spawns it
+            start_newcomer(self._job, self._job_dir, self._attempt, rank, procs, restarted)
         return rank

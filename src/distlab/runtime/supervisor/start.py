@@ -6,6 +6,7 @@ benchmarks, started again after Open MPI's known start-up failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -15,7 +16,14 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import HarnessError
-from ..jobspec import ATTEMPT_ENV, JOINED_ENV, RESTARTED_ENV, Job
+from ..jobspec import (
+    ATTEMPT_ENV,
+    JOINED_ENV,
+    RANK_MODULE,
+    RESTARTED_ENV,
+    SPAWN_ENV,
+    Job,
+)
 from ..zygote import wire as zygote_wire
 from ..zygote.client import STAND_IN, ForkedRank, Zygote, preload_for, zygote_for
 from . import mpi_monitoring
@@ -25,7 +33,6 @@ from .processes import kill_session
 if TYPE_CHECKING:
     from .verdicts import LaunchResult
 
-RANK_MODULE = "distlab.runtime.rank.worker"
 
 
 STARTUP_FAILURES = ("PMIx server's listener thread failed to start", "PRTE has lost communication")
@@ -127,7 +134,8 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     preload = preload_for(job.backend, job.program_file, job.seal, job.store)
     zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
-        stand_in = [sys.executable, "-S", "-E", "-s", str(STAND_IN), *worker[3:]]
+        asks_zygote = [sys.executable, "-S", "-E", "-s", str(STAND_IN)]
+        stand_in = [*asks_zygote, *worker[3:]]
         # Survivors: Open MPI's user-level failure mitigation, whose failure detection needs
         # the TCP transport (docs/architecture.md, "Survivors").
         ulfm = ["--with-ft", "ulfm"] if job.survivors else []
@@ -143,6 +151,8 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
         env.update(scratch)
         if zygote is not None:
             env[zygote_wire.ZYGOTE_ENV] = zygote.address
+        if job.survivors:  # what a newcomer's spawn runs (rank/survival.py)
+            env[SPAWN_ENV] = json.dumps(worker[:3] if zygote is None else asks_zygote)
         if job.mpi_monitoring:
             env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(

@@ -210,7 +210,8 @@ def _unadmitted(states: list[rankstate.RankState], outcomes: dict[int, RankOutco
     """Why the job is stuck when every rank left waits in the lobby of a running job (joined,
     never admitted), or "" when some other rank waits too."""
     waiting = [s.rank for s in states if s.rank not in outcomes and s.state != "finished"]
-    lobby = [s.rank for s in states if s.state == "blocked" and s.op == "Admit"]
+    lobby = [s.rank for s in states if s.state == "blocked" and s.op == "Admit"
+             and s.peers != (rankstate.ALL_PEERS,)]
     if not lobby or sorted(lobby) != sorted(waiting):
         return ""
     return (f"rank(s) {', '.join(map(str, lobby))} joined the running job and waited to be "
