@@ -106,14 +106,16 @@ def test_a_peer_death_and_the_store_are_timed_against_baselines_of_the_same_run(
     from distlab.runtime.supervisor import mpi_env, mpiexec_path
 
     timings = measure(True, run_to_end, mpiexec_path(), mpi_env())
-    values = [*timings.mpi.__dict__.values(), *timings.gloo.__dict__.values(), timings.admit_s,
-              timings.reform_s, timings.store_s, timings.pingpong_s]
+    values = [*timings.mpi.__dict__.values(), *timings.gloo.__dict__.values(),
+              *timings.mpi_join.__dict__.values(), *timings.gloo_join.__dict__.values(),
+              timings.store_s, timings.pingpong_s]
     assert all(_is_positive_number(v) for v in values), timings
     rows = survivor_figures(timings)
     assert [r.name for r in rows] == [
         "SIGKILL to PeerFailed (MPI, ULFM)", "survivors revoke, shrink, finish an Allreduce (MPI, ULFM)",
         "SIGKILL to PeerFailed (gloo, store notices)",
         "survivors revoke, shrink, finish an Allreduce (gloo, store notices)",
+        "Admit with no one waiting (MPI)", "Admit a joiner, then the grown group's Allreduce (MPI)",
         "Admit with no one waiting (gloo)", "Admit a joiner, then the grown group's Allreduce (gloo)",
         "store set + get, 8 B"]
     assert all(r.limit is None and r.ratio == r.judged for r in rows)

@@ -302,9 +302,11 @@ def survivor_figures(t: survivor_cost.SurvivorTimings) -> list[Figure]:
                      death.allreduce_s),
                  row(f"survivors revoke, shrink, finish an Allreduce ({engine})",
                      death.shrink_and_finish_s, allreduce, death.allreduce_s)]
-    rows += [row("Admit with no one waiting (gloo)", t.admit_s, allreduce, t.gloo.allreduce_s),
-             row("Admit a joiner, then the grown group's Allreduce (gloo)", t.reform_s, allreduce,
-                 t.gloo.allreduce_s)]
+    for engine, join, death in (("MPI", t.mpi_join, t.mpi), ("gloo", t.gloo_join, t.gloo)):
+        rows += [row(f"Admit with no one waiting ({engine})", join.admit_s, allreduce,
+                     death.allreduce_s),
+                 row(f"Admit a joiner, then the grown group's Allreduce ({engine})", join.reform_s,
+                     allreduce, death.allreduce_s)]
     return [*rows, row("store set + get, 8 B", t.store_s, "8 B MPI round trip", t.pingpong_s)]
 
 

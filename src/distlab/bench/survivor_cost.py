@@ -2,9 +2,9 @@
 survivors' ``distlab.PeerFailed``, and for them to revoke, shrink and finish one Allreduce, each
 against a 4-rank Allreduce of the same run, on MPI under Open MPI's ULFM (mpiexec started here,
 so that the engine's own detection is timed) and on gloo (a job through the front door: there the
-supervisor's notice of the death is the detection); the membership barrier of an elastic gloo
-job (comm.Admit()) with no one waiting, and the Admit that takes a joiner in with the grown
-group's first Allreduce, against the same Allreduce; and a set plus a get on the task's store
+supervisor's notice of the death is the detection); the membership barrier of an elastic job
+(comm.Admit()) with no one waiting, and the Admit that takes a joiner in with the grown group's
+first Allreduce (on MPI it spawns the joiner), against the same Allreduce, on each engine; and a set plus a get on the task's store
 against an 8-byte MPI round trip. Report-only rows: the issue sets no targets for them.
 """
 
@@ -34,11 +34,17 @@ class DeathTimings:
 
 
 @dataclass(frozen=True)
+class JoinTimings:
+    admit_s: float  # comm.Admit() with no one waiting, 4 ranks
+    reform_s: float  # the Admit that takes a joiner in, and the grown group's first Allreduce
+
+
+@dataclass(frozen=True)
 class SurvivorTimings:
     mpi: DeathTimings
     gloo: DeathTimings
-    admit_s: float  # comm.Admit() with no one waiting, 4 gloo ranks
-    reform_s: float  # the Admit that takes a joiner in, and the grown group's first Allreduce
+    mpi_join: JoinTimings
+    gloo_join: JoinTimings
     store_s: float  # a set and a get of 8 bytes on the task's store
     pingpong_s: float  # an 8-byte Send/Recv round trip, the store's baseline
 
@@ -76,13 +82,13 @@ def one_gloo_death() -> dict[str, float]:
                                  survivors=True), "gloo")
 
 
-def one_join() -> dict[str, float]:
-    """A 4-rank gloo job with survivors that one rank joins at step 1 (survivor_ranks.py)."""
+def one_join(backend: str) -> dict[str, float]:
+    """A 4-rank job with survivors that one rank joins at step 1 (survivor_ranks.py)."""
     from ..runtime.faults.plans import parse_fault_plan
 
     plan = parse_fault_plan({"format_version": 1, "fault": [{"kind": "join", "at_step": 1}]},
                             "the joiner benchmark")
-    return _harness_run("admit_a_joiner", Task(ranks=RANKS, survivors=True), "gloo", plan)
+    return _harness_run("admit_a_joiner", Task(ranks=RANKS, survivors=True), backend, plan)
 
 
 def store_timings(rounds: int) -> dict[str, float]:
@@ -105,12 +111,15 @@ def measure(quick: bool, run_to_end: Callable[[list[str], dict[str, str], float]
     runs = 1 if quick else 3
     mpi = [one_death(run_to_end, mpiexec, env) for _ in range(runs)]
     gloo = [one_gloo_death() for _ in range(runs)]
-    joins = [one_join() for _ in range(runs)]
+    joins = {backend: [one_join(backend) for _ in range(runs)] for backend in ("mpi", "gloo")}
     store = store_timings(20 if quick else 200)
-    return SurvivorTimings(_medians(mpi), _medians(gloo),
-                           statistics.median(j["admit_s"] for j in joins),
-                           statistics.median(j["reform_s"] for j in joins),
-                           store["store_s"], store["pingpong_s"])
+    return SurvivorTimings(_medians(mpi), _medians(gloo), _join_medians(joins["mpi"]),
+                           _join_medians(joins["gloo"]), store["store_s"], store["pingpong_s"])
+
+
+def _join_medians(joins: list[dict[str, float]]) -> JoinTimings:
+    return JoinTimings(statistics.median(j["admit_s"] for j in joins),
+                       statistics.median(j["reform_s"] for j in joins))
 
 
 def _medians(deaths: list[dict[str, float]]) -> DeathTimings:

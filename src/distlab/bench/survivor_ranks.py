@@ -11,7 +11,7 @@ through Revoke, Shrink and one Allreduce of the survivors; rank 0 writes the med
 ``through_a_death_on_gloo``: the same in a gloo job with survivors started through the front
 door, where detection is the supervisor's notice of the death (engines/notices.py).
 
-``admit_a_joiner``: the membership barrier of an elastic gloo job, empty and with a newcomer.
+``admit_a_joiner``: the membership barrier of an elastic job, empty and with a newcomer.
 
 ``store_round_trip``: a harness program; rank 0 times a set and a get of 8 bytes on the task's
 store against an 8-byte Send/Recv round trip with rank 1.
@@ -75,8 +75,7 @@ def through_a_death_on_gloo(comm: Any, solution: Any, kill_file: str) -> dict[st
 
 
 def admit_a_joiner(comm: Any, solution: Any) -> dict[str, float] | None:
-    """A harness program for a 4-rank gloo job with survivors whose plan has one rank join at
-    step 1: rank 0 times an Admit with no one waiting (the membership barrier every elastic step
+    """A harness program for a 4-rank job with survivors whose plan has one rank join at step 1: rank 0 times an Admit with no one waiting (the membership barrier every elastic step
     pays), then the Admit that takes the newcomer in and the grown group's first Allreduce (which
     includes the newcomer's start: the Admit waits for it to reach the lobby)."""
     ones, out = np.ones(1024), np.zeros(1024)
