@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_launcher import assert_nothing_left, make_job
 
 from distlab.grading import Task as GradingTask
@@ -172,21 +173,23 @@ def test_a_kill_on_gloo_leads_the_survivors_failure() -> None:
 
 # -- at a mark: comm.mark("NAME") in the rank's code ------------------------------------------------
 
-def _around_a_mark(case: str, fault: dict[str, Any], backend: str = "mpi") -> Any:
+def _around_a_mark(case: str, fault: dict[str, Any], backend: str = "mpi",
+                   survivors: bool = False) -> Any:
     tests = Path(__file__).resolve().parent
     done = run_program(Program(tests / "programs.py", "call_solution", tests / "timeout_programs.py"),
-                       [GradingTask(ranks=2, case=case, store=True).for_ranks()],
+                       [GradingTask(ranks=2, case=case, store=True, survivors=survivors).for_ranks()],
                        run_options(backend, seal=True, faults=plan(fault)), deadline_s=30)
     assert_nothing_left()
     return done
 
 
-def test_a_kill_at_a_mark_lands_exactly_there() -> None:
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_kill_at_a_mark_lands_exactly_there(backend: str) -> None:
     """Rank 1 writes "before" to the store, marks "checkpoint", writes "after": killed at the mark,
-    it never writes "after" (the rank waits at the mark until the supervisor has acted). On gloo,
-    where the other rank lives on after a kill (MPI ends the job: survivors are issue 12's)."""
+    it never writes "after" (the rank waits at the mark until the supervisor has acted). Rank 0
+    lives on: on MPI, in a task whose ranks survive their peers (else Open MPI ends the job)."""
     done = _around_a_mark("killed_at_a_mark", {"kind": "kill", "rank": 1, "at_mark": "checkpoint"},
-                          backend="gloo")
+                          backend, survivors=backend == "mpi")
     assert done.ok, done.result.message
     assert done.result.fault_events == [
         "rank 1 was killed (SIGKILL) at its comm.mark('checkpoint') by fault[0]"]

@@ -84,9 +84,10 @@ def test_a_task_without_a_store_is_told_how_to_ask_for_one() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_stopped_rank_s_heartbeat_stops_until_it_is_continued() -> None:
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_stopped_rank_s_heartbeat_stops_until_it_is_continued(backend: str) -> None:
     stop = faults.plan(faults.stop(rank=1, at_step=5, cont_after_s=0.8), seed=1)
-    done = launch([Task(ranks=2, case="heartbeats", store=True)], faults=stop)
+    done = launch([Task(ranks=2, case="heartbeats", store=True)], backend, faults=stop)
     assert done.ok, done.result.message
     beats = done.tasks[0].values[0]
     gaps = [(b1, t2 - t1) for (b1, t1), (_, t2) in zip(beats, beats[1:])]

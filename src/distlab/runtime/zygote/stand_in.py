@@ -31,7 +31,11 @@ def main() -> None:
         _send(pid, signal.SIGKILL)
         code = 1
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        # Die of the rank's signal, as the launcher would have seen the rank die. SIGKILL (and
+        # SIGSTOP) take no handler: setting one raised, and the stand-in exited with status 1,
+        # which Open MPI's launcher takes for a failed rank and ends the job for, survivors or not.
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
 
