@@ -170,7 +170,11 @@ def _run_attempt(
                 continue
             if verdict.action == "done":
                 # Monitoring files are written at MPI_Finalize: give the ranks longer to get there.
-                _wait_briefly(procs, 10.0 if job.mpi_monitoring else 3.0)
+                # After a death in an MPI job that spawned newcomers, the survivors' MPI_Finalize
+                # does not return (seen here under ULFM): their outcomes are written, so they go.
+                spawned = newcomers is not None and bool(newcomers.started)
+                grace = 10.0 if job.mpi_monitoring else 0.5 if killed and spawned else 3.0
+                _wait_briefly(procs, grace)
             # The verdict reads every rank started, newcomers included.
             result = conclude(
                 verdict.action, dataclasses.replace(job, world_size=world), job_dir, procs,
