@@ -134,3 +134,20 @@ def partitioned_tokens(comm):
             else:
                 arrived.append(step)
     return arrived
+
+
+def split_and_free_often(comm, rounds=60):
+    """Splits and frees a communicator (and its online clock's side channel) every round, as
+    code that makes its groups per call does; the gloo groups still held and this process's
+    threads after the rounds (unsealed, the rank's own process)."""
+    from pathlib import Path
+
+    from distlab.runtime.engines import gloo
+
+    for _ in range(rounds):
+        sub = comm.Split(comm.rank % 2, comm.rank)
+        sub.Allreduce(np.ones(1), np.zeros(1))
+        sub.Free()
+    threads = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
+                       if line.startswith("Threads:")).split()[1])
+    return len(gloo._SUB_GROUPS), threads

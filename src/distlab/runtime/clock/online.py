@@ -119,6 +119,10 @@ class Timekeeper:
         self._side.allreduce(np.array([self.now]), latest, MAX)
         self.now = max(self.now, float(latest[0]))
 
+    def close(self) -> None:
+        """Releases the side channel (collective over it, as the communicator's Free is)."""
+        self._side.close()
+
     def compute(self, seconds: float) -> None:
         self._time.now += seconds
 

@@ -218,6 +218,8 @@ class Communicators:
         if not isinstance(self._engine, _Freed):
             self._engine.close()
             self._engine = _Freed(self._engine)
+            if self._clock is not None:  # its side channel for time stamps goes with it
+                self._clock.close()
 
 
 class _Freed:

@@ -62,8 +62,7 @@ from .gloo_parts import (
 # before it tears the process group down anyway.
 _DRAIN_S = 2.0
 
-# Every sub-group made in this process, kept until it exits: a peer may still be finishing a
-# transfer over a group this rank is done with (the world's close ends them all together).
+# Every sub-group made in this process and not closed yet (a close is collective: see close).
 _SUB_GROUPS: list[Any] = []
 _STORE: Any = None
 
@@ -326,11 +325,19 @@ class GlooEngine(BlockCollectives):
         os._exit(code)
 
     def close(self) -> None:
-        # Sub-groups: nothing. Their peers may still be finishing a transfer with this rank, and
-        # they live until the process ends (_SUB_GROUPS).
-        if not self._is_world or self._closed:
+        if self._closed:
             return
         self._closed = True
+        if not self._is_world:
+            # A sub-group goes as MPI_Comm_free does, collectively: once every member is here no
+            # peer is still finishing a transfer with this rank over it, and its threads and
+            # connections can go (code that splits on every call would otherwise gather hundreds
+            # of them: threads past the address-space limit, sockets past the descriptors).
+            self.ibarrier().wait()
+            if self._group in _SUB_GROUPS:
+                _SUB_GROUPS.remove(self._group)
+            self._group = None
+            return
         _, dist = _torch()
         # Leave together: a rank that tears its sockets down while peers still talk to each other
         # over the same mesh makes their pairs fail.
