@@ -70,6 +70,7 @@ def _card_with(tmp_path: Path, old: str, new: str) -> Path:
         ('[steps]', '[steps]\nrelax = "x"', "key 'steps.relax' is not a known key"),
         ('[scenario]', '[scenario]\nbackground2 = "x"', "key 'scenario.background2' is not a known key"),
         ('tier = "basic"', 'tier = basic', "not valid TOML"),
+        ('time_limit_s = 60', 'time_limit_s = 60\nfree_run_ranks = 0', "key 'free_run_ranks' must be an integer >= 1"),
         # The learner's file lives in the workspace: a card may not send it anywhere else.
         ('solution_file = "03-ring-allreduce.py"', 'solution_file = "../03.py"',
          "key 'solution_file' must be a file name inside the workspace; got '../03.py'"),
@@ -113,3 +114,9 @@ def test_solutions_resolve_to_the_problem_files_or_a_path(tmp_path: Path) -> Non
     assert resolve_solution(entry, str(mine)) == mine
     with pytest.raises(UsageError, match="does not exist"):
         resolve_solution(entry, str(tmp_path / "nope.py"))
+
+
+def test_a_card_may_give_the_ranks_of_its_free_runs(tmp_path: Path) -> None:
+    """09's cluster needs its 12 ranks for a free run to show anything; the others keep 4."""
+    assert load_card(CARD_03).free_run_ranks == 4
+    assert load_card(_card_with(tmp_path, "time_limit_s = 60", "time_limit_s = 60\nfree_run_ranks = 12")).free_run_ranks == 12

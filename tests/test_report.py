@@ -40,6 +40,9 @@ def test_the_page_shows_the_results_and_the_figure_beside_its_bound(page: str) -
     assert "passed 03" in page
     assert re.search(r'id="performance".*against the bound .* \(1\.0\d\dx\)', page)
     assert page.count('class="passed"') >= 5
+    # Each check's recorded figures, beside its verdict (03: the cases, bytes and time over bounds).
+    assert re.search(r'<table class="figures"><tr><td>cases</td><td>\d+</td>', page)
+    assert "<td>worst_time_over_bound</td>" in page
 
 
 def test_the_timeline_has_a_row_per_rank_with_spans(page: str) -> None:

@@ -56,3 +56,18 @@ def test_a_sweep_plot_reads_time_in_a_persons_units_on_log_axes_where_values_spa
     assert time_unit("virtual_s", [1.5]) == (1.0, "s")
     assert time_unit("auc", [0.7, 0.8]) == (1.0, "")
     assert spans_decades([8, 1024, 1 << 20]) and not spans_decades([1, 50]) and not spans_decades([0, 1000])
+
+
+def test_sweeps_with_other_fixed_values_keep_their_own_files(tmp_path: Path) -> None:
+    """09's two curves, the learner's allreduce and the flat ring, side by side in the workspace
+    (and in the report): the default file names carry each --fixed value. 09's free run takes
+    its card's 12 ranks, where 4 would sit in one data center."""
+    ws = tmp_path / "ws"
+    for method in ("yours", "flat"):
+        out = run_cli("tune", "09", "--solution", "reference", "--param", "mib=0.5,2",
+                      "--fixed", f"method={method}", workspace=ws)
+        assert out.returncode == 0, out.stdout + out.stderr
+    yours, flat = (list(csv.DictReader(open(ws / "tune" / f"09-mib-method-{m}.csv"))) for m in ("yours", "flat"))
+    for mine, ring in zip(yours, flat):
+        assert 3 * float(mine["virtual_s"]) < float(ring["virtual_s"])  # the hierarchy on 12 ranks
+    assert job_processes() == []

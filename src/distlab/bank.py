@@ -54,6 +54,9 @@ class Card:
     scenario: Scenario
     steps: Steps
     hints: tuple[str, ...]
+    # The rank count of a free run (distlab run, tune, the report's timeline) unless one is given:
+    # a scenario's cluster may need all of its ranks to show anything (problem 09: 12 on three-dc).
+    free_run_ranks: int = 4
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 CARD_KEYS = {
     "format_version", "id", "slug", "title", "tier", "tags", "world_sizes", "platform",
-    "time_limit_s", "backends", "solution_file", "scenario", "steps", "hints",
+    "time_limit_s", "backends", "solution_file", "scenario", "steps", "hints", "free_run_ranks",
 }
 
 
@@ -196,6 +199,7 @@ def load_card(path: Path) -> Card:
             tune=steps.string("tune"),
         ),
         hints=r.strings("hints", min_items=1),
+        free_run_ranks=r.integer("free_run_ranks", minimum=1) if "free_run_ranks" in data else 4,
     )
 
 

@@ -232,7 +232,7 @@ def run(
     solution: Optional[str] = typer.Option(
         None, help="'reference', 'starter' or a path (default: your workspace file)"
     ),
-    ranks: int = typer.Option(4, help="number of ranks"),
+    ranks: Optional[int] = typer.Option(None, help="number of ranks (default: the card's, 4 for most)"),
     backend: str = typer.Option("mpi", help="mpi or gloo"),
     platform: Optional[str] = typer.Option(None, help="a shipped platform or a .toml file"),
     faults: Optional[Path] = typer.Option(None, help="a fault plan (.toml)"),
@@ -245,13 +245,14 @@ def run(
     from .freerun import RunOptions, free_run
 
     backend = opts.backend(backend)
-    if ranks < 1:
+    if ranks is not None and ranks < 1:
         raise UsageError("--ranks must be at least 1")
     bad = [p for p in param if "=" not in p]
     if bad:
         raise UsageError(f"--param takes NAME=VALUE; got {bad[0]!r}")
     seed = opts.seed(seed)
     entry = _bank().ready_problem(problem)
+    ranks = ranks or entry.card().free_run_ranks
     path = _solution_for(entry, solution, Workspace())
     params = dict(p.split("=", 1) for p in param)
     options = RunOptions(ranks, backend, platform, faults, trace, clock, params, seed)
@@ -264,11 +265,11 @@ def tune(
     param: str = typer.Option(..., "--param", help="NAME=V1,V2,... passed to the problem's main()"),
     metric: str = typer.Option("virtual_s", help="a run metric (virtual_s, idle_fraction, ...) or a key main() returns"),
     solution: Optional[str] = typer.Option(None, help="'reference', 'starter' or a path"),
-    ranks: int = typer.Option(4, help="number of ranks"),
+    ranks: Optional[int] = typer.Option(None, help="number of ranks (default: the card's, 4 for most)"),
     backend: str = typer.Option("mpi", help="mpi or gloo"),
     platform: Optional[str] = typer.Option(None, help="a shipped platform or a .toml file"),
     fixed: list[str] = typer.Option([], "--fixed", help="NAME=VALUE held fixed in every run"),
-    out: Optional[Path] = typer.Option(None, help="output prefix (default: workspace/tune/NN-NAME)"),
+    out: Optional[Path] = typer.Option(None, help="output prefix (default: workspace/tune/NN-NAME, then each --fixed NAME-VALUE)"),
 ) -> None:
     """The Tune step: sweeps one parameter, writes the data (CSV) and the curve (PNG)."""
     from .freerun import RunOptions
@@ -281,8 +282,11 @@ def tune(
     entry = _bank().ready_problem(problem)
     ws = Workspace()
     path = _solution_for(entry, solution, ws)
-    base = RunOptions(ranks, backend, platform, params=dict(p.split("=", 1) for p in fixed))
-    prefix = out or ws.root / "tune" / f"{entry.number}-{name}"
+    base = RunOptions(ranks or entry.card().free_run_ranks, backend, platform,
+                      params=dict(p.split("=", 1) for p in fixed))
+    # Sweeps with other fixed values keep their own files (09: method=yours beside method=flat).
+    held = "".join(f"-{p.replace('=', '-')}" for p in fixed)
+    prefix = out or ws.root / "tune" / f"{entry.number}-{name}{held}"
     csv_path, png = sweep(entry, path, base, name, values, metric, prefix, console)
     console.print(escape(f"wrote {csv_path}" + (f" and {png}" if png else " (no point to plot)")))
 

@@ -38,6 +38,7 @@ h1 { font-size: 1.6em; margin-bottom: 0; } h2 { border-bottom: 1px solid #ddd; m
 td, th { border-bottom: 1px solid #eee; padding: 4px 8px; text-align: left; vertical-align: top; }
 .passed { color: #1a7f37; font-weight: 600; } .failed, .error { color: #cf222e; font-weight: 600; }
 pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; font-size: 13px; }
+.figures td { border: none; padding: 0 8px 0 0; font-size: 13px; color: #444; }
 .legend span { display: inline-block; margin-right: 1em; } .swatch { width: 12px; height: 12px;
 display: inline-block; margin-right: 4px; vertical-align: middle; }
 """
@@ -69,10 +70,9 @@ def results_section(results: dict[str, Any] | None, number: str) -> str:
                 f"<code>distlab check {number}</code>.</p></section>")
     rows = "".join(
         f'<tr><td class="{_e(c["status"])}">{_e(c["status"])}</td><td>{_e(c["name"])}</td>'
-        f'<td>{c["score"]}/{c["max_score"]}</td><td><pre>{_e(c["message"])}</pre></td></tr>'
-        if c["message"] else
-        f'<tr><td class="{_e(c["status"])}">{_e(c["status"])}</td><td>{_e(c["name"])}</td>'
-        f'<td>{c["score"]}/{c["max_score"]}</td><td></td></tr>'
+        f'<td>{c["score"]}/{c["max_score"]}</td><td>'
+        + (f'<pre>{_e(c["message"])}</pre>' if c["message"] else "")
+        + _figures(c.get("metrics") or {}) + "</td></tr>"
         for c in results["checks"]
     )
     totals = results.get("totals", {})
@@ -88,6 +88,15 @@ def results_section(results: dict[str, Any] | None, number: str) -> str:
         f"<table><tr><th>status</th><th>check</th><th>score</th><th>message</th></tr>{rows}</table>"
         "</section>"
     )
+
+
+def _figures(metrics: dict[str, Any]) -> str:
+    """A check's recorded figures (t.metric), as the side-by-side numbers a problem reports: its
+    measured times, bounds, bytes and costs."""
+    if not metrics:
+        return ""
+    cells = "".join(f"<tr><td>{_e(name)}</td><td>{_e(value)}</td></tr>" for name, value in metrics.items())
+    return f'<table class="figures">{cells}</table>'
 
 
 def timeline_svg(outcome: RunOutcome, width: int = 940) -> str:
@@ -170,10 +179,11 @@ def sweeps_section(ws: Workspace, number: str) -> str:
     return f'<section id="sweeps"><h2>Sweeps</h2>{figures}</section>'
 
 
-def build(entry: Entry, solution: Path, ws: Workspace, ranks: int = 4) -> str:
+def build(entry: Entry, solution: Path, ws: Workspace, ranks: int | None = None) -> str:
     results_file = ws.results_path(entry)
     results = json.loads(results_file.read_text()) if results_file.exists() else None
     outcome, note = None, ""
+    ranks = ranks or entry.card().free_run_ranks
     try:
         outcome = execute(entry, solution, RunOptions(ranks=ranks))
         note = f"{ranks} ranks, {solution.name}, platform {outcome.platform.name}"
