@@ -72,6 +72,11 @@ class TaskRun(runs.TaskRun):
         ``comm.mark(phase)`` (and ends at the rank's next mark or the task's end)."""
         return counts_of(self, rank, phase, nth)
 
+    def cpus(self, rank: int) -> tuple[int, ...]:
+        """The CPUs rank ``rank``'s solution process may run on at the task's end, read from the
+        kernel by the harness (the affinity the learner's code applied, whatever it says)."""
+        return self.outcomes[rank].cpus
+
     def phases(self, rank: int, phase: str) -> list[Counts]:
         """The rank's counts in every phase named ``phase``, in order."""
         return phases_of(self, rank, phase)

@@ -214,6 +214,9 @@ class TaskOutcome:
     # The counters of each communicator the task made (Split, Dup, Create_group), by the path of
     # its group (engines/base.py); ``stats`` above holds the rank's totals over all of them.
     by_communicator: dict[str, CommStats] = field(default_factory=dict)
+    # The CPUs the process of the learner's code may run on at the task's end, read from the
+    # kernel by the rank's agent (its own process unsealed): the affinity the code applied.
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass

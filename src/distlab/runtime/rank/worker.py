@@ -143,10 +143,11 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
             run = _in_process(program, solution)
         else:
             run = learner.run_task
+        cpus = learner.cpus if learner is not None else _own_cpus
         tasks = pickle.loads(job.tasks_blob)  # its cases are classes of the program's package
         for task_index, task in enumerate(tasks):
             slot.task = task_index
-            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run))
+            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run, cpus))
         if learner is not None:
             learner.finish()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
@@ -225,8 +226,13 @@ def _load_program(path: Path, module_name: str, name: str) -> Callable[..., Any]
     return program  # type: ignore[no-any-return]
 
 
+def _own_cpus() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
 def _run_task(
-    engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner
+    engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner,
+    cpus: Callable[[], tuple[int, ...]] = _own_cpus,
 ) -> TaskOutcome | None:
     # A rank that joined the running job runs the task on the communicator that admitted it.
     members = list(range(engine.size if joined() else task.ranks))
@@ -263,7 +269,7 @@ def _run_task(
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
-                             comm.marked, comm.stats_by_communicator())
+                             comm.marked, comm.stats_by_communicator(), cpus())
         comm.release_store()
         if group is not engine:
             group.close()
