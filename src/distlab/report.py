@@ -1,8 +1,10 @@
 """`distlab report N`: one self-contained HTML page about a problem and the learner's work on it.
 
-Sections: the scenario card; the last check results with each performance figure beside its
-bound; a per-rank timeline of a free run on the virtual clock (drawn as inline SVG); the metrics
-of that run; the sweep curves the learner made with `distlab tune`. Everything is inline (CSS, SVG,
+Sections: the last check results with each performance figure beside its bound and each check's
+figures; the problem's own picture, where its programs.py draws one from the free run (problem
+11: the server's tree with the learner's ring on it); a per-rank timeline of a free run on the
+virtual clock (drawn as inline SVG); the metrics of that run; the sweep curves the learner made
+with `distlab tune`; the scenario card. Everything is inline (CSS, SVG,
 PNG as data URIs), so the file can be mailed or attached to an assessment.
 """
 
@@ -179,6 +181,21 @@ def sweeps_section(ws: Workspace, number: str) -> str:
     return f'<section id="sweeps"><h2>Sweeps</h2>{figures}</section>'
 
 
+def figure_section(entry: Entry, outcome: RunOutcome | None) -> str:
+    """The picture that explains the problem, when its programs.py draws one: ``figure(summary)``
+    runs here, in the checker's process, on the data the free run's rank 0 returned (never markup
+    from a rank: the learner's code runs there), and returns SVG."""
+    if outcome is None or not isinstance(outcome.summary, dict):
+        return ""
+    from .runtime.jobspec import import_program_module, problem_programs
+
+    draw = getattr(import_program_module(*problem_programs(entry.path)), "figure", None)
+    svg = draw(outcome.summary) if callable(draw) else ""
+    if not svg:
+        return ""
+    return f'<section id="figure"><h2>The picture</h2>{svg}</section>'
+
+
 def build(entry: Entry, solution: Path, ws: Workspace, ranks: int | None = None) -> str:
     results_file = ws.results_path(entry)
     results = json.loads(results_file.read_text()) if results_file.exists() else None
@@ -198,6 +215,7 @@ def build(entry: Entry, solution: Path, ws: Workspace, ranks: int | None = None)
         f"<title>distlab report {entry.number}</title><style>{STYLE}</style></head><body>"
         f"<h1>{entry.number} · {_e(entry.title)}</h1>"
         f'<p class="meta">{_e(card.tier)} tier · platform {_e(card.platform)} · made {stamp}</p>'
-        f"{results_section(results, entry.number)}{timeline_section(outcome, note)}"
+        f"{results_section(results, entry.number)}{figure_section(entry, outcome)}"
+        f"{timeline_section(outcome, note)}"
         f"{sweeps_section(ws, entry.number)}{card_section(entry)}</body></html>"
     )
