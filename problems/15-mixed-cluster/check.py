@@ -1,0 +1,91 @@
+"""Checks for problem 15, a mixed cluster of A100, V100 and Ascend 910 accelerators.
+
+One launch serves every check. Rank 0 first answers a hidden table: split_batch on 24 global
+batches over device mixes (the training jobs'; random ones of the lab's devices, small batches and
+large, none divisible by the rank count; three of another lab's devices, with speeds of their own)
+and place on 16 layer lists and devices. Then each of two hidden training jobs (3-4 and 5-6 of the
+lab's devices, at least one A100, V100 and Ascend, in a random rank order, on the lab's own links)
+runs twice: one step with the checker's split, which grades sync_gradients alone against the
+gradient one process computes on the global batch; then 4 SGD steps with the learner's split,
+placement and sync, whose weights must be that one process's, and whose idle time (ranks waiting
+for the slowest one's compute) is read from the replay on the virtual clock. Every expected value
+is computed here, in the checker.
+"""
+
+from distlab.grading import CheckContext, Checklist, Run, Task
+
+from . import cases, judging, programs
+from .cases import Table, Training
+
+IDLE_LIMIT = 0.05  # over 2000 seeds: the card's split idles at most 1.2%, an equal split 18-50%, a FLOP/s one 14.9-38%
+
+CHECKS = Checklist()
+
+
+@CHECKS.run
+def one_launch(t: CheckContext) -> Run:
+    table, trainings = cases.hidden(t.seed)
+    t.say(f"{len(table.jobs)} splits and {len(table.places)} placements on rank 0; training on "
+          + " and ".join(training.job.label() for training in trainings))
+    return t.launch(programs.run_cases, [
+        Task(ranks=1, cases=[table], label="the table of split_batch and place calls"),
+        *(Task(ranks=tr.job.p, cases=[cases.gradient_case(tr), tr], platform=tr.job.platform(),
+               label=f"the {tr.label()}") for tr in trainings)])
+
+
+def runs_of(one_launch: Run, one_step: bool) -> list:
+    """The one-step gradient cases (the checker's split), or the training runs."""
+    return [result for result in one_launch.cases(Training) if (result.case.given_split is not None) == one_step]
+
+
+@CHECKS.check("split_batch: whole samples in proportion to samples/s, summing exactly to the global batch", points=3)
+def split_follows_speed(t: CheckContext, one_launch: Run) -> None:
+    (result,) = one_launch.cases(Table)
+    if message := judging.split_message(result.case.jobs, result.values[0].splits):
+        t.fail(message)
+    t.say(f"all {len(result.case.jobs)} splits sum to their global batch, every rank within 1 sample of its share")
+
+
+@CHECKS.check("place: a layer runs on the host only where the device lacks its op", points=2)
+def unsupported_ops_stay_off(t: CheckContext, one_launch: Run) -> None:
+    (result,) = one_launch.cases(Table)
+    for case, (placement, error) in zip(result.case.places, result.values[0].places):
+        if message := judging.place_message(case, placement, error):
+            t.fail(message)
+    t.say(f"all {len(result.case.places)} placements keep each device's missing ops on the host, and only those")
+
+
+@CHECKS.check("sync_gradients: every rank holds the global batch's gradient (within 1e-6)", points=3)
+def gradient_is_the_global_batchs(t: CheckContext, one_launch: Run) -> None:
+    for result in runs_of(one_launch, one_step=True):
+        message, worst = judging.gradient_message(result.case, result.values)
+        if message:
+            t.fail(message)
+        t.metric(f"worst_error_p{result.case.job.p}", worst)
+        t.say(f"batches {list(result.case.given_split or ())}: the global batch's gradient on every rank "
+              f"(worst relative error {worst:.1e})")
+
+
+@CHECKS.check("4 SGD steps on the hidden mixes end with one process's weights", points=2)
+def training_matches_one_process(t: CheckContext, one_launch: Run) -> None:
+    for result in runs_of(one_launch, one_step=False):
+        message, losses = judging.training_message(result.case, result.values)
+        if message:
+            t.fail(message)
+        t.say(f"{result.case.label()}: loss {judging.fmt(losses)}, as one process on the global batch")
+
+
+@CHECKS.check(f"idle time at most {IDLE_LIMIT:.0%} of the compute phase (an equal split idles about 40%)", points=3)
+def idle_time_is_small(t: CheckContext, one_launch: Run) -> None:
+    for result in runs_of(one_launch, one_step=False):
+        job, values = result.case.job, result.values
+        if (compute := judging.compute_per_step(result.task, job.p)) is None:
+            t.fail(f"{result.case.label()}: no training step ran: {values[0].split_error} (see the split_batch check)")
+        idle, equal = judging.idle_of(compute), cases.idle_share(job, cases.equal_split(job))
+        t.metric(f"idle_p{job.p}", round(idle, 5))
+        t.say(f"{job.label()}: batches {values[0].split}, {idle:.2%} idle on the virtual clock "
+              f"(an equal split: {equal:.1%})")
+        nbytes = sum(w.nbytes for w in values[0].weights.values())
+        t.performance(t.measured_time(result.task), judging.time_bound(result.case, nbytes), result.task)
+        if idle > IDLE_LIMIT:
+            t.fail(judging.idle_message(result.case, values, compute, idle, IDLE_LIMIT))
