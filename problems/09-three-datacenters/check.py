@@ -104,9 +104,14 @@ def costs_match(t: CheckContext, every_case: Run) -> None:
         if wrong := wrong_costs(result.case, result.values[0]):
             t.fail(wrong)
     wan, compute = CARD_BILL.per_step(1.3e9)
+    steps, gradient = CARD_BILL.steps_per_epoch, 1.3e9 * CARD_BILL.bytes_per_param
+    flat = CARD.flat_ring_wan_bytes(gradient) * CARD_BILL.wan_price_per_gb / 1e9 * steps
     t.say(f"the card's bill for 1.3B parameters: ${wan:.4f} WAN + ${compute:.4f} compute per step, "
-          f"${(wan + compute) * CARD_BILL.steps_per_epoch:.2f} per epoch")
-    t.metric("card_dollars_per_epoch_1.3B", round((wan + compute) * CARD_BILL.steps_per_epoch, 2))
+          f"${(wan + compute) * steps:.2f} per epoch; a flat ring's WAN would cost ${flat:.2f} per epoch, "
+          f"the hierarchy's ${wan * steps:.2f}")
+    t.metric("card_dollars_per_epoch_1.3B", round((wan + compute) * steps, 2))
+    t.metric("wan_dollars_per_epoch_1.3B hierarchical", round(wan * steps, 2))
+    t.metric("wan_dollars_per_epoch_1.3B flat_ring", round(flat, 2))
 
 
 @CHECKS.check("the model size at which the WAN costs 40% of the compute bill", points=1)
