@@ -143,6 +143,24 @@ def assert_same_verdict(sealed: Checked, unsealed: Checked) -> None:
     assert (sealed.rc, sealed.results["score"]) == (unsealed.rc, unsealed.results["score"])
 
 
+def assert_fails_with_symptom(run: Checked, fixture: str, failing: str, must: list[str],
+                              names_its_bug: dict[str, str]) -> None:
+    """A buggy fixture's run, as every problem's test file judges one: no process left, exit 1,
+    the check ``failing`` failed with each text of ``must`` in its message, every diagnosis of
+    ``names_its_bug`` (phrase -> the fixture whose bug it names) said in its own fixture's run
+    and in no other, and the seed to replay printed."""
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    assert run.status(failing) == "failed", run.out
+    message = " ".join(run.check(failing)["message"].split())
+    for text in must:
+        assert text in message, f"{text!r} missing from: {message}"
+    for phrase, owner in names_its_bug.items():
+        assert (phrase in run.messages()) == (owner == fixture), (phrase, run.messages())
+    if "--seed" in run.args:  # the replay hint
+        assert f"--seed {run.args[run.args.index('--seed') + 1]}" in run.flat, run.out
+
+
 def assert_clean(run: Checked) -> None:
     """No rank, mpiexec or prterun of the run outlived the CLI."""
     assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution
+from e2e import Checked, CheckRuns, assert_fails_with_symptom, fixture_solution
 
 from distlab.grading import collective_time
 from distlab.platforms import load_shipped
@@ -148,15 +148,7 @@ def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, must = BUGGY[name]
     run = checked("--solution", str(fixture_solution("09", name)))
-    assert_clean(run)
-    assert run.rc == 1, run.out
-    assert run.status(failing) == "failed", run.out
-    message = " ".join(run.check(failing)["message"].split())
-    for text in must:
-        assert text in message, f"{text!r} missing from: {message}"
-    for phrase, owner in NAMES_ITS_BUG.items():
-        assert (phrase in run.messages()) == (owner == name), (phrase, run.messages())
-    assert f"distlab check 09 --seed {SEED}" in run.flat
+    assert_fails_with_symptom(run, name, failing, must, NAMES_ITS_BUG)
 
 
 @pytest.mark.slow
