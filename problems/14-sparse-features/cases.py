@@ -1,0 +1,201 @@
+"""The cases of problem 14, drawn from the seed, and single-process SGD, the table each must end with.
+
+Both sides rebuild a case's data from its seed: every worker's ids (a Zipf law over the rows), the
+clicks (a hidden teacher factorization machine), the initial table. Hidden variants: the Zipf
+exponent, the table, the dimension, the shard counts (S, W), the late worker, the timing grid."""
+
+from collections import namedtuple
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+FIELDS, TEACHER_DIM = 6, 4  # ids per impression (user, ad, site, ...); the hidden model's width
+BIAS, INIT_SCALE = -1.0, 0.1  # a fixed base logit (about 27% clicks); the initial rows' spread
+ROW_COST_S = 0.5e-6  # the card's server: seconds per row looked up or updated, whatever its width
+ID_BYTES, VALUE_BYTES = 8, 4  # int64 ids; float32 rows and gradients
+RTOL, ATOL = 1e-4, 1e-6  # float32 ranks against a float64 simulation, over a few steps
+LATE_S = 0.005  # the late worker's messages leave 5 ms late, in real time too
+GRID_CELLS, GRID_TOUCHED = 2**22, (400, 1600)  # grid tables within 16 MiB; touched rows aimed at
+MAX_IDS = 4096  # ids per worker batch in the grid
+TABLE_ROWS, BLOCK_ROWS = 1_000_000, 65_536  # the production table; rows drawn at once
+
+
+@dataclass(frozen=True)
+class Data:
+    rows: int
+    dim: int
+    batch: int  # impressions per worker per step
+    steps: int
+    lr: float
+    zipf: float
+    seed: int
+    support: int = 0  # ids come from rows 0 .. support-1 (0: every row)
+
+    def label(self) -> str:
+        return (f"{self.rows} rows x {self.dim} dims, {self.batch} impressions x {FIELDS} ids per worker, "
+                f"{self.steps} step(s), Zipf exponent {self.zipf:.2f}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """S servers (ranks 0 .. S-1) and W workers after them; servers = 0: the allreduce baseline."""
+
+    servers: int
+    workers: int
+    data: Data
+    what: str  # the phase every step is marked with
+    late: int | None = None  # a worker rank whose messages leave late
+
+    def label(self) -> str:
+        path = f"S = {self.servers}, W = {self.workers}" if self.servers else f"allreduce, W = {self.workers}"
+        late = f", worker rank {self.late} late" if self.late is not None else ""
+        return f"{path} ({self.what}{late}): {self.data.label()}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The cost model's hidden grid: one step of a path per point, on a scaled-down cluster."""
+
+    servers: int
+    workers: int
+    alpha: float  # seconds per message
+    beta: float  # seconds per byte, each rank's port
+    row_cost: float  # a server's seconds per row looked up or updated
+    points: tuple[tuple[Data, float], ...]  # (the table and batches, distinct rows per worker batch)
+    mode: str = "sparse"  # what a task of the grid runs: "sparse", "dense", or "model" (step_times)
+
+    def label(self) -> str:
+        return (f"S = {self.servers}, W = {self.workers}; alpha {self.alpha * 1e6:.1f} us, "
+                f"{8 / self.beta / 1e9:.2f} Gb/s, row cost {self.row_cost * 1e9:.0f} ns")
+
+    def where(self, i: int) -> str:
+        data, touched = self.points[i]
+        return f"d = {data.dim}, {touched / data.rows:.1%} of {data.rows} rows touched"
+
+
+# The parameter server's cases (the main one, one step, the same batches on a million rows), the
+# allreduce baseline's (the main one, one step), and the grid.
+Session = namedtuple("Session", "sparse dense grid")
+
+
+# -- the data, rebuilt on both sides -----------------------------------------------------------------
+
+
+@lru_cache(maxsize=32)
+def zipf_cdf(rows: int, exponent: float) -> np.ndarray:
+    cdf = np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -exponent)  # row 0 the most popular
+    return cdf / cdf[-1]
+
+
+def batch_ids(data: Data, worker: int, step: int) -> np.ndarray:
+    draws = np.random.default_rng([data.seed, 1, worker, step]).random(data.batch * FIELDS)
+    return np.searchsorted(zipf_cdf(data.support or data.rows, data.zipf), draws, "right").reshape(-1, FIELDS)
+
+
+def clicks(data: Data, ids: np.ndarray, worker: int, step: int) -> np.ndarray:
+    teacher = np.random.default_rng([data.seed, 2]).normal(0, 0.45, (data.support or data.rows, TEACHER_DIM))
+    draws = np.random.default_rng([data.seed, 3, worker, step]).random(len(ids))
+    return (draws < sigmoid(fm_logits(teacher[ids])[0])).astype(np.float64)
+
+
+def initial_table(data: Data, server: int = 0, servers: int = 1) -> np.ndarray:
+    """The initial rows r with r % servers == server (the whole table by default), drawn block by
+    block so that a server of a million-row table never holds more than its shard and one block."""
+    shard = []
+    for start in range(0, data.rows, BLOCK_ROWS):
+        rng = np.random.default_rng([data.seed, 4, start])
+        block = rng.standard_normal((min(BLOCK_ROWS, data.rows - start), data.dim), dtype=np.float32)
+        shard.append(INIT_SCALE * block[(server - start) % servers::servers])
+    return np.concatenate(shard)
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def fm_logits(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # A factorization machine: the bias plus the dot products of every pair of an impression's rows.
+    # emb (B, F, d) -> logits (B,), and the sum of the rows (B, d).
+    total = emb.sum(axis=1)
+    return BIAS + 0.5 * ((total * total).sum(-1) - (emb * emb).sum((1, 2))), total
+
+
+def fm_gradients(emb: np.ndarray, labels: np.ndarray, scale: float) -> tuple[np.ndarray, float]:
+    """The log loss's gradient for every id occurrence, times ``scale``, and the mean log loss."""
+    logits, total = fm_logits(emb)
+    delta = (sigmoid(logits) - labels) * scale
+    loss = float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
+    return delta[:, None, None] * (total[:, None, :] - emb), loss  # d logit / d row: the others' sum
+
+
+def touched(data: Data, workers: int) -> float:  # distinct rows of a first batch, mean over workers
+    return float(np.mean([np.unique(batch_ids(data, w, 0)).size for w in range(workers)]))
+
+
+def train(data: Data, workers: int, keep_last: bool = False) -> np.ndarray:
+    """The table after data.steps steps of SGD on every worker's batch, in float64; ``keep_last``: a
+    worker keeps the gradient of a repeated id's last occurrence only (summed[where] += grads)."""
+    table, scale = initial_table(data).astype(np.float64), 1.0 / (workers * data.batch)
+    for step in range(data.steps):
+        total = np.zeros_like(table)
+        for w in range(workers):
+            ids = batch_ids(data, w, step).ravel()
+            grads = fm_gradients(table[ids.reshape(-1, FIELDS)], clicks(data, ids.reshape(-1, FIELDS), w, step),
+                                 scale)[0].reshape(-1, data.dim)
+            if keep_last:
+                last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
+                total[ids[last]] += grads[last]
+            else:
+                np.add.at(total, ids, grads)
+        table -= data.lr * total
+    return table
+
+
+def held_out_loss(data: Data, table: np.ndarray) -> float:
+    ids = batch_ids(replace(data, batch=2000), 99, 0)
+    logits = fm_logits(np.asarray(table, dtype=np.float64)[ids])[0]
+    return float(np.mean(np.logaddexp(0.0, logits) - clicks(data, ids, 99, 0) * logits))
+
+
+# -- the hidden variants ---------------------------------------------------------------------------
+
+
+def batch_for(rows: int, zipf: float, density: float, most: int = MAX_IDS) -> int:
+    # The smallest batch whose ids touch ``density`` of the rows on average (at most ``most`` ids).
+    p = np.diff(zipf_cdf(rows, zipf), prepend=0.0)
+    lo, hi = 1, max(1, most // FIELDS)
+    while lo < hi:  # E[distinct rows of n ids] = sum over rows of 1 - (1 - p)^n
+        mid = (lo + hi) // 2
+        reached = np.sum(-np.expm1(mid * FIELDS * np.log1p(-p)))
+        lo, hi = (mid + 1, hi) if reached < density * rows else (lo, mid)
+    return lo
+
+
+def timing_grid(rng: np.random.Generator, zipf: float) -> Grid:
+    # 4 dimensions x 4 touched fractions on a 1-4 Gb/s cluster of 5-15 us whose row cost puts the
+    # crossover at 20-56 dims; a table touches 400-1600 rows (fewer where MAX_IDS ids cannot reach).
+    servers, workers, beta = int(rng.integers(2, 4)), int(rng.integers(2, 4)), 8 / (rng.uniform(1, 4) * 1e9)
+    alpha, row_cost = rng.uniform(5e-6, 15e-6), 4 * beta * (rng.uniform(20, 56) - 1)
+    points = []
+    for dim in (4 * int(rng.integers(lo, hi + 1)) for lo, hi in ((1, 2), (3, 6), (10, 20), (32, 64))):
+        for density in (rng.uniform(lo, hi) for lo, hi in ((0.02, 0.04), (0.08, 0.14), (0.22, 0.32), (0.45, 0.6))):
+            aim = np.exp(rng.uniform(*np.log(GRID_TOUCHED)))
+            rows = int(np.clip(aim / density, 256, min(2**15, GRID_CELLS // dim)))
+            while batch_for(rows, zipf, density) >= MAX_IDS // FIELDS:
+                rows = int(rows * 0.8)
+            data = Data(rows, dim, batch_for(rows, zipf, density), 1, 0.5, zipf, int(rng.integers(1 << 31)))
+            points.append((data, touched(data, workers)))
+    return Grid(servers, workers, float(alpha), float(beta), float(row_cost), tuple(points))
+
+
+def session(seed: int) -> Session:
+    rng = np.random.default_rng([seed, 14])
+    zipf = float(rng.uniform(0.95, 1.25))
+    main = Data(int(rng.integers(1500, 2600)), int(rng.choice([8, 12, 16])), int(rng.integers(48, 81)), 5,
+                round(float(rng.uniform(0.4, 0.8)), 3), zipf, int(rng.integers(1 << 31)))
+    S, W = int(rng.integers(1, 4)), int(rng.integers(2, 4))
+    one_step = replace(main, steps=1, seed=main.seed + 1)
+    sparse = (Run(S, W, main, "the main case", late=S + int(rng.integers(W))), Run(S, W, one_step, "one step"),
+              Run(S, W, replace(main, steps=2, rows=TABLE_ROWS, support=main.rows), "the same batches, a million rows"))
+    return Session(sparse, (Run(0, W, main, "the main case"), Run(0, W, one_step, "one step")), timing_grid(rng, zipf))
