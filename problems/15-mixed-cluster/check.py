@@ -82,7 +82,7 @@ def idle_time_is_small(t: CheckContext, one_launch: Run) -> None:
         if (compute := judging.compute_per_step(result.task, job.p)) is None:
             t.fail(f"{result.case.label()}: no training step ran: {values[0].split_error} (see the split_batch check)")
         idle, equal = judging.idle_of(compute), cases.idle_share(job, cases.equal_split(job))
-        t.metric(f"idle_p{job.p}", round(idle, 5))
+        t.metric(f"idle_p{job.p}", {"yours": round(idle, 5), "equal split": round(equal, 5)})
         t.say(f"{job.label()}: batches {values[0].split}, {idle:.2%} idle on the virtual clock "
               f"(an equal split: {equal:.1%})")
         nbytes = sum(w.nbytes for w in values[0].weights.values())
