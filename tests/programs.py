@@ -105,6 +105,11 @@ def token_steps(comm, solution, steps, pause_s):
     return int(os.environ.get("DISTLAB_ATTEMPT", "-1"))
 
 
+def mpi_idle_strategy(comm, solution):
+    """How Open MPI's ranks give the core away while they wait (unsealed: the rank's own env)."""
+    return os.environ.get("OMPI_MCA_threads_pthreads_yield_strategy", "sched_yield")
+
+
 def address_space_limit(comm, solution):
     """The soft address-space limit the rank runs under, in MiB."""
     import resource

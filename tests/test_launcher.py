@@ -6,6 +6,7 @@ one particular way, and checks both the report and that no process of the job su
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 import time
@@ -73,6 +74,16 @@ def test_a_batch_runs_smaller_tasks_on_sub_communicators() -> None:
     assert result.ok, result.message
     assert [len(result.task_outcomes(i)) for i in range(3)] == [1, 2, 4]
     assert result.task_outcomes(1)[0].value[0] == 1.0  # rank 0 of 2 hears from rank 1
+
+
+def test_waiting_mpi_ranks_sleep_between_polls_unless_graded_on_wall_time() -> None:
+    """Oversubscribed ranks that wait sleep between polls (runtime/supervisor/start.py, mpi_env);
+    on --clock wall they keep sched_yield, whose wake-up adds no latency to what is measured."""
+    for wall_clock, strategy in ((False, "nanosleep"), (True, "sched_yield")):
+        job = dataclasses.replace(make_job("mpi_idle_strategy", [Task(ranks=2)]), wall_clock=wall_clock)
+        result = run(job, deadline_s=30)
+        assert result.ok, result.message
+        assert [o.value for o in result.task_outcomes(0)] == [strategy, strategy]
 
 
 def test_send_send_past_the_eager_limit_is_reported_as_a_deadlock_with_its_cycle() -> None:

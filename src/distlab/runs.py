@@ -198,7 +198,7 @@ def run(
         program_module=program.module, platform=platform,
         limits=memory_budget(options.limits, max(task.ranks for task in tasks)),
         faults=options.faults, online_clock=online_clock, mpi_monitoring=options.mpi_monitoring,
-        seal=options.seal, private=options.private,
+        seal=options.seal, private=options.private, wall_clock=options.clock == "wall",
     )
     result = launch(job, deadline_s=deadline_s or options.deadline_s, stall_s=stall_s)
     if not result.ok:

@@ -96,6 +96,9 @@ class Job:
     # catch code that goes around the proxy. Exam grading only: it moves the harness onto
     # duplicated communicators and counts every message handed to MPI.
     mpi_monitoring: bool = False
+    # Performance is graded on measured wall time (--clock wall): MPI ranks then poll for
+    # messages without sleeping between polls (runtime/supervisor/start.py, mpi_env).
+    wall_clock: bool = False
     # Run the learner's code in a process of its own, a child of the rank, which reaches the
     # engine, the counters and the clock only through the seal (runtime/seal/).
     seal: bool = False
