@@ -15,13 +15,16 @@ Two jobs, shared by every problem's test file:
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from conftest import FIXTURES, PROBLEMS, REPO, job_processes, run_cli
@@ -351,3 +354,14 @@ def fixture_solution(problem: str, name: str, into: Path | None = None) -> Path:
 def fixture_diffs() -> list[Path]:
     """Every fixture kept as a diff, tests/fixtures/NN/NAME.diff."""
     return sorted(FIXTURES.glob("*/*.diff"))
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """A module file (a reference, a fixture) imported under ``name``, registered in sys.modules
+    first: dataclasses look their module up while a class is built."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -16,15 +16,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from conftest import PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, load_file
 
 from distlab.runtime.clock.replay import replay
 from distlab.runtime.faults.model import draw
@@ -34,19 +31,10 @@ SEED = 4242
 PROBLEM = PROBLEMS / "02-alpha-beta"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 # the problem's package: the pure helpers are called where they live
 cases, programs, judging = (importlib.import_module(f"{problem_package(PROBLEM)}.{name}")
                             for name in ("cases", "programs", "judging"))
-reference = _load(PROBLEM / "reference.py", "problem02_reference_under_test")
+reference = load_file(PROBLEM / "reference.py", "problem02_reference_under_test")
 
 
 # -- the formulas --------------------------------------------------------------------------------

@@ -14,10 +14,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-import sys
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -31,21 +29,13 @@ from e2e import (
     assert_same_verdict,
     fixture_solution,
     leftovers,
+    load_file,
 )
 
 from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 FOLDER = PROBLEMS / "05-dp-or-mp"
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def _module(name: str) -> ModuleType:
@@ -60,7 +50,7 @@ def check() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def reference() -> ModuleType:
-    return _load(FOLDER / "reference.py", "problem05_reference")
+    return load_file(FOLDER / "reference.py", "problem05_reference")
 
 
 # The problem package's modules: the cases with the memory model and the rule, the rank programs
@@ -406,7 +396,7 @@ def test_plan_messages_name_only_the_fixtures_own_misreading(name: str, cases: M
                                                              judging: ModuleType) -> None:
     """The plan of every fixture, in this process on the session's table: a plan fixture's messages say its
     misreading and no other; the MLP fixtures' plans are right."""
-    solution = _load(fixture_solution("05", name), f"problem05_fixture_{name[:-3]}")
+    solution = load_file(fixture_solution("05", name), f"problem05_fixture_{name[:-3]}")
     for seed in (SEED, 7):
         table = cases.plan_cases(seed)
         answers = [programs.ask_plan(None, solution, case) for case in table]

@@ -13,30 +13,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, fixture_solution, leftovers, run_check
+from e2e import Checked, fixture_solution, leftovers, load_file, run_check
 
 from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 FOLDER = PROBLEMS / "06-ddp-from-scratch"
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # The problem's package, as the checker loads it: the model, its data, the bucket rule and the
@@ -72,7 +61,7 @@ def test_plan_buckets_follows_the_card(cases: ModuleType) -> None:
     assert plan([4, 4, 4], 8) == [[0, 1], [2]]  # exactly at the cap still fits
     assert plan([4, 4, 4], 7) == [[0], [1], [2]]
     assert plan([2, 50, 2, 2], 10) == [[0], [1], [2, 3]]  # over the cap: a bucket of its own
-    ref = _load(FOLDER / "reference.py", "problem06_reference")
+    ref = load_file(FOLDER / "reference.py", "problem06_reference")
     rng = np.random.default_rng(6)
     for _ in range(200):
         sizes = [int(x) for x in rng.integers(1, 100, size=int(rng.integers(1, 12)))]

@@ -14,10 +14,9 @@ import csv
 import importlib
 import importlib.util
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from e2e import (
     assert_output_has,
     fixture_solution,
     leftovers,
+    load_file,
 )
 
 from distlab.runtime.jobspec import problem_package
@@ -38,19 +38,10 @@ SEED = 4242
 PROBLEM = PROBLEMS / "07-sync-storm"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 # the problem's package modules, the very ones check.py imports (the model lives in cases.py)
 cases, programs, judging, check = (importlib.import_module(f"{problem_package(PROBLEM)}.{module}")
                             for module in ("cases", "programs", "judging", "check"))
-reference = _load(PROBLEM / "reference.py", "problem07_reference_under_test")
+reference = load_file(PROBLEM / "reference.py", "problem07_reference_under_test")
 
 
 # -- unit tests of the package's helpers -----------------------------------------------------------
@@ -269,7 +260,7 @@ def test_buffer_diagnoses_over_many_variants() -> None:
     buffer past threshold + its largest tensor by at least twice that slack, and the reference's
     analytic step (its collectives at 50 us, the bytes at the plan's bandwidth) at least 1.5x the 10x
     speed-up, where one Allreduce per tensor is 1x."""
-    fixtures = {name: _load(fixture_solution("07", name), f"problem07_{name[:-3]}").Fusion for name in BUFFER_BUGS}
+    fixtures = {name: load_file(fixture_solution("07", name), f"problem07_{name[:-3]}").Fusion for name in BUFFER_BUGS}
     for seed in range(60):  # 300 held when written; 60 in the suite
         plan = cases.plan_for(seed)
         assert judging.too_big_buffer([_fake_run(reference.Fusion, c) for c in plan.cases]) is None

@@ -16,17 +16,14 @@ import importlib
 import importlib.util
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, load_file
 
 from distlab.runtime.jobspec import problem_package
 from distlab.runtime.trace.chrome import validate_chrome_trace
@@ -36,16 +33,7 @@ FOLDER = PROBLEMS / "08-find-the-bottleneck"
 FIXTURES_08 = FIXTURES / "08"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load(FOLDER / "reference.py", "problem08_reference")
+reference = load_file(FOLDER / "reference.py", "problem08_reference")
 # The problem's package, as the checker loads it: the hidden variants and mesh, the rank programs,
 # the truth from the replay and the readers of the learner's answer, and the checks.
 PACKAGE = problem_package(FOLDER)

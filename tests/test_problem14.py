@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
+from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers, load_file
 
 from distlab.grading import first_mismatch
 from distlab.runtime.jobspec import problem_package
@@ -38,16 +35,7 @@ cases, programs, judging, check = (importlib.import_module(f"{PACKAGE}.{m}")
 MARGIN_SEEDS = range(40)  # 300 held when written (tests/test_problem14.py's margin functions); 40 in the suite
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load(FOLDER / "reference.py", "problem14_reference")
+reference = load_file(FOLDER / "reference.py", "problem14_reference")
 
 
 class FakeComm:
