@@ -356,6 +356,11 @@ def fixture_diffs() -> list[Path]:
     return sorted(FIXTURES.glob("*/*.diff"))
 
 
+def fixture_names(problem: str) -> set[str]:
+    """The fixtures of a problem, each by the solution file it makes (a diff's name as .py)."""
+    return {p.stem + ".py" for p in (FIXTURES / problem).iterdir() if p.suffix in (".py", ".diff")}
+
+
 def load_file(path: Path, name: str) -> ModuleType:
     """A module file (a reference, a fixture) imported under ``name``, registered in sys.modules
     first: dataclasses look their module up while a class is built."""

@@ -21,8 +21,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_fails_with_symptom, fixture_solution
+from conftest import PROBLEMS
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_fails_with_symptom,
+    fixture_names,
+    fixture_solution,
+)
 
 from distlab.grading import collective_time
 from distlab.platforms import load_shipped
@@ -138,9 +144,7 @@ NAMES_ITS_BUG = {
 
 
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
-    fixtures = {path.with_suffix(".py").name for path in (FIXTURES / "09").iterdir()
-                if path.suffix in (".py", ".diff")}
-    assert set(BUGGY) == fixtures - {"alt_leaders.py"} == set(NAMES_ITS_BUG.values())
+    assert set(BUGGY) == fixture_names("09") - {"alt_leaders.py"} == set(NAMES_ITS_BUG.values())
 
 
 @pytest.mark.slow

@@ -18,8 +18,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_fails_with_symptom, fixture_solution
+from conftest import PROBLEMS
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_fails_with_symptom,
+    fixture_names,
+    fixture_solution,
+)
 
 from distlab.platforms import load_shipped
 from distlab.runtime.jobspec import problem_package
@@ -93,9 +99,7 @@ NAMES_ITS_BUG = {
 
 
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
-    fixtures = {path.with_suffix(".py").name for path in (FIXTURES / "11").iterdir()
-                if path.suffix in (".py", ".diff")}
-    assert set(BUGGY) == fixtures - {"alt_fewest_crossings.py"} == set(NAMES_ITS_BUG.values())
+    assert set(BUGGY) == fixture_names("11") - {"alt_fewest_crossings.py"} == set(NAMES_ITS_BUG.values())
 
 
 @pytest.mark.slow

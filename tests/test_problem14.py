@@ -21,8 +21,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers, load_file
+from conftest import PROBLEMS, run_cli
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    fixture_names,
+    fixture_solution,
+    leftovers,
+    load_file,
+)
 
 from distlab.grading import first_mismatch
 from distlab.runtime.jobspec import problem_package
@@ -307,8 +315,7 @@ NAMES_ITS_BUG = {
 
 
 def test_every_buggy_fixture_has_a_row_and_a_diagnosis() -> None:
-    names = {p.stem + ".py" for p in (FIXTURES / "14").iterdir() if p.suffix in (".py", ".diff")}
-    assert names - {"alt_sorted_pushes.py"} == set(BUGGY) == set(NAMES_ITS_BUG.values())
+    assert fixture_names("14") - {"alt_sorted_pushes.py"} == set(BUGGY) == set(NAMES_ITS_BUG.values())
 
 
 @pytest.mark.slow

@@ -19,8 +19,15 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
+from conftest import PROBLEMS, run_cli
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    fixture_names,
+    fixture_solution,
+    leftovers,
+)
 
 from distlab.runtime.jobspec import problem_package
 
@@ -239,7 +246,7 @@ IN_PROCESS = {"equal_split.py", "round_shares.py", "host_everywhere.py"}
 
 
 def test_every_fixture_is_tested() -> None:
-    names = {p.stem + ".py" for p in (FIXTURES / "15").iterdir() if p.suffix in (".py", ".diff")}
+    names = fixture_names("15")
     assert names == set(BUGGY) | IN_PROCESS | {"alt_soonest_finish.py"}
     assert set(SPLITS) >= names
 
