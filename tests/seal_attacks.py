@@ -136,12 +136,18 @@ def total_of(comm):
     return float(got[0])
 
 
-def die_in_recv(comm):
-    """Rank 1 dies while blocked in a Recv (a timer ends its process)."""
+def die_in_recv(comm, how="exit"):
+    """Rank 1 dies while blocked in a Recv: a timer ends its process with status 3, or by SIGINT
+    (whose handler in the rank's agent is Python's, which only a main thread may reset)."""
+    import signal
     import threading
 
     if comm.Get_rank() == 1:
-        threading.Timer(0.5, os._exit, [3]).start()
+        if how == "exit":
+            threading.Timer(0.5, os._exit, [3]).start()
+        else:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            threading.Timer(0.5, os.kill, [os.getpid(), signal.SIGINT]).start()
         comm.Recv(np.empty(1), source=0)
     comm.Barrier()
 

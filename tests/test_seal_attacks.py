@@ -146,10 +146,13 @@ def test_signals_from_the_learner_reach_no_process_of_the_harness() -> None:
         assert tried["SIGKILL to supervisor"] == tried["SIGSTOP to supervisor"] == "ProcessLookupError"
 
 
-def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call() -> None:
-    result = attack("die_in_recv")
+@pytest.mark.parametrize("how", ["exit", "SIGINT"])
+def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call(how: str) -> None:
+    # Its agent waits in the engine: its watcher thread mirrors the death, a signal's too.
+    result = attack("die_in_recv", how)
     assert result.status == "crashed" and result.failing_rank == 1, result.message
-    assert result.message.startswith("rank 1 exited with status 3 before reporting"), result.message
+    died = "exited with status 3" if how == "exit" else "died of SIGINT (signal 2)"
+    assert result.message.startswith(f"rank 1 {died} before reporting"), result.message
     assert "its learner process died in Recv" in result.message
 
 

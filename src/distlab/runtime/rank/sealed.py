@@ -58,6 +58,10 @@ class LearnerProcess:
         self._packages = packages
         self._gone_note = gone_note
         self._finishing = threading.Event()
+        # Held by the first of the two threads that see the learner die (this watcher, the main
+        # thread on a closed channel) until the process ends: the second must not truncate the
+        # note the first wrote as the first exits (CI saw an empty note).
+        self._dying = threading.Lock()
         # The agent may be blocked in the engine on the learner's behalf (a Recv whose sender
         # never comes) when the learner dies: a watcher ends the agent then, as the learner ended.
         threading.Thread(target=self._watch, args=(os.pidfd_open(child.pid),), daemon=True).start()
@@ -72,8 +76,12 @@ class LearnerProcess:
 
     def died(self, gone: LearnerGone) -> None:
         """Ends the agent as the learner process ended, saying where it was (the supervisor reads it)."""
-        self._gone_note.write_text(where_it_died(gone))
-        mirror_death(gone)
+        self._dying.acquire()  # never released: this process ends below
+        try:
+            self._gone_note.write_text(where_it_died(gone))
+            mirror_death(gone)
+        finally:
+            os._exit(1)  # a failure above must not leave the process alive, holding the lock
 
     @classmethod
     def start(cls, seed: LearnerSeed, job: Job, job_dir: Path, rank: int, stack_file: IO[str]
@@ -213,9 +221,23 @@ def mirror_death(gone: LearnerGone) -> None:
         import faulthandler
 
         faulthandler.disable()  # the learner's stack is the one in the stack file
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        _restore_default_action(signum)
+        # At this thread: a signal sent to the process may be taken by another thread (the main
+        # one, waiting in the engine), and a core-dumping one (SIGABRT, SIGSEGV) ends the process
+        # only when that thread runs, after this one went on to the exit below.
+        signal.pthread_kill(threading.get_ident(), signum)
     os._exit(1)
+
+
+def _restore_default_action(signum: int) -> None:
+    """``signal.signal`` works in the main thread only; the watcher thread, which mirrors a
+    death while the main thread waits in the engine, resets the handler through libc."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, signal.SIG_DFL)
+    else:
+        import ctypes
+
+        ctypes.CDLL(None).signal(signum, 0)  # 0 is SIG_DFL
 
 
 def _code_pid(waiter: int) -> int:
