@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import PROBLEMS, REPO
 
 from distlab.bank import Bank
 from distlab.watch import action_for, next_problem
 from distlab.workspace import Workspace
-
-from conftest import PROBLEMS, REPO
 
 
 class Terminal:
@@ -53,12 +52,14 @@ class Terminal:
             os.close(self.master)
 
 
+TINY = Path(__file__).resolve().parent / "tiny_bank"  # watch mode is the same on any problem: the
+TINY_PROBLEM = TINY / "01-tiny-max"                     # tiny one checks in a third of 03's time
+
+
 @pytest.fixture
 def one_problem_bank(tmp_path: Path) -> Path:
     root = tmp_path / "problems"
-    root.mkdir()
-    shutil.copy(PROBLEMS / "index.toml", root / "index.toml")
-    shutil.copytree(PROBLEMS / "03-ring-allreduce", root / "03-ring-allreduce")
+    shutil.copytree(TINY, root, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
@@ -68,19 +69,19 @@ def test_watch_mode_rechecks_on_save_and_answers_keys(one_problem_bank: Path, wo
     env = dict(os.environ, DISTLAB_PROBLEMS=str(one_problem_bank), DISTLAB_WORKSPACE=str(workspace),
                COLUMNS="120", NO_COLOR="1")
     term = Terminal([sys.executable, "-m", "distlab.cli", *(["--poll"] if poll else [])], env)
-    term.expect("watching 03-ring-allreduce.py")
-    assert "failed 03" in term.screen  # the starter, checked at once
+    term.expect("watching 01-tiny-max.py")
+    assert "failed 01" in term.screen  # the starter, checked at once
     term.press("h")
-    term.expect("hint 1/5")
+    term.expect("hint 1/3")
     time.sleep(0.5)
-    mine = workspace / "03-ring-allreduce.py"
-    mine.write_text((PROBLEMS / "03-ring-allreduce" / "reference.py").read_text())
+    mine = workspace / "01-tiny-max.py"
+    mine.write_text((TINY_PROBLEM / "reference.py").read_text())
     term.expect("passed!")
     assert "unsealed" not in term.screen  # graded sealed, as `distlab check` grades
     term.press("q")
     term.expect("bye")
     assert term.close() == 0
-    assert Workspace(workspace).load_progress().of("03").passed
+    assert Workspace(workspace).load_progress().of("01").passed
 
 
 def test_watch_mode_waits_for_a_file_that_disappears_and_reprints_the_keys(
@@ -88,15 +89,15 @@ def test_watch_mode_waits_for_a_file_that_disappears_and_reprints_the_keys(
     env = dict(os.environ, DISTLAB_PROBLEMS=str(one_problem_bank), DISTLAB_WORKSPACE=str(workspace),
                COLUMNS="160", NO_COLOR="1")
     term = Terminal([sys.executable, "-m", "distlab.cli", "--poll"], env)
-    term.expect("watching 03-ring-allreduce.py")
+    term.expect("watching 01-tiny-max.py")
     keys = "h hint · n next · l list · r check · q quit"
-    mine = workspace / "03-ring-allreduce.py"
+    mine = workspace / "01-tiny-max.py"
     mine.unlink()  # an editor's save (write aside, remove, rename) or a plain rm
     term.expect("waiting for it to come back")
     time.sleep(1.5)  # several polls with the file gone
     assert term.proc.poll() is None, term.screen
     shown = term.screen.count(keys)
-    mine.write_text((PROBLEMS / "03-ring-allreduce" / "reference.py").read_text())
+    mine.write_text((TINY_PROBLEM / "reference.py").read_text())
     term.expect("passed!")
     term.expect(keys)  # the key line again, after the re-check
     assert term.screen.count(keys) > shown, term.screen
