@@ -1,0 +1,207 @@
+"""The cases of problem 13, drawn from the seed, and the values they must reach: plain data-parallel
+Adam in float64, and the ZeRO paper's memory per rank.
+
+Both sides rebuild a training case from its seed: the teacher, every rank's batches, the initial
+weights of a small MLP (one hidden tanh layer, one output). Hidden variants: the layer sizes (so
+the parameter count never divides by the rank count), the rank count, lr, betas and eps, and the
+model sizes and rank counts the memory calculator is asked about."""
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
+
+import numpy as np
+
+STEPS = 10  # Adam steps of every training case
+TARGET_SHIFT = 1.5  # the targets' mean: the output bias moves by about lr every step
+GB = 1e9  # the ZeRO paper's gigabytes
+# Mixed-precision Adam, bytes per parameter: fp16 weights, fp16 gradients, and fp32 master weights,
+# momentum and variance (the optimizer states, K = 12).
+FP16_WEIGHTS, FP16_GRADS, OPTIMIZER_STATES = 2, 2, 12
+
+
+@dataclass(frozen=True)
+class Training:
+    """An MLP of ``inputs`` -> ``hidden`` (tanh) -> 1, trained by ``p`` ranks on ``batch`` samples each."""
+
+    p: int
+    inputs: int
+    hidden: int
+    batch: int
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    seed: int
+    steps: int = STEPS
+
+    @property
+    def size(self) -> int:  # the parameters, flattened as W1, b1, W2, b2: the output bias is last
+        return self.inputs * self.hidden + 2 * self.hidden + 1
+
+    def label(self) -> str:
+        return (f"p = {self.p}, {self.size} parameters ({self.inputs}-{self.hidden}-1 MLP, {self.size} % {self.p} = "
+                f"{self.size % self.p}), lr {self.lr:g}, betas ({self.beta1:g}, {self.beta2:g}), eps {self.eps:g}")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Plain data parallel on the same model and ranks: one allreduce of the whole gradient a step."""
+
+    training: Training
+
+    def label(self) -> str:
+        return f"data parallel, {self.training.label()}"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The calculator's question: GB per rank for ``params`` parameters on ``ranks`` ranks at ``stage``."""
+
+    params: float
+    ranks: int
+    stage: int
+
+    def label(self) -> str:
+        return f"{self.params / 1e9:g}B parameters on {self.ranks} ranks, stage {self.stage}"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The memory probe: a flat model of ``size`` parameters (each step's gradient drawn, no data) on
+    ``p`` ranks, large enough that the bytes an optimizer keeps between steps, counted by tracemalloc,
+    tell a shard of the moments from whole ones by megabytes."""
+
+    p: int
+    size: int
+    seed: int
+    steps: int = 3
+
+    def shard_bytes(self) -> int:
+        """The moments of one shard of ceil(N / p) parameters, float32: what a sharded Adam keeps."""
+        return 2 * ceil(self.size / self.p) * 4
+
+    def label(self) -> str:
+        return f"the memory probe, {self.size:,} parameters on p = {self.p}"
+
+
+def zero_gb(params: float, ranks: int, stage: int) -> float:
+    """The ZeRO paper's closed forms, in GB per rank: 16 psi, 4 psi + 12 psi / Nd, 2 psi + 14 psi / Nd, 16 psi / Nd."""
+    whole = FP16_WEIGHTS + FP16_GRADS + OPTIMIZER_STATES
+    sharded = (0, OPTIMIZER_STATES, OPTIMIZER_STATES + FP16_GRADS, whole)[stage]
+    return params * ((whole - sharded) + sharded / ranks) / GB
+
+
+# -- the data and the model, rebuilt on both sides ----------------------------------------------------
+
+
+def initial_weights(case: Training) -> np.ndarray:
+    rng = np.random.default_rng([case.seed, 1])
+    w1 = rng.normal(0, 1 / np.sqrt(case.inputs), (case.inputs, case.hidden))
+    w2 = rng.normal(0, 1 / np.sqrt(case.hidden), (case.hidden, 1))
+    return np.concatenate([w1.ravel(), np.zeros(case.hidden), w2.ravel(), np.zeros(1)]).astype(np.float32)
+
+
+def batch(case: Training, rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s samples of step ``step``: inputs, and targets from a hidden teacher."""
+    teacher = np.random.default_rng([case.seed, 2]).normal(0, 1, case.inputs)
+    x = np.random.default_rng([case.seed, 3, rank, step]).normal(0, 1, (case.batch, case.inputs))
+    return x, np.sin(x @ teacher / np.sqrt(case.inputs)) + TARGET_SHIFT
+
+
+def loss_and_gradient(case: Training, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """The mean squared error over the samples, and its gradient, flattened like the weights (float64)."""
+    w = np.asarray(weights, dtype=np.float64)
+    n, h = case.inputs, case.hidden
+    w1, b1, w2, b2 = w[: n * h].reshape(n, h), w[n * h : n * h + h], w[n * h + h : n * h + 2 * h], w[-1]
+    hidden = np.tanh(x @ w1 + b1)
+    error = hidden @ w2 + b2 - y
+    d_out = 2 * error / len(y)
+    d_hidden = np.outer(d_out, w2) * (1 - hidden**2)
+    grad = np.concatenate([(x.T @ d_hidden).ravel(), d_hidden.sum(0), hidden.T @ d_out, [d_out.sum()]])
+    return float(np.mean(error**2)), grad
+
+
+def local_gradient(case: Training, weights: np.ndarray, rank: int, step: int) -> tuple[float, np.ndarray]:
+    """What a rank's backward pass gives: the gradient of ITS batch's mean loss, float32."""
+    loss, grad = loss_and_gradient(case, weights, *batch(case, rank, step))
+    return loss, grad.astype(np.float32)
+
+
+# -- plain data-parallel Adam, the answer -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adam:
+    weights: np.ndarray  # after case.steps steps
+    m: np.ndarray  # the first moment (momentum) of every parameter
+    v: np.ndarray  # the second moment (variance)
+    losses: tuple[float, ...]  # the global batch's loss before each step
+
+
+@lru_cache(maxsize=16)
+def plain_adam(case: Training, first_step: int = 1, average: bool = True) -> Adam:
+    """Single-process data-parallel Adam in float64 on the global batch, whose gradient is the mean of
+    the ranks' gradients. ``first_step``: the step count the bias correction starts from (1 is
+    right); ``average=False`` sums the ranks' gradients instead: the wrong answers the checks name."""
+    w = initial_weights(case).astype(np.float64)
+    m, v, losses = np.zeros_like(w), np.zeros_like(w), []
+    for step in range(case.steps):
+        parts = [local_gradient(case, w.astype(np.float32), r, step) for r in range(case.p)]
+        grad = np.sum([g.astype(np.float64) for _, g in parts], axis=0) / (case.p if average else 1)
+        losses.append(float(np.mean([loss for loss, _ in parts])))
+        m = case.beta1 * m + (1 - case.beta1) * grad
+        v = case.beta2 * v + (1 - case.beta2) * grad**2
+        t = step + first_step
+        w = w - case.lr * (m / (1 - case.beta1**t)) / (np.sqrt(v / (1 - case.beta2**t)) + case.eps)
+    return Adam(w, m, v, tuple(losses))
+
+
+def held_out_loss(case: Training, weights: np.ndarray) -> float:
+    return loss_and_gradient(case, weights, *batch(case, 99, 0))[0]
+
+
+# -- the hidden variants ------------------------------------------------------------------------------
+
+
+def training_case(rng: np.random.Generator, p: int) -> Training:
+    inputs = int(rng.integers(16, 33))
+    hidden = int(rng.integers(48, 97))
+    while (inputs * hidden + 2 * hidden + 1) % p == 0:  # never divisible: the shards need padding
+        hidden += 1
+    return Training(p, inputs, hidden, int(rng.integers(16, 33)), round(float(rng.uniform(2e-3, 2e-2)), 5),
+                    round(float(rng.uniform(0.85, 0.95)), 3), round(float(rng.uniform(0.99, 0.9995)), 4),
+                    float(f"{rng.uniform(1e-7, 1e-6):.2g}"), int(rng.integers(1 << 31)))
+
+
+def trainings(seed: int) -> tuple[Training, Training]:
+    """Two training cases: 4 ranks, and 2 or 3."""
+    rng = np.random.default_rng([seed, 13])
+    return training_case(rng, 4), training_case(rng, int(rng.integers(2, 4)))
+
+
+def footprint(seed: int) -> Footprint:
+    rng = np.random.default_rng([seed, 41])
+    size = int(rng.integers(900_000, 1_100_000))
+    return Footprint(4, size + (1 if size % 4 == 0 else 0), int(rng.integers(1 << 31)))
+
+
+def flat_gradient(case: Footprint, rank: int, step: int) -> np.ndarray:
+    return np.random.default_rng([case.seed, rank, step]).standard_normal(case.size, dtype=np.float32)
+
+
+CLASSIC = (Memory(7.5e9, 64, 0), Memory(7.5e9, 64, 1), Memory(7.5e9, 64, 2), Memory(7.5e9, 64, 3))
+
+
+def memory_cases(seed: int) -> list[Memory]:
+    """The paper's 7.5B on 64 ranks at every stage, then 12 hidden sizes and rank counts."""
+    rng = np.random.default_rng([seed, 31])
+    hidden = [Memory(float(f"{10 ** rng.uniform(8, 11.3):.3g}"), int(2 ** rng.integers(1, 11)), stage)
+              for _ in range(3) for stage in range(4)]
+    return list(CLASSIC) + hidden
+
+
+def shard_of(size: int, p: int, rank: int) -> tuple[int, int]:
+    """The card's suggestion: rank r owns [r * ceil(N / p), (r + 1) * ceil(N / p)), cut at N."""
+    per = ceil(size / p)
+    return min(rank * per, size), min((rank + 1) * per, size)

@@ -1,0 +1,129 @@
+"""Checks for problem 13, Adam with sharded moments (ZeRO stages 1 and 2).
+
+One launch serves every check. Two hidden training cases (4 ranks, then 2 or 3; an MLP whose
+parameter count never divides by p; hidden lr, betas and eps) each run 10 steps of the learner's
+ShardedAdam, every rank on its own batches; then plain data parallel's allreduce on the same model
+and ranks, the baseline of the byte check; rank 0 then answers the memory calculator's questions.
+Every expected value is computed here: plain data-parallel Adam in float64 on the global batch
+(cases.plain_adam) and the ZeRO paper's closed forms (cases.zero_gb).
+
+How the state is measured. The moments themselves: after training, the harness asks the optimizer
+for its state (where its shard starts, its m and v) and walks every array the optimizer object
+holds; their VALUES are compared with the right slice of plain Adam's moments, their sizes with 1/p
+of the whole, the shards with a partition of the parameters, and no array the optimizer keeps may
+be a whole m or v. A rank cannot pass by reporting a number: it must hold the right values, and
+only its share. What it keeps elsewhere (a global, a cache, a closure) the memory probe counts: on
+MPI, a flat model of about 10^6 parameters steps 3 times under tracemalloc, which counts what was
+allocated since the optimizer was made and is still alive (NumPy reports its arrays to it): about
+2 MB for a shard of the moments on 4 ranks, 8 MB more for whole ones, against about 1 KB of the
+harness's own. Not from the process's resident memory: that moves by more than a shard (NumPy's
+and the engine's own allocations). Not on gloo: tracemalloc in a rank whose gloo threads free
+tensors crashes it (torch 2.x), so the walk stands alone there.
+
+Bytes are the replay's: every flow each rank sent (its collectives run as their ring algorithms),
+per step, against the same ranks' data-parallel allreduce of the same gradient.
+"""
+
+import numpy as np
+
+from distlab.grading import CheckContext, Checklist, Run, Task
+
+from . import cases, judging, programs
+from .cases import Baseline, Footprint, Memory, Training
+
+CHECKS = Checklist()
+
+
+@CHECKS.run
+def one_launch(t: CheckContext) -> Run:
+    trainings = cases.trainings(t.seed)
+    t.say("training: " + "; ".join(c.label() for c in trainings))
+    tasks = []
+    for case in trainings:
+        tasks += [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}"),
+                  Task(ranks=case.p, case=Baseline(case), label=f"the data-parallel baseline, p = {case.p}")]
+    tasks.append(Task(ranks=1, cases=cases.memory_cases(t.seed), label="the memory calculator's questions"))
+    if t.backend == "mpi":  # tracemalloc in a rank whose gloo threads free tensors crashes it (torch 2.x)
+        probe = cases.footprint(t.seed)
+        tasks.append(Task(ranks=probe.p, case=probe, label=probe.label()))
+    return t.launch(programs.run_case, tasks)
+
+
+@CHECKS.check(f"the weights equal plain data-parallel Adam's after {cases.STEPS} steps, on every rank", points=4)
+def same_weights(t: CheckContext, one_launch: Run) -> None:
+    for run in one_launch.cases(Training):
+        case = run.case
+        shards = [judging.owned(v.state, case.size) if isinstance(v.state, dict) else None for v in run.values]
+        if problem := judging.weights_problem(case, [v.weights for v in run.values], shards):
+            t.fail(f"{case.label()}: {problem}")
+        before, after = (cases.held_out_loss(case, w) for w in (cases.initial_weights(case), run.values[0].weights))
+        t.say(f"{case.label()}: every rank within {judging.WEIGHT_TOL:g} x lr of plain Adam; "
+              f"held-out loss {before:.4f} -> {after:.4f}")
+        t.metric(f"loss_p{case.p}", [round(before, 5), round(after, 5)])
+
+
+@CHECKS.check(f"each rank holds its 1/p shard of Adam's moments (within {judging.STATE_SLACK:.0%})", points=4)
+def sharded_state(t: CheckContext, one_launch: Run) -> None:
+    for run in one_launch.cases(Training):
+        case, values = run.case, list(run.values)
+        for rank, value in enumerate(values):
+            if isinstance(value.state, str):
+                t.fail(f"{case.label()}: rank {rank}: {value.state}")
+        states = [v.state for v in values]
+        if problem := judging.coverage_problem(case, states):
+            t.fail(f"{case.label()}: {problem}")
+        for rank, state in enumerate(states):
+            if problem := judging.state_size_problem(case, rank, state):
+                t.fail(f"{case.label()}: {problem}")
+        # The moments follow the weights: a run with a known mistake in its arithmetic has its own
+        # trajectory, graded here for its sharding; any other wrong trajectory leaves the values ungraded.
+        adam = judging.trajectory_of(case, values[0].weights)
+        for rank, (value, state) in enumerate(zip(values, states)):
+            if problem := judging.hidden_copies(case, judging.owned(state, case.size), value.reachable,
+                                                adam or cases.plain_adam(case)):
+                t.fail(f"{case.label()}: rank {rank}: {problem}")
+        if adam is None or not all(np.array_equal(v.weights, values[0].weights) for v in values):
+            t.say(f"{case.label()}: shards and sizes right; the values are not graded (the weights are wrong)")
+            continue
+        for rank, state in enumerate(states):
+            if problem := judging.values_problem(case, rank, state, adam):
+                t.fail(f"{case.label()}: {problem}")
+        most = max(s["nbytes"] for s in states)
+        t.metric(f"state_share_p{case.p}", round(most / (2 * case.size * judging.MOMENT_BYTES), 5))
+        t.say(f"{case.label()}: the largest shard holds {most:,} bytes of moments, "
+              f"{most / (2 * case.size * judging.MOMENT_BYTES):.4f} of the whole (1/p = {1 / case.p:.4f})")
+    for probe in one_launch.cases(Footprint):
+        for rank, kept in enumerate(probe.values):
+            if problem := judging.footprint_problem(probe.case, rank, kept):
+                t.fail(f"{probe.case.label()}: {problem}")
+        t.metric("kept_over_shard", round(max(probe.values) / probe.case.shard_bytes(), 5))
+        t.say(f"{probe.case.label()}: each optimizer keeps at most {max(probe.values):,} bytes between steps "
+              f"(tracemalloc), its shard's moments are {probe.case.shard_bytes():,}")
+
+
+@CHECKS.check(f"bytes per step equal data parallel's (within {judging.BYTES_SLACK:.0%})", points=2)
+def same_bytes(t: CheckContext, one_launch: Run) -> None:
+    for run in one_launch.cases(Training):
+        case = run.case
+        mine = judging.sent_per_step(run.task, case.steps)
+        baseline = next(b for b in one_launch.cases(Baseline) if b.case.training == case)
+        dp = judging.sent_per_step(baseline.task, case.steps)
+        for rank in range(case.p):
+            if problem := judging.bytes_problem(case, rank, mine.get(rank, 0.0), dp.get(rank, 0.0)):
+                t.fail(problem)
+        ratios = [mine.get(r, 0.0) / dp[r] for r in range(case.p)]
+        t.metric(f"bytes_over_dp_p{case.p}", round(max(ratios), 5))
+        t.say(f"p = {case.p}: {np.mean(list(mine.values())):,.0f} bytes per rank and step, "
+              f"{min(ratios):.4f}-{max(ratios):.4f}x data parallel's allreduce")
+
+
+@CHECKS.check("the memory calculator: 120 / 31.4 / 16.6 / 1.9 GB for 7.5B on 64 ranks, and hidden sizes", points=2)
+def calculator(t: CheckContext, one_launch: Run) -> None:
+    runs = one_launch.cases(Memory)
+    questions, answers = [r.case for r in runs], [r.values[0] for r in runs]
+    classic = [a for q, a in zip(questions, answers) if q in cases.CLASSIC]
+    t.say("7.5B on 64 ranks, stages 0-3: " + " / ".join(f"{a:.1f}" if isinstance(a, float) else "?" for a in classic)
+          + " GB (the paper: 120 / 31.4 / 16.6 / 1.9)")
+    if wrong := judging.calculator_problems(questions, answers):
+        t.fail(f"{len(wrong)} of {len(questions)} answers off by more than {judging.GB_RTOL:.1%}; " + "; ".join(wrong[:3]))
+    t.say(f"{len(questions) - 4} hidden sizes and rank counts within {judging.GB_RTOL:.1%} of the closed forms")
