@@ -50,11 +50,30 @@ def test_a_problems_bound_is_kept_beside_each_figure_and_drawn(tmp_path: Path) -
     assert prefix.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_second_metric_is_kept_in_its_column_and_drawn_beside(tmp_path: Path) -> None:
+    """--beside: a second figure of each run (here its virtual time beside its message count, and a name no
+    run returns) in a column of its own and on a right-hand axis of the same plot."""
+    tiny = Path(__file__).resolve().parent / "tiny_bank"
+    for beside, expect in (("virtual_s", "number"), ("no_such_figure", "missing")):
+        prefix = tmp_path / beside
+        out = run_cli("tune", "01", "--solution", "reference", "--ranks", "2", "--param", "repeat=1,4",
+                      "--metric", "messages", "--beside", beside, "--out", str(prefix),
+                      env={"DISTLAB_PROBLEMS": str(tiny)})
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = list(csv.DictReader(open(prefix.with_suffix(".csv"))))
+        if expect == "number":
+            assert float(rows[1][beside]) > float(rows[0][beside]) > 0 and ", virtual_s = " in out.stdout
+        else:
+            assert [r[beside] for r in rows] == ["", ""] and all("no metric 'no_such_figure'" in r["note"] for r in rows)
+        assert prefix.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_sweep_plot_reads_time_in_a_persons_units_on_log_axes_where_values_span_decades() -> None:
     assert time_unit("virtual_s", [2e-6, 9e-5]) == (1e6, "us")
     assert time_unit("step_p50_s", [0.004, 0.02]) == (1e3, "ms")
     assert time_unit("virtual_s", [1.5]) == (1.0, "s")
     assert time_unit("auc", [0.7, 0.8]) == (1.0, "")
+    assert time_unit("samples_per_s", [28342.4]) == (1.0, "")  # a rate, not a time
     assert spans_decades([8, 1024, 1 << 20]) and not spans_decades([1, 50]) and not spans_decades([0, 1000])
 
 

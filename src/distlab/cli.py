@@ -264,6 +264,7 @@ def tune(
     problem: str = typer.Argument(..., help="number or slug"),
     param: str = typer.Option(..., "--param", help="NAME=V1,V2,... passed to the problem's main()"),
     metric: str = typer.Option("virtual_s", help="a run metric (virtual_s, idle_fraction, ...) or a key main() returns"),
+    beside: Optional[str] = typer.Option(None, help="a second metric, drawn on a right-hand axis of the same plot"),
     solution: Optional[str] = typer.Option(None, help="'reference', 'starter' or a path"),
     ranks: Optional[int] = typer.Option(None, help="number of ranks (default: the card's, 4 for most)"),
     backend: str = typer.Option("mpi", help="mpi or gloo"),
@@ -287,7 +288,7 @@ def tune(
     # Sweeps with other fixed values keep their own files (09: method=yours beside method=flat).
     held = "".join(f"-{p.replace('=', '-')}" for p in fixed)
     prefix = out or ws.root / "tune" / f"{entry.number}-{name}{held}"
-    csv_path, png = sweep(entry, path, base, name, values, metric, prefix, console)
+    csv_path, png = sweep(entry, path, base, name, values, metric, prefix, console, beside)
     console.print(escape(f"wrote {csv_path}" + (f" and {png}" if png else " (no point to plot)")))
 
 

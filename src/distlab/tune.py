@@ -4,7 +4,9 @@ Each value is one free run of the problem's ``main`` program (runtime as in ``di
 figure kept is a metric of the run (the virtual time by default, or any field of the run's metrics
 summary), or a number that ``main`` returns in a dict. Where the problem's programs.py gives a
 bound for the metric (``bounds(platform, ranks, **params)``, computed in the supervisor), it is kept
-beside each figure and drawn beside the curve. The sweep is written as CSV and drawn as a PNG, in readable units and
+beside each figure and drawn beside the curve. A second metric (``beside``) is drawn on a right-hand
+axis of the same plot, for a trade-off one curve cannot show (10: throughput against staleness,
+and the loss it costs at equal samples). The sweep is written as CSV and drawn as a PNG, in readable units and
 on log axes where the values span decades, so the learner sees the curve (step time against fusion
 threshold, AUC against compression) against what the model allows.
 """
@@ -66,11 +68,12 @@ class Point:
     got: float | None  # the metric; None when the run failed or had no such metric
     bound: float | None  # the analytic bound main() reported for it, if any
     note: str
+    other: float | None = None  # the second metric (``beside``), if one was asked for
 
 
 def sweep(
     entry: Entry, solution: Path, base: RunOptions, param: str, values: list[str], metric: str,
-    out_prefix: Path, console: Console,
+    out_prefix: Path, console: Console, beside: str | None = None,
 ) -> tuple[Path, Path | None]:
     points: list[Point] = []
     with Progress(console=console, transient=True) as progress:
@@ -80,7 +83,10 @@ def sweep(
             if outcome.result.ok:
                 got = metric_value(outcome, metric)
                 note = "" if got is not None else f"no metric {metric!r} in this run"
-                points.append(Point(value, got, bound_value(outcome, metric), note))
+                other = metric_value(outcome, beside) if beside else None
+                if beside and other is None:
+                    note = "; ".join(filter(None, [note, f"no metric {beside!r} in this run"]))
+                points.append(Point(value, got, bound_value(outcome, metric), note, other))
             else:
                 points.append(Point(value, None, None, outcome.result.message))
             progress.advance(bar)
@@ -88,22 +94,26 @@ def sweep(
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([param, metric, "note", "bound"])
+        writer.writerow([param, metric, "note", "bound", *([beside] if beside else [])])
         for pt in points:
-            writer.writerow([pt.value, "" if pt.got is None else repr(pt.got), pt.note,
-                             "" if pt.bound is None else repr(pt.bound)])
+            writer.writerow([pt.value, _cell(pt.got), pt.note, _cell(pt.bound), *([_cell(pt.other)] if beside else [])])
     for pt in points:
         shown = "-" if pt.got is None else f"{pt.got:.6g}"
         bound = "" if pt.bound is None else f" (bound {pt.bound:.6g})"
-        console.print(f"  {param} = {escape(pt.value)}: {metric} = {shown}{bound}"
+        second = "" if not beside else f", {beside} = " + ("-" if pt.other is None else f"{pt.other:.6g}")
+        console.print(f"  {param} = {escape(pt.value)}: {metric} = {shown}{bound}{escape(second)}"
                       + (f"  ({escape(pt.note)})" if pt.note else ""))
-    png = plot(points, param, metric, out_prefix.with_suffix(".png"), f"{entry.number} · {entry.title}")
+    png = plot(points, param, metric, out_prefix.with_suffix(".png"), f"{entry.number} · {entry.title}", beside)
     return csv_path, png
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else repr(value)
 
 
 def time_unit(metric: str, values: list[float]) -> tuple[float, str]:
     """(scale, unit) for a metric in seconds, as a person would read it; (1, "") otherwise."""
-    if not (metric.endswith("_s") or metric == "seconds") or not values:
+    if not (metric.endswith("_s") or metric == "seconds") or metric.endswith("_per_s") or not values:
         return 1.0, ""
     largest = max(abs(v) for v in values)
     if largest >= 1:
@@ -115,9 +125,10 @@ def spans_decades(values: list[float]) -> bool:
     return all(v > 0 for v in values) and max(values) / min(values) >= 100
 
 
-def plot(points: list[Point], param: str, metric: str, path: Path, title: str) -> Path | None:
+def plot(points: list[Point], param: str, metric: str, path: Path, title: str,
+         beside: str | None = None) -> Path | None:
     """The measured curve, the analytic bound beside it where main() gave one, in readable units,
-    on log axes where the values span decades."""
+    on log axes where the values span decades; the ``beside`` metric on a right-hand axis."""
     measured = [pt for pt in points if pt.got is not None]
     if not measured:
         return None
@@ -149,7 +160,18 @@ def plot(points: list[Point], param: str, metric: str, path: Path, title: str) -
     ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    if bounds:
+    others = [(pt.value, pt.other) for pt in measured if pt.other is not None]
+    if beside and others:
+        right = ax.twinx()
+        where = [float(value) if _is_number(value) else value for value, _ in others]
+        right.plot(where, [other for _, other in others], marker="s", color="tab:red", label=beside)
+        right.set_ylabel(beside, color="tab:red")
+        if all(other >= 0 for _, other in others):  # from zero: a 0.3% wobble must not look like a trend
+            right.set_ylim(0, 1.15 * max(other for _, other in others) or 1.0)
+        lines, labels = ax.get_legend_handles_labels()
+        more, more_labels = right.get_legend_handles_labels()
+        ax.legend(lines + more, labels + more_labels)
+    elif bounds:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path)
