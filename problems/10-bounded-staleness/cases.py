@@ -1,0 +1,222 @@
+"""The cases of problem 10 and what each must end with.
+
+Every case is one run of the parameter server: one server (rank 0) and three workers training a
+logistic regression on batches they draw from their own stream. A case fixes the staleness bound
+s, each worker's number of steps, and each worker's compute time per step (a straggler's steps
+take 2-5x the base). The ranks use only the data and the case's compute times from here; the
+expected values (synchronous training, the card's server simulated event by event, the loss) are
+computed in the checker.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
+
+FEATURES = 16  # weights of the model, the last one a bias
+BATCH = 32  # examples a worker draws per step
+BASE_S = 1e-3  # a worker's compute per step at full speed, declared on the virtual clock
+SLOW = (2.0, 5.0)  # a straggler's step takes this many times the base
+WORKERS = 3
+STEPS = 24
+SSP_STALENESS = 3  # the bound of the throughput and loss checks
+RTOL = 1e-9  # s = 0 against gradient descent in one process: float64, only the summation order differs
+
+
+@dataclass(frozen=True)
+class Case:
+    what: str  # which check reads it
+    staleness: int  # s
+    slow: tuple[tuple[float, ...], ...]  # slow[j][c]: worker j's step c takes slow[j][c] x BASE_S
+    lr: float
+    seed: int  # the data
+
+    @property
+    def workers(self) -> int:
+        return len(self.slow)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(len(row) for row in self.slow)
+
+    def compute_s(self, worker: int, step: int) -> float:
+        return BASE_S * self.slow[worker][step]
+
+    def label(self) -> str:
+        steps = f"{self.steps[0]} steps" if len(set(self.steps)) == 1 else \
+            "steps " + ", ".join(map(str, self.steps))
+        slow = sum(f > 1 for row in self.slow for f in row)
+        return f"{self.what}: s = {self.staleness}, {self.workers} workers, {steps}, {slow} straggling steps"
+
+
+class Training(Case):
+    """A case of equal steps: s = 0, s = 3 under the card's stragglers, the hidden bound."""
+
+
+class Finishing(Case):
+    """Workers with different numbers of steps: its own task, so that a deadlock there costs only its check."""
+
+
+# -- the data: a logistic regression the workers learn from their own streams -----------------------
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # the logistic function, without overflow warnings
+
+
+def _teacher(seed: int) -> np.ndarray:
+    return np.random.default_rng([seed, 1]).normal(0.0, 1.5, FEATURES)
+
+
+def examples(seed: int, stream: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n examples of one stream: X (n x FEATURES, the last column 1, the bias), y (0 or 1)."""
+    rng = np.random.default_rng([seed, 2, stream])
+    X = np.hstack([rng.normal(0.0, 1.0, (n, FEATURES - 1)), np.ones((n, 1))])
+    y = (rng.random(n) < sigmoid(X @ _teacher(seed))).astype(np.float64)
+    return X, y
+
+
+def batch(case: Case, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worker ``worker``'s batch of step ``step``: its own stream, so every process draws the same."""
+    return examples(case.seed, 1000 * (worker + 1) + step, BATCH)
+
+
+def gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, workers: int) -> np.ndarray:
+    """The batch's share of the global batch's mean log-loss gradient (divided by all workers' examples)."""
+    return X.T @ (sigmoid(X @ w) - y) / (workers * len(y))
+
+
+def initial_weights(case: Case) -> np.ndarray:
+    return np.random.default_rng([case.seed, 3]).normal(0.0, 0.01, FEATURES)
+
+
+@lru_cache(maxsize=8)
+def held_out(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    return examples(seed, 7, 4000)
+
+
+def loss(case: Case, w: np.ndarray) -> float:
+    """The mean log loss of the model on held-out examples."""
+    X, y = held_out(case.seed)
+    z = X @ np.asarray(w, dtype=np.float64)
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def synchronous(case: Case) -> list[np.ndarray]:
+    """The models of synchronous training in one process, after 0 .. K steps: every worker's step-c
+    gradient taken at the same model, all of them applied before step c + 1 (equal steps only)."""
+    models = [initial_weights(case)]
+    for c in range(min(case.steps)):
+        w = models[-1].copy()
+        for j in range(case.workers):
+            w -= case.lr * gradient(models[-1], *batch(case, j, c), case.workers)
+        models.append(w)
+    return models
+
+
+# -- the hidden cases --------------------------------------------------------------------------------
+
+
+def rounds(rng: np.random.Generator, workers: int, steps: int) -> tuple[tuple[float, ...], ...]:
+    """The card's stragglers: in every round of W steps each worker straggles once, at a random step
+    of the round, by a random factor in 2-5x. Synchronous training waits for one straggler every step."""
+    slow = np.ones((workers, steps))
+    for start in range(0, steps, workers):
+        for j, at in enumerate(rng.permutation(workers)):
+            if start + at < steps:
+                slow[j, start + at] = rng.uniform(*SLOW)
+    return tuple(tuple(float(f) for f in row) for row in slow)
+
+
+def long_straggler(rng: np.random.Generator, workers: int, steps: int) -> tuple[tuple[float, ...], ...]:
+    """One worker slow for a long stretch: the others run into the bound again and again."""
+    slow = np.ones((workers, steps))
+    who, start = int(rng.integers(workers)), int(rng.integers(1, 4))
+    slow[who, start:start + 9] = rng.uniform(3.0, SLOW[1], 9)
+    return tuple(tuple(float(f) for f in row) for row in slow)
+
+
+@dataclass(frozen=True)
+class Session:
+    synchronous: Case  # s = 0 under the card's stragglers
+    stragglers: Case  # s = 3, the same stragglers
+    bound: Case  # a hidden s in 1-2, one worker slow for a long stretch
+    finish: Case  # workers with different numbers of steps
+
+    def all(self) -> list[Case]:
+        return [self.synchronous, self.stragglers, self.bound, self.finish]
+
+
+def session(seed: int) -> Session:
+    rng = np.random.default_rng([seed, 10])
+    lr, data = round(float(rng.uniform(1.0, 2.0)), 3), int(rng.integers(1 << 30))
+    sync = Training("s = 0 is synchronous", 0, rounds(rng, WORKERS, STEPS), lr, data)
+    bound = Training("the bound under a long straggler", int(rng.integers(1, 3)), long_straggler(rng, WORKERS, 16),
+                 lr, data)
+    lengths = [int(n) for n in rng.choice(np.arange(10, 19), WORKERS, replace=False)]
+    lengths[int(rng.integers(WORKERS))] = 6  # one worker is done long before the others
+    slow = rounds(rng, WORKERS, max(lengths))
+    finish = Finishing("workers that finish at different times", int(rng.integers(1, 3)),
+                  tuple(row[:n] for row, n in zip(slow, lengths)), lr, data)
+    return Session(sync, replace(sync, what="s = 3 under stragglers", staleness=SSP_STALENESS), bound, finish)
+
+
+PUSH, ANNOUNCE, MODEL = 11, 12, 13  # the tags of the harness's messages (programs.py)
+Gate = Callable[[int, float, int], bool]  # (the reader's clock c, the slowest clock, s) -> may it read?
+
+
+def ssp_gate(c: int, slowest: float, s: int) -> bool:
+    return slowest >= c - s  # the rule of the card
+
+
+@dataclass(frozen=True)
+class Read:
+    worker: int  # index 0 .. W-1
+    clock: int  # the reader's clock: the read is for its step `clock`
+    staleness: float  # the reader's clock minus the slowest worker's pushes then
+    pushes: tuple[int, ...] = ()  # the gradients in from each worker then (from a trace)
+
+
+# -- the parameter server simulated here: the times to compare with, and the models it trains --------
+
+
+@dataclass
+class Simulated:
+    makespan: float  # seconds until the last push (messages taken as free)
+    reads: list[Read] = field(default_factory=list)
+    model: np.ndarray | None = None
+    stuck: bool = False  # every worker left waits for a read that never comes
+
+
+def simulate(case: Case, gate: Gate = ssp_gate, train: bool = False, done_counts: bool = True) -> Simulated:
+    """The server of the card, event by event, in the order the harness's mailbox hands the messages
+    over (by the time they leave, then by worker): a gradient applies at once, a read is answered as
+    soon as the gate lets it. ``done_counts=False``: a finished worker keeps its last clock (a bug)."""
+    W, steps = case.workers, case.steps
+    clock: list[float] = [0.0] * W  # gradients in from each worker (inf: it finished)
+    leaves = {j: (0.0, 0) for j in range(W)}  # worker -> (when its next message leaves, its clock then)
+    waiting: dict[int, int] = {}  # worker -> the clock it reads at
+    w = initial_weights(case) if train else None
+    read_at: dict[int, np.ndarray] = {}  # the model each worker computes its gradient on
+    out = Simulated(0.0)
+    while leaves:
+        j = min(leaves, key=lambda k: (leaves[k], k))
+        now, c = leaves.pop(j)
+        out.makespan = max(out.makespan, now)
+        if c > 0 and w is not None:  # the gradient of step c - 1, applied at once
+            w = w - case.lr * gradient(read_at[j], *batch(case, j, c - 1), W)
+        clock[j] = math.inf if c == steps[j] and done_counts else c
+        if c < steps[j]:
+            waiting[j] = c
+        slowest = min(clock)
+        for k, ck in sorted(waiting.items()):
+            if gate(ck, slowest, case.staleness):
+                del waiting[k]
+                out.reads.append(Read(k, ck, ck - slowest))
+                if w is not None:
+                    read_at[k] = w.copy()
+                leaves[k] = (now + case.compute_s(k, ck), ck + 1)
+    out.stuck, out.model = bool(waiting), w
+    return out

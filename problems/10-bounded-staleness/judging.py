@@ -1,0 +1,162 @@
+"""What the checks of problem 10 need to read a run: the staleness of every read, taken from the
+server's own trace; a simulation of the parameter server on the checker's side (the synchronous
+time to beat, the time a stale-synchronous server can reach, and the models it trains); the
+messages that name a mistake."""
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from . import cases
+from .cases import MODEL, PUSH, Case, Read
+
+# -- the staleness of every read, from what the server's proxy recorded ------------------------------
+
+
+def reads_in_trace(events: Iterable[tuple[str, int | None, int | None]], case: Case, server: int,
+                   workers: list[int]) -> list[Read]:
+    """Every model the server sent a worker, with its staleness, from the server's calls in program
+    order, (kind, peer, tag) each as its proxy recorded them: a receive with tag PUSH from worker k
+    is k's next message (its first asks for the model of step 0, each later one carries a gradient);
+    a worker whose last message is in counts as infinitely far ahead; the m-th model sent to worker
+    j answers its read at clock m. Staleness = m minus the fewest gradients any worker had in."""
+    index = {rank: k for k, rank in enumerate(workers)}
+    received, replies, reads = [0] * len(workers), [0] * len(workers), []
+    for kind, peer, tag in events:
+        if peer not in index:
+            continue
+        k = index[peer]
+        if kind == "recv" and tag == PUSH:
+            received[k] += 1
+        elif kind == "send" and tag == MODEL:
+            pushes = [math.inf if n > case.steps[i] else max(n - 1, 0) for i, n in enumerate(received)]
+            reads.append(Read(k, replies[k], replies[k] - min(pushes), tuple(max(n - 1, 0) for n in received)))
+            replies[k] += 1
+    return reads
+
+
+def worst(reads: list[Read]) -> Read | None:
+    return max(reads, key=lambda r: r.staleness, default=None)
+
+
+def over_bound(case: Case, reads: list[Read], workers: list[int]) -> str | None:
+    """The worst read of a case over its bound, in words, or None."""
+    if (w := worst(reads)) is None or w.staleness <= case.staleness:
+        return None
+    return (f"{case.label()}: worker rank {workers[w.worker]} read the model at clock {w.clock} while the slowest "
+            f"worker had pushed only {w.clock - w.staleness:g} gradients: staleness {w.staleness:g}, expected at most "
+            f"s = {case.staleness} ({sum(r.staleness > case.staleness for r in reads)} of {len(reads)} reads over)")
+
+
+OFF_BY_ONE = "the bound is off by one"
+NOT_THE_SLOWEST = "did the read wait for the slowest worker"
+
+
+def staleness_cause(excess: list[float]) -> str:
+    """Why reads broke the bound, from every case's largest staleness minus its s. Over by exactly one
+    wherever it is over, with the long-straggler case among them (a gate that ignores the others goes
+    far past it there): the bound is off by one. Further over: the read did not wait for the slowest."""
+    over = [e for e in excess if e > 0]
+    if over and all(e == 1 for e in over) and excess[-1] == 1:
+        return (f"; every read over the bound is over by exactly one, in every case: {OFF_BY_ONE} (a worker at "
+                "clock c may read once the slowest worker is at c - s, not c - s - 1)")
+    return (f"; {NOT_THE_SLOWEST} (the minimum of the clock table), or only look at the reader's own clock?"
+            if max(over, default=0) > 1 else "")
+
+
+def applied_problem(case: Case, reads: list[Read], read_models: list[list[np.ndarray]], final: np.ndarray,
+                    workers: list[int]) -> str | None:
+    """Whether every model the server sent, and its final one, is the initial model minus lr times
+    exactly the gradients it had received by then (pushes apply at once, each once). The gradients
+    are recomputed here from the models the workers read; the trace says which were in."""
+    W = case.workers
+    sums = []  # sums[k][n]: the sum of worker k's first n gradients
+    for k in range(W):
+        grads = [cases.gradient(read_models[k][c], *cases.batch(case, k, c), W) for c in range(case.steps[k])]
+        sums.append(np.cumsum([np.zeros(cases.FEATURES)] + grads, axis=0))
+    w0 = cases.initial_weights(case)
+    for r in reads:
+        want = w0 - case.lr * sum(sums[k][n] for k, n in enumerate(r.pushes))
+        got = read_models[r.worker][r.clock]
+        if not np.allclose(got, want, rtol=cases.RTOL, atol=1e-9):
+            return (f"{case.label()}: worker rank {workers[r.worker]} read at clock {r.clock} a model that is not the "
+                    f"initial one minus lr x the {sum(r.pushes)} gradients the server had received by then "
+                    f"({', '.join(f'{n} from rank {workers[k]}' for k, n in enumerate(r.pushes))}): largest "
+                    f"difference {float(np.max(np.abs(got - want))):.3g}. Does every push apply at once, and once?")
+    want = w0 - case.lr * sum(s[-1] for s in sums)
+    if not np.allclose(final, want, rtol=cases.RTOL, atol=1e-9):
+        return (f"{case.label()}: the server's final model is not the initial one minus lr x all "
+                f"{sum(case.steps)} gradients: largest difference {float(np.max(np.abs(final - want))):.3g}")
+    return None
+
+
+# -- reading a run -----------------------------------------------------------------------------------
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def server_events(task: Any, server: int = 0) -> list[tuple[str, int | None, int | None]]:
+    """The server's point-to-point calls in program order, (kind, peer, tag), from its trace: a
+    receive as matched (a wait's received messages name their source and tag), a send as posted."""
+    out: list[tuple[str, int | None, int | None]] = []
+    for span in task.timeline().events(server):
+        if span.kind == "send":
+            out.append(("send", span.peer, span.tag))
+        elif span.kind == "wait":
+            out += [("recv", src, tag) for _ctx, src, _dst, tag, _k in span.received]
+    return out
+
+
+def reads_of(run: Any) -> list[Read]:
+    """The reads of one case (a CaseRun), from its server's trace."""
+    return reads_in_trace(server_events(run.task), run.case, 0, worker_ranks(run.case))
+
+
+def answer_problem(run: Any) -> str | None:
+    """What the server returned, when it is not a model of the right length."""
+    got = run.values[0]
+    if isinstance(got, np.ndarray):
+        return None
+    return (f"{run.case.label()}: the server returned {got}, expected the final model "
+            f"({cases.FEATURES} weights)")
+
+
+def sync_read_problem(case: Case, rank: int, c: int, got: np.ndarray, models: list[np.ndarray], wrong: str) -> str:
+    """A read of the s = 0 case that is not synchronous training's model at its clock."""
+    text = (f"{case.label()}: worker rank {rank} read at clock {c} a model that is not synchronous training's "
+            f"after {c} step{'s' * (c != 1)}: {wrong}")
+    same = [k for k, model in enumerate(models) if np.allclose(got, model, rtol=cases.RTOL, atol=1e-12)]
+    if same:
+        return text + f"; it is the model after {same[0]} step{'s' * (same[0] != 1)}"
+    return text + ("; with s = 0 a read at clock c must wait until every worker has pushed c gradients, and see "
+                   "all of them applied (and none of a later step)")
+
+
+def reads_count_problem(case: Case, reads: list[Read], workers: list[int]) -> str | None:
+    got = [sum(r.worker == j for r in reads) for j in range(case.workers)]
+    if got == list(case.steps):
+        return None
+    j = next(j for j in range(case.workers) if got[j] != case.steps[j])
+    return (f"{case.label()}: the server sent worker rank {workers[j]} {got[j]} models for its {case.steps[j]} reads: "
+            "one reply per read, sent with box.reply")
+
+
+def slow_reason(case: Case, worst_read: Read | None) -> str:
+    if worst_read is not None and worst_read.staleness == 0:
+        return (f"; no read saw any staleness at s = {case.staleness}: every read waited for every worker, as in "
+                "synchronous training. A read at clock c needs the slowest at c - s, not at c")
+    return "; a read that the bound allows should be answered at once, when the push that allows it arrives"
+
+
+def loss_reason(got: float, start: float) -> str:
+    if abs(got - start) < 1e-9:
+        return ": the model never moved (are the pushes applied?)"
+    return ""
+
+
+def worker_ranks(case: Case) -> list[int]:
+    return list(range(1, case.workers + 1))
