@@ -143,7 +143,7 @@ def plot(points: list[Point], param: str, metric: str, path: Path, title: str,
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     if all(_is_number(pt.value) for pt in measured):
         xs = [float(pt.value) for pt in measured]
-        ax.plot(xs, [y * scale for y in ys], marker="o", label="measured")
+        ax.plot(xs, [y * scale for y in ys], marker="o", label=beside and metric or "measured")
         if bounds:
             ax.plot([float(pt.value) for pt in bounds], [(pt.bound or 0.0) * scale for pt in bounds],
                     linestyle="--", color="gray", label="analytic bound")
@@ -152,7 +152,7 @@ def plot(points: list[Point], param: str, metric: str, path: Path, title: str,
         if spans_decades(ys):
             ax.set_yscale("log")
     else:
-        ax.bar([pt.value for pt in measured], [y * scale for y in ys], label="measured")
+        ax.bar([pt.value for pt in measured], [y * scale for y in ys], label=beside and metric or "measured")
         if bounds:
             ax.scatter([pt.value for pt in bounds], [(pt.bound or 0.0) * scale for pt in bounds],
                        marker="_", s=400, color="gray", label="analytic bound", zorder=3)
