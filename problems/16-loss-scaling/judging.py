@@ -1,0 +1,181 @@
+"""Reading problem 16's runs: each rank's skips, scales and weights against the policy's trace,
+step by step, and the first divergence named with its cause where the evidence rules out the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cases import PARAMS, SMALLEST_NORMAL, Case, Trace, one_step, policy_scales
+
+WEIGHT_TOLERANCE = 0.02  # of each weight's path (the sum of its updates' sizes); see tests/test_problem16.py
+WIRE_SLACK = 16  # bytes a step may reduce beyond the float16 gradient: the overflow flag (one or two numbers)
+
+
+def steps_list(flags: list[bool]) -> str:
+    return "[" + ", ".join(str(s) for s, f in enumerate(flags) if f) + "]"
+
+
+def cause(case: Case, trace: Trace, step: int) -> str:
+    """Why the trace overflows (or not) at ``step``."""
+    faults = case.injected_at(step)
+    if faults:
+        return "; ".join(f.label(case.p) for f in faults)
+    if trace.overflow[step]:
+        return f"a natural overflow: at scale {trace.scale_used[step]:g} the float16 sum passes 65504"
+    return f"no overflow: at scale {trace.scale_used[step]:g} the largest float16 sum is {trace.peak[step]:.0f}"
+
+
+def bad_return(case: Case, values: list[Any]) -> str | None:
+    for rank, steps in enumerate(values):
+        for step, done in enumerate(steps.applied):
+            if not isinstance(done, bool):
+                return (f"{case.label()}: train_step returned {done} on rank {rank} at step {step}; expected True "
+                        "(the step was applied) or False (skipped)")
+    return None
+
+
+def skip_problem(case: Case, trace: Trace, values: list[Any]) -> str | None:
+    """The first step where a rank's skip differs from another rank's or from the trace."""
+    if problem := bad_return(case, values):
+        return problem
+    caught_before = False  # an earlier overflow that every rank skipped
+    for step in range(case.steps):
+        skipped = [not v.applied[step] for v in values]
+        before = values[0].weights[step - 1] if step else np.zeros(PARAMS, np.float32)
+        if all(skipped) and not np.array_equal(before, values[0].weights[step], equal_nan=True):
+            return (f"{case.label()}: at step {step} every rank's train_step returned False (skipped) but the "
+                    f"weights changed ({cause(case, trace, step)}): the update of an overflowed step was applied "
+                    "anyway. Skip it: its gradients hold inf or nan")
+        scales_before = {v.scales[step - 1] if step else case.policy.init_scale for v in values}
+        if len(set(skipped)) > 1:
+            yes, no = skipped.index(True), skipped.index(False)
+            head = f"{case.label()}: at step {step} rank {yes} skipped, rank {no} did not ({cause(case, trace, step)})"
+            if len(scales_before) > 1:
+                return head + ": the ranks' scales already differed before it (see the scale check)"
+            return head + (": the overflow decision is local. Each rank sees only its own shard of the sum; "
+                           "allreduce the overflow flag (MAX) so that every rank skips the same steps")
+        want, did = trace.overflow[step], skipped[0]
+        if did != want:
+            head = (f"{case.label()}: at step {step} every rank {'skipped' if did else 'applied'} the step, the "
+                    f"policy's trace {'skips' if want else 'applies'} it ({cause(case, trace, step)}); skipped steps "
+                    f"{steps_list(skipped_by(values, 0))}, the trace's {steps_list(trace.overflow)}")
+            (scale,) = scales_before
+            if scale != trace.scale_used[step]:
+                return head + (f". Your scale before it was {scale:g}, the policy's {trace.scale_used[step]:g}: "
+                               "the scale left the policy first (see the scale check)")
+            kinds = {f.kind for f in case.injected_at(step)}
+            after = {v.scales[step] for v in values}
+            if want and after == {trace.scale_after[step]}:
+                return head + (": the overflow was seen (the scale was lowered) but the step was still applied. "
+                               "Skip the update of an overflowed step: its gradients hold inf or nan")
+            if want and kinds == {"nan"} and caught_before:
+                return head + (": nan got through while inf was caught. np.isinf(nan) is False, and nan compares "
+                               "False with everything; np.isfinite catches inf, -inf and nan")
+            return head
+        caught_before |= want
+    return None
+
+
+def skipped_by(values: list[Any], rank: int) -> list[bool]:
+    return [not done for done in values[rank].applied]
+
+
+def scale_problem(case: Case, trace: Trace, values: list[Any]) -> str | None:
+    """The first step where a rank's scale differs from the policy's trace, and which misreading of
+    the policy (on the rank's own skips) it follows."""
+    if problem := bad_return(case, values):
+        return problem
+    for step in range(case.steps):
+        for rank, v in enumerate(values):
+            if v.scales[step] == trace.scale_after[step]:
+                continue
+            head = (f"{case.label()}: after step {step} rank {rank}'s scale is {v.scales[step]:g}, the policy's "
+                    f"{trace.scale_after[step]:g} (overflows at steps {steps_list(trace.overflow)})")
+            own = skipped_by(values, rank)
+            if v.scales == policy_scales(case.policy, own):
+                return head + (f": your scale follows the policy on your own skips {steps_list(own)}, "
+                               "which differ from the trace's (see the skip check)")
+            if v.scales == policy_scales(case.policy, own, reset=False):
+                return head + (": the scale grew after growth_interval steps counted across an overflow. The count "
+                               "of clean steps must restart at 0 when a step overflows")
+            return head + f"; your scales: {', '.join(f'{s:g}' for s in v.scales[:step + 1])}"
+    return None
+
+
+def weight_error(got: np.ndarray, want: np.ndarray, path: np.ndarray) -> float:
+    """The largest difference of a weight from the trace's, over the sum of its updates' sizes."""
+    with np.errstate(all="ignore"):
+        err = np.abs(got.astype(np.float64) - want) / np.maximum(path, 1e-30)
+    return float(np.nanmax(np.where(np.isfinite(err), err, np.inf)))
+
+
+def weight_problem(case: Case, trace: Trace, values: list[Any]) -> tuple[str | None, float]:
+    """Every rank's weights after every step against the trace's (and against rank 0's)."""
+    worst = 0.0
+    for step in range(case.steps):
+        for rank, v in enumerate(values):
+            if rank and not np.array_equal(v.weights[step], values[0].weights[step], equal_nan=True):
+                j = int(np.flatnonzero(v.weights[step] != values[0].weights[step])[0])
+                return (f"{case.label()}: after step {step} rank {rank}'s weight {j} is {v.weights[step][j]:.6g}, rank "
+                        f"0's {values[0].weights[step][j]:.6g}: the ranks' replicas differ (every rank must Allgather "
+                        "every shard)"), np.inf
+            err = weight_error(v.weights[step], trace.weights[step], trace.path)
+            worst = max(worst, err)
+            if err > WEIGHT_TOLERANCE:
+                return weight_head(case, trace, values, step, rank, err) + weight_cause(case, trace, values, step), err
+    return None, worst
+
+
+def weight_head(case: Case, trace: Trace, values: list[Any], step: int, rank: int, err: float) -> str:
+    got, want = values[rank].weights[step], trace.weights[step]
+    j = int(np.nanargmax(np.where(np.isfinite(got), np.abs(got - want) / np.maximum(trace.path, 1e-30), np.inf)))
+    return (f"{case.label()}: after step {step} rank {rank}'s weight {j} is {got[j]:.6g}, the trace's {want[j]:.6g} "
+            f"({err:.3g} of its path, the sum of its updates' sizes; at most {WEIGHT_TOLERANCE})")
+
+
+def weight_cause(case: Case, trace: Trace, values: list[Any], step: int) -> str:
+    """Names the mistake behind the first wrong weights where the step's evidence allows only one."""
+    got = values[0].weights[step]
+    decided = [not v.applied[step] for v in values]
+    if any(decided[:]) != trace.overflow[step] or len(set(decided)) > 1:
+        return ": the step's skip differs from the trace's (see the skip check)"
+    if not np.isfinite(got).all():
+        return ": inf or nan reached the weights; an overflowed step must be skipped (see the skip check)"
+    if trace.overflow[step] or any(values[0].scales[s] != trace.scale_after[s] for s in range(step)):
+        return ""
+    # The step's own evidence: the update from this rank's weights before it, beside what the card's
+    # step and each known mistake make of the gradients at those weights (and at the policy's scale).
+    before = values[0].weights[step - 1] if step else np.zeros(PARAMS, np.float32)
+    yours, scale = (before - got).astype(np.float64), trace.scale_used[step]
+    right, first = (one_step(case, step, before, scale, cast_first=c).update for c in (False, True))
+    if right is None or first is None:
+        return ""
+    for factor, name in ((scale, f"the scale {scale:g}: unscale (divide by the scale) before the update"),
+                         (scale * case.p, "the scale times p: divide the sum by the scale and by p"),
+                         (case.p, f"p = {case.p}: the mean over the ranks divides the sum by p")):
+        if weight_error(yours / factor, right, trace.path) < WEIGHT_TOLERANCE / 4:  # the card's step, times factor
+            return f": the update is {factor:g}x the trace's, {name}"
+    near = WEIGHT_TOLERANCE / 4  # an engine's order of float16 additions stays 10x closer (the tests)
+    if weight_error(yours, first, trace.path) < near <= weight_error(yours, right, trace.path):
+        small = np.abs(right / case.lr) < SMALLEST_NORMAL  # the mean gradient, unscaled
+        return (f": the update is what float16 makes of the gradients cast before the scale ({int(small.sum())} "
+                "weights have gradients below float16's smallest normal, 6.1e-5, which lose their bits or become "
+                "0): scale in float32, then cast")
+    return ""
+
+
+def losses_problem(case: Case, values: list[Any]) -> str | None:
+    """A step whose batch loss the harness never computed: model.gradients() was not called."""
+    for rank, v in enumerate(values):
+        if missing := [s for s, asked in enumerate(v.asked) if not asked]:
+            return (f"{case.label()}: rank {rank} never called model.gradients() at step {missing[0]}: call it once "
+                    "a step, for the gradient at the step's weights")
+    return None
+
+
+def wire_bytes(task: Any, rank: int) -> list[int]:
+    """The bytes of the reductions (Reduce_scatter, Allreduce, Reduce) of each of the rank's steps."""
+    return [sum(c.op_bytes.get(op, 0) for op in ("Reduce_scatter", "Allreduce", "Reduce"))
+            for c in task.phases(rank, "step")]
