@@ -18,6 +18,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -134,6 +135,24 @@ def test_each_diagnosis_on_made_up_evidence() -> None:
     text = judging.skip_problem(case, trace, [replace(s, applied=[True] * case.steps) for s in
                                               evidence(case, trace, skipped=never)])
     assert "every rank applied the step" in text and "local" not in text and "nan got through" not in text
+    assert "own buffer" not in text  # applying every step is not the skips of a flag on one's own buffer
+
+    own = cases.trace(case, flag_own=True)  # every variant has a step whose sum alone overflows
+    assert any(trace.sum_only) and own.overflow != trace.overflow
+    text = judging.skip_problem(case, trace, [replace(s, applied=[not o for o in own.overflow]) for s in
+                                              evidence(case, trace, skipped=own.overflow, scales=own.scale_after)])
+    assert "a flag taken on each rank's own buffer before the reduce-scatter" in text and "local" not in text
+
+
+def test_the_wire_check_names_a_whole_allreduce_and_a_wide_allgather() -> None:
+    case = cases.hidden_cases(SEED)[0]
+    step = SimpleNamespace(op_bytes={"Reduce_scatter": 96, "Allreduce": 4, "Allgather": 4 * 48 // case.p})
+    assert judging.wire_problem(case, 0, [step, step]) is None
+    whole = SimpleNamespace(op_bytes={"Allreduce": 100, "Allgather": 4 * 48 // case.p})
+    assert "reduce-scattered nothing" in judging.wire_problem(case, 1, [step, whole])
+    wide = SimpleNamespace(op_bytes={"Reduce_scatter": 96, "Allreduce": 4, "Allgather": 4 * 48})
+    text = judging.wire_problem(case, 2, [wide])
+    assert "at step 0 rank 2 allgathered 192 bytes" in text and "reduce-scattered nothing" not in text
 
 
 def test_the_picture_draws_from_numbers_only() -> None:
@@ -161,6 +180,8 @@ BUGGY: dict[str, tuple[set[str], str]] = {
     "counter_not_reset.py": ({SKIP, SCALE, WEIGHTS}, "The count of clean steps must restart at 0"),
     "halve_no_skip.py": ({SKIP, SCALE, WEIGHTS}, "the update of an overflowed step was applied anyway"),
     "cast_before_scale.py": ({WEIGHTS}, "what float16 makes of the gradients cast before the scale"),
+    "flag_before_sum.py": ({SKIP, SCALE, WEIGHTS}, "a flag taken on each rank's own buffer before the reduce-scatter"),
+    "allreduce_not_scatter.py": ({WIRE}, "and reduce-scattered nothing"),
 }
 
 

@@ -149,6 +149,7 @@ class Trace:
     losses: list[list[float]] = field(default_factory=list)  # [step][rank], before the step
     path: np.ndarray = field(default_factory=lambda: np.zeros(PARAMS))  # sum of |update| per weight
     ambiguous: list[int] = field(default_factory=list)  # steps whose decision depends on the order
+    sum_only: list[bool] = field(default_factory=list)  # a natural overflow of the sum, every rank's own cast finite
 
 
 def in_order(contributions: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -181,10 +182,12 @@ class Step:
 
 
 def one_step(case: Case, step: int, weights: np.ndarray, scale: float, order: np.random.Generator | None = None,
-             cast_first: bool = False) -> Step:
+             cast_first: bool = False, flag_own: bool = False) -> Step:
     """The card's step. The float16 sum is exact, rounded once, unless ``order`` draws an order of
     float16 additions per element as an engine may (the tests' noise model); ``cast_first`` casts
-    before scaling, a mistake the checker recognises by it."""
+    before scaling, and ``flag_own`` decides the overflow on each rank's own float16 gradient
+    instead of on the sum (an overflow of the sum alone is then applied): mistakes the checker
+    recognises by them."""
     contributions, raw, losses = [], [], []
     for rank in range(case.p):
         loss, grad = loss_and_gradient(case.seed, rank, step, weights)
@@ -197,18 +200,22 @@ def one_step(case: Case, step: int, weights: np.ndarray, scale: float, order: np
     with np.errstate(over="ignore", invalid="ignore"):
         summed = np.array(contributions, np.float64).sum(0).astype(np.float16) if order is None \
             else in_order(contributions, order)
-    if not np.isfinite(summed).all():
+    own_overflow = not all(np.isfinite(c).all() for c in contributions)
+    if own_overflow if flag_own else not np.isfinite(summed).all():
         return Step(losses, np.array(raw), summed, None)
-    mean = summed.astype(np.float32) / np.float32(scale * case.p)  # unscaled in float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = summed.astype(np.float32) / np.float32(scale * case.p)  # unscaled in float32
     return Step(losses, np.array(raw), summed, np.float32(case.lr) * mean)
 
 
-def trace(case: Case, order: np.random.Generator | None = None, cast_first: bool = False) -> Trace:
-    """The card's training, step by step (``order`` and ``cast_first`` as in one_step)."""
+def trace(case: Case, order: np.random.Generator | None = None, cast_first: bool = False,
+          flag_own: bool = False) -> Trace:
+    """The card's training, step by step (``order``, ``cast_first`` and ``flag_own`` as in one_step)."""
     out, weights = Trace(), np.zeros(PARAMS, np.float32)
     scale, clean = case.policy.init_scale, 0
     for step in range(case.steps):
-        now = one_step(case, step, weights, scale, order, cast_first)
+        with np.errstate(all="ignore"):  # flag_own: weights an overflowed sum made inf
+            now = one_step(case, step, weights, scale, order, cast_first, flag_own)
         peak = partial_sum_peak(now.raw)
         certain = float(np.abs(now.raw.sum(0)).max()) >= ROUNDS_TO_INF * (1 + MARGIN)
         if not case.injected_at(step) and not certain and peak >= FP16_MAX * (1 - MARGIN):
@@ -217,6 +224,7 @@ def trace(case: Case, order: np.random.Generator | None = None, cast_first: bool
         out.losses.append(now.losses)
         out.overflow.append(now.update is None)
         out.natural.append(now.update is None and not case.injected_at(step))
+        out.sum_only.append(out.natural[-1] and float(np.abs(now.raw).max()) < FP16_MAX * (1 - MARGIN))
         out.peak.append(peak)
         if now.update is None:
             scale, clean = scale * case.policy.backoff_factor, 0
@@ -252,11 +260,13 @@ def draw_case(rng: np.random.Generator, p: int) -> Case:
 def telling(case: Case, replayed: Trace) -> bool:
     """A variant the checks can read: no decision depends on the order of the float16 additions;
     every fault falls on a step that would be clean without it (so only the owner of its shard
-    sees it, and a nan is the only thing wrong with its step); and a count of clean steps that is
-    not restarted on an overflow would grow the scale at another step than the policy."""
+    sees it, and a nan is the only thing wrong with its step); a count of clean steps that is
+    not restarted on an overflow would grow the scale at another step than the policy; and at
+    least one step overflows in the sum alone, every rank's own float16 gradient finite (so a
+    flag taken before the reduce-scatter, on the rank's own buffer, misses it)."""
     quiet = all(replayed.peak[i.step] < FP16_MAX * (1 - MARGIN) for i in case.injections)
     unreset = policy_scales(case.policy, replayed.overflow, reset=False)
-    return not replayed.ambiguous and quiet and unreset != replayed.scale_after
+    return not replayed.ambiguous and quiet and unreset != replayed.scale_after and any(replayed.sum_only)
 
 
 def hidden_cases(seed: int) -> list[Case]:

@@ -71,7 +71,8 @@ def weights_follow_trace(t: CheckContext, trainings: Run, traces: list[cases.Tra
               f"{losses[:6].mean():.3f} over the first 6 steps, {losses[-6:].mean():.3f} over the last 6")
 
 
-@CHECKS.check("gradients travel as float16: at most 2 bytes a weight per step, plus the flag", points=1)
+@CHECKS.check("gradients travel as float16 in a reduce-scatter: at most 2 bytes a weight per step, plus the flag",
+              points=1)
 def float16_on_the_wire(t: CheckContext, trainings: Run) -> None:
     limit = 2 * cases.PARAMS + judging.WIRE_SLACK
     for result in trainings.cases():
@@ -81,4 +82,7 @@ def float16_on_the_wire(t: CheckContext, trainings: Run) -> None:
                 t.fail(f"{result.case.label()}: rank {rank} reduced {max(moved, default=0)} bytes in a step; expected "
                        f"at most {limit} (2 bytes for each of the {cases.PARAMS} gradients, float16, and the flag)"
                        + ("" if moved and max(moved) else ": no reduction at all"))
+            # Float16 and few bytes, but which collective, and what else travels: the card's design.
+            if problem := judging.wire_problem(result.case, rank, result.task.phases(rank, "step")):
+                t.fail(problem)
         t.say(f"p = {result.case.p}: at most {max(judging.wire_bytes(result.task, 0))} bytes reduced a step on rank 0")

@@ -3,11 +3,12 @@ step by step, and the first divergence named with its cause where the evidence r
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from .cases import PARAMS, SMALLEST_NORMAL, Case, Trace, one_step, policy_scales
+from .cases import PARAMS, SMALLEST_NORMAL, Case, Trace, one_step, policy_scales, trace
 
 WEIGHT_TOLERANCE = 0.02  # of each weight's path (the sum of its updates' sizes); see tests/test_problem16.py
 WIRE_SLACK = 16  # bytes a step may reduce beyond the float16 gradient: the overflow flag (one or two numbers)
@@ -73,9 +74,18 @@ def skip_problem(case: Case, trace: Trace, values: list[Any]) -> str | None:
             if want and kinds == {"nan"} and caught_before:
                 return head + (": nan got through while inf was caught. np.isinf(nan) is False, and nan compares "
                                "False with everything; np.isfinite catches inf, -inf and nan")
+            if want and trace.sum_only[step] and skipped_by(values, 0) == trace_of(case, flag_own=True).overflow:
+                return head + (f": every rank's own float16 gradient was finite at step {step}, only their sum "
+                               "overflowed, and your skips are exactly those of a flag taken on each rank's own "
+                               "buffer before the reduce-scatter: take it on the sum (your shard after it)")
             return head
         caught_before |= want
     return None
+
+
+@lru_cache(maxsize=8)
+def trace_of(case: Case, flag_own: bool = False) -> Trace:
+    return trace(case, flag_own=flag_own)
 
 
 def skipped_by(values: list[Any], rank: int) -> list[bool]:
@@ -172,6 +182,26 @@ def losses_problem(case: Case, values: list[Any]) -> str | None:
         if missing := [s for s, asked in enumerate(v.asked) if not asked]:
             return (f"{case.label()}: rank {rank} never called model.gradients() at step {missing[0]}: call it once "
                     "a step, for the gradient at the step's weights")
+    return None
+
+
+def wire_problem(case: Case, rank: int, steps: list[Any]) -> str | None:
+    """None if each of the rank's steps (its counts between two step marks) sums the gradient with a
+    reduce-scatter of float16 and allgathers no more than its float32 shard of the weights, else
+    what travelled instead, at the first step it did."""
+    shard = 4 * PARAMS // case.p
+    for step, counts in enumerate(steps):
+        scattered, reduced = counts.op_bytes.get("Reduce_scatter", 0), counts.op_bytes.get("Allreduce", 0)
+        gathered = counts.op_bytes.get("Allgather", 0)
+        if not scattered and reduced > WIRE_SLACK:
+            return (f"{case.label()}: at step {step} rank {rank} allreduced {reduced} bytes, the whole gradient, and "
+                    "reduce-scattered nothing: every rank then sees every fault, which the card's design does not "
+                    "give (a reduce-scatter: rank r receives the sum of its own shard only, and the overflow flag "
+                    "is made global by a small Allreduce of its own)")
+        if gathered > shard:
+            return (f"{case.label()}: at step {step} rank {rank} allgathered {gathered} bytes, more than its shard of "
+                    f"the float32 weights ({PARAMS} / {case.p} x 4 = {shard}): the gradients travel as float16 in "
+                    "the reduce-scatter, and only each rank's updated shard is handed round")
     return None
 
 
