@@ -140,6 +140,11 @@ def test_the_state_diagnoses() -> None:
     floor = [state(r, adam.m[:case.size // case.p], adam.v[:case.size // case.p], r * (case.size // case.p))
              for r in range(case.p)]
     assert "drop the remainder" in judging.coverage_problem(case, floor)
+    # ceil(N / p) shards whose state() says they start at r * (N // p): not the remainder dropped
+    misplaced = [state(r, adam.m[r * per:(r + 1) * per], adam.v[r * per:(r + 1) * per], r * (case.size // case.p))
+                 for r in range(case.p)]
+    text = judging.coverage_problem(case, misplaced)
+    assert "belong to no rank's shard" in text and "drop the remainder" not in text and "ranks' shards" in text
     summed = state(1, case.p * shards[1]["m"], case.p**2 * shards[1]["v"])
     assert "summed, not averaged" in judging.values_problem(case, 1, summed, adam)
     assert "summed" not in judging.values_problem(case, 1, state(1, 2 * shards[1]["m"], shards[1]["v"]), adam)
@@ -156,6 +161,8 @@ def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
     more = judging.footprint_problem(probe, 2, int(1.5 * shard))
     assert "rank 2's optimizer keeps" in more and "1.50x its shard" in more and "whole m and v" not in more
     assert "as much as plain Adam's whole m and v" in judging.footprint_problem(probe, 0, shard + whole)
+    hidden = judging.footprint_problem(probe, 1, 1728)  # the moments in an mmap: tracemalloc sees none of them
+    assert "less than its shard's moments" in hidden and "keep the moments in NumPy arrays" in hidden
 
 
 def test_the_calculator_and_byte_diagnoses() -> None:
@@ -309,9 +316,11 @@ def test_reference_passes_sealed(checked: Callable[..., Checked]) -> None:
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(fixture_solution("13", "alt_array_split.py")), "--backend", "gloo")
+    # Sealed, as a learner runs it: on gloo the memory probe runs only where the learner's process holds no engine.
+    run = checked("--solution", str(fixture_solution("13", "alt_array_split.py")), "--backend", "gloo", "--seal", "on")
     assert_clean(run)
     assert run.rc == 0, run.out
+    assert "the memory probe" in run.flat
     assert run.results is not None and run.results["score"] == run.results["max_score"]
 
 

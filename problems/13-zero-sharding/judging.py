@@ -97,9 +97,14 @@ def coverage_problem(case: Training, states: list[dict[str, Any]]) -> str | None
                 "(each rank needs the moments of its own shard only)")
     if np.any(count == 0):
         missing = np.flatnonzero(count == 0)
-        tail = missing[0] >= (case.size // case.p) * case.p
+        floor = case.size // case.p
+        # The remainder dropped: the missing ones are the tail, and every shard is N // p long.
+        dropped = missing[0] >= floor * case.p and all(s["m"].size <= floor for s in states)
+        overlap = (f"; and parameter {int(np.argmax(count > 1))} is in {int(count.max())} ranks' shards: does each "
+                   "state()'s start agree with where its shard begins?") if np.any(count > 1) else ""
         return (f"{missing.size} parameter(s) belong to no rank's shard, from {missing[0]}"
-                + (f": shards of N // p drop the remainder of N = {case.size}; use ceil(N / p) and pad" if tail else ""))
+                + (f": shards of N // p drop the remainder of N = {case.size}; use ceil(N / p) and pad" if dropped
+                   else overlap))
     if np.any(count > 1):
         return f"parameter {int(np.argmax(count > 1))} is in {int(count.max())} ranks' shards: shards must not overlap"
     return None
@@ -135,9 +140,14 @@ def hidden_copies(case: Training, shard: tuple[int, int], reachable: dict[str, n
 
 
 def footprint_problem(case: Footprint, rank: int, kept: int) -> str | None:
-    """None if the optimizer keeps at most its shard's moments (1% over) between steps, else how much
-    it keeps, against its shard and against whole moments."""
+    """None if the optimizer keeps its shard's moments between steps (within 1%, as NumPy arrays the
+    probe can count), else how much it keeps, against its shard and against whole moments."""
     shard, whole = case.shard_bytes(), 2 * case.size * MOMENT_BYTES
+    if kept < (1 - STATE_SLACK) * shard:  # the moments are somewhere the probe cannot count
+        return (f"rank {rank}'s optimizer keeps {kept:,} bytes between steps that tracemalloc can count, less than "
+                f"its shard's moments (2 x ceil(N / p) x 4 = {shard:,} bytes): keep the moments in NumPy arrays, "
+                "whose memory the probe counts (memory it cannot see, an mmap, a torch tensor, a C buffer, cannot "
+                "show that only a shard is kept)")
     if kept <= (1 + STATE_SLACK) * shard:
         return None
     as_whole = " as much as plain Adam's whole m and v:" if kept >= 0.9 * whole else ""

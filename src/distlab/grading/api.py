@@ -179,6 +179,12 @@ class CheckContext:
         return session.options.platform.name == session.card_platform and session.options.faults is None
 
     @property
+    def sealed(self) -> bool:
+        """The learner's code runs in a process of its own per rank (``--seal on``), apart from the
+        engine: a probe that the engine's threads would upset (tracemalloc beside gloo's) may run."""
+        return self._session.options.seal
+
+    @property
     def learner_faults(self) -> bool:
         """A fault plan given with ``--faults`` is in force in every run."""
         return self._session.options.faults is not None
