@@ -1,0 +1,149 @@
+"""The cases of problem 12 and what they should give, computed here in the supervisor.
+
+A case is one pipeline: a schedule (GPipe or 1F1B), m micro-batches of MICRO samples, and the
+seconds each stage's forward and backward of one micro-batch cost on the virtual clock. The
+expected bubble is the critical path of the schedule's canonical order of operations, replayed
+here with the platform's message latency: with equal stages it is (p-1)/(m+p-1) (plus a few
+microseconds of messages); with unequal stages no closed form holds, so this replay is the bound.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STAGES = 4  # p: one stage per rank
+MICRO = 4  # samples per micro-batch
+FEATURES, WIDTH, CLASSES = 6, 8, 3  # the model: 6 -> 8 -> 8 -> 8 -> 3
+STEPS = 2  # training steps per case: the second starts from the weights SGD made of the first
+LEARNING_RATE = 0.3
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
+NAMES = {GPIPE: "GPipe", ONE_F_ONE_B: "1F1B"}
+
+
+@dataclass(frozen=True)
+class Pipe:
+    schedule: str  # GPIPE or ONE_F_ONE_B
+    m: int  # micro-batches per step
+    forward_s: tuple[float, ...]  # per stage: one micro-batch's forward on the virtual clock
+    backward_s: tuple[float, ...]  # per stage: its backward
+    seed: int  # the model's start and the data
+
+    @property
+    def p(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def equal(self) -> bool:
+        return len(set(self.forward_s)) == 1 and len(set(self.backward_s)) == 1
+
+    @property
+    def batch(self) -> int:
+        return self.m * MICRO
+
+    def label(self) -> str:
+        times = (f"equal stages, forward {self.forward_s[0] * 1e3:.1f} ms, backward {self.backward_s[0] * 1e3:.1f} ms"
+                 if self.equal else "unequal stages, forward " + "/".join(f"{f * 1e3:.1f}" for f in self.forward_s)
+                 + " ms, backward " + "/".join(f"{b * 1e3:.1f}" for b in self.backward_s) + " ms")
+        return f"{NAMES[self.schedule]}, p = {self.p}, m = {self.m}, {times}"
+
+
+@dataclass(frozen=True)
+class Session:
+    gpipe: tuple[Pipe, ...]  # m >= p: two with equal stages, one with unequal
+    one_f_one_b: tuple[Pipe, ...]
+    small: tuple[Pipe, ...] = field(default=())  # m < p: GPipe on 2 or 3, 1F1B on 2 and on 3
+
+
+def formula_bubble(p: int, m: int) -> float:
+    """The idle share of an ideal pipeline of equal stages: (p-1)/(m+p-1), for GPipe and 1F1B."""
+    return (p - 1) / (m + p - 1)
+
+
+def operations(schedule: str, p: int, m: int, stage: int) -> list[tuple[str, int]]:
+    """The canonical order of one stage's operations, ("F" or "B", micro-batch).
+
+    GPipe: every forward, then every backward. 1F1B: a warm-up of min(p-1-stage, m) forwards, then
+    one forward and one backward in turn, then the backwards left; backwards go oldest first."""
+    if schedule == GPIPE:
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(p - 1 - stage, m)
+    ops = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        ops += [("F", warmup + i), ("B", i)]
+    return ops + [("B", i) for i in range(m - warmup, m)]
+
+
+def replay(pipe: Pipe, message_s: float = 0.0, order: list[list[tuple[str, int]]] | None = None,
+           ) -> tuple[float, list[list[tuple[str, int, float, float]]]]:
+    """The makespan of the schedule on the virtual clock, and each stage's (kind, micro, begin, end).
+
+    Each stage runs its operations in ``order`` (the canonical one by default) as soon as its input
+    is in: a forward needs the previous stage's activation, a backward the next stage's gradient
+    (the last stage's its own forward), each ``message_s`` after it was sent. Sends are eager."""
+    p, order = pipe.p, order or [operations(pipe.schedule, pipe.p, pipe.m, s) for s in range(pipe.p)]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro) -> end
+    clock, position = [0.0] * p, [0] * p
+    spans: list[list[tuple[str, int, float, float]]] = [[] for _ in range(p)]
+    while any(position[s] < len(order[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while position[s] < len(order[s]):
+                kind, i = order[s][position[s]]
+                need = (("F", s - 1, i) if s else None) if kind == "F" else (("B", s + 1, i) if s < p - 1 else ("F", s, i))
+                if need is not None and need not in done:
+                    break
+                ready = 0.0 if need is None else done[need] + (message_s if need[1] != s else 0.0)
+                begin = max(clock[s], ready)
+                clock[s] = begin + (pipe.forward_s[s] if kind == "F" else pipe.backward_s[s])
+                done[(kind, s, i)] = clock[s]
+                spans[s].append((kind, i, begin, clock[s]))
+                position[s] += 1
+                moved = True
+        if not moved:
+            raise ValueError(f"{pipe.label()}: the order deadlocks")
+    return max(clock), spans
+
+
+def bubble_of(pipe: Pipe, makespan: float) -> float:
+    """Idle over total: 1 - (every stage's compute) / (p x makespan)."""
+    work = pipe.m * (sum(pipe.forward_s) + sum(pipe.backward_s))
+    return 1.0 - work / (pipe.p * makespan)
+
+
+def expected_bubble(pipe: Pipe, message_s: float) -> float:
+    """The bubble the schedule reaches on the virtual clock: the critical path of its canonical order."""
+    return bubble_of(pipe, replay(pipe, message_s)[0])
+
+
+def peak_stash(ops: list[tuple[str, int]]) -> int:
+    """The most activations a stage holds at once: forwards done minus backwards done, at its peak."""
+    held = peak = 0
+    for kind, _ in ops:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def hidden(seed: int) -> Session:
+    """Two equal-stage pipelines and one unequal per schedule (m >= p), and one of m < p each.
+
+    The stage times are hidden: equal stages cost f and b = 2f (a backward is about two forwards);
+    unequal ones get a random order of four different costs."""
+    rng = np.random.default_rng([seed, 12])
+
+    def equal(schedule: str, m: int) -> Pipe:
+        f = round(float(rng.uniform(2e-3, 6e-3)), 5)
+        return Pipe(schedule, m, (f,) * STAGES, (2 * f,) * STAGES, int(rng.integers(1 << 30)))
+
+    def unequal(schedule: str, m: int) -> Pipe:
+        scale = rng.permutation([1.0, 1.5, 2.5, 4.0])  # the slowest stage about 4x the fastest
+        f = [round(float(2e-3 * s * rng.uniform(0.9, 1.1)), 5) for s in scale]
+        b = [round(float(x * rng.uniform(1.6, 2.4)), 5) for x in f]
+        return Pipe(schedule, m, tuple(f), tuple(b), int(rng.integers(1 << 30)))
+
+    sizes = (int(rng.integers(STAGES + 1, STAGES + 3)), int(rng.integers(8, 11)), int(rng.integers(STAGES + 1, 9)))
+    pipes = {s: (equal(s, sizes[0]), equal(s, sizes[1]), unequal(s, sizes[2])) for s in (GPIPE, ONE_F_ONE_B)}
+    # m < p: 1F1B on m = 2 and 3 both, where stage 0 and then stage 1 must cut their warm-up to m.
+    small = (equal(GPIPE, int(rng.integers(2, 4))), equal(ONE_F_ONE_B, 2), equal(ONE_F_ONE_B, 3))
+    return Session(pipes[GPIPE], pipes[ONE_F_ONE_B], small)
+

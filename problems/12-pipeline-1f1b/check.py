@@ -1,0 +1,140 @@
+"""Checks for problem 12, pipeline parallelism with GPipe and 1F1B.
+
+One launch of four ranks, one stage each, runs three tasks: GPipe on three hidden pipelines, 1F1B
+on three more (for each, two with equal stages and m >= p micro-batches, one with unequal stage
+times), and both schedules with m < p. Every pipeline trains two SGD steps of a real torch MLP.
+The checks then read, in the supervisor:
+
+- the gradients every stage hands back, against one process training the whole batch here;
+- the bubble (idle over total) from the replay on the virtual clock, against (p-1)/(m+p-1) for
+  equal stages, or, for unequal stages where no formula holds, the critical path of the schedule's
+  canonical order replayed here with the same stage times;
+- the stashed activations, counted from the forwards and backwards the harness's Stage declared,
+  in each stage's program order: m on every stage for GPipe, at most p for 1F1B.
+"""
+
+from typing import Any, NamedTuple
+
+from distlab.grading import CheckContext, Checklist, Run, Task
+
+from . import cases, judging, programs
+from .cases import MICRO, STEPS, WIDTH
+
+BUBBLE_TOLERANCE = 0.10  # relative; one micro-batch at a time stands at least 25% off (tests/test_problem12.py)
+
+CHECKS = Checklist()
+
+
+@CHECKS.run
+def plan(t: CheckContext) -> cases.Session:
+    return cases.hidden(t.seed)
+
+
+@CHECKS.run
+def pipelines(t: CheckContext, plan: cases.Session) -> Run:
+    for pipe in plan.gpipe + plan.one_f_one_b + plan.small:
+        t.say(pipe.label())
+    return t.launch(programs.run_cases, [
+        Task(cases.STAGES, cases=list(plan.gpipe), label="GPipe with m >= p"),
+        Task(cases.STAGES, cases=list(plan.one_f_one_b), label="1F1B with m >= p"),
+        Task(cases.STAGES, cases=list(plan.small), label="GPipe and 1F1B with m < p")])
+
+
+GPIPE_TASK, ONE_F_ONE_B_TASK, SMALL_TASK = range(3)  # the tasks of the launch, in order
+
+
+class Ran(NamedTuple):
+    case: cases.Pipe
+    values: list  # rank -> what train() returned
+    task: Any  # the TaskRun
+    number: int  # the case's position in its task: its marks say "case <number> step <k>"
+
+
+def of(pipelines: Run, *tasks: int) -> list[Ran]:
+    """The pipelines of the given tasks. Only these are read: a task that failed (a deadlock, an
+    exception) fails the checks that read it, with its story, and no other."""
+    return [Ran(case, [value[n] for value in task.values], task, n)
+            for task in (pipelines.tasks[k] for k in tasks) for n, case in enumerate(task.spec.cases)]
+
+
+def gradients(t: CheckContext, runs: list) -> None:
+    for result in runs:
+        pipe, number = result.case, result.number
+        expected, losses = programs.one_process(pipe)
+        message = judging.gradient_message(pipe, result.values, expected,
+                                           lambda k: judging.Step(result.task, number, k, pipe.p))
+        if message:
+            t.fail(message)
+        got = [sum(v for v in result.values[pipe.p - 1]["losses"][k] if v is not None) / pipe.m for k in range(STEPS)]
+        t.say(f"{pipe.label()}: every stage's gradients are one process's on both steps; the batch's loss "
+              f"{' -> '.join(f'{x:.4f}' for x in got)} (one process: {' -> '.join(f'{x:.4f}' for x in losses)})")
+
+
+@CHECKS.check("GPipe: every stage's gradients are one process's on the whole batch", points=3)
+def gpipe_gradients(t: CheckContext, pipelines: Run) -> None:
+    gradients(t, of(pipelines, GPIPE_TASK))
+
+
+@CHECKS.check("1F1B: every stage's gradients are one process's on the whole batch", points=3)
+def one_f_one_b_gradients(t: CheckContext, pipelines: Run) -> None:
+    gradients(t, of(pipelines, ONE_F_ONE_B_TASK))
+
+
+def message_s(t: CheckContext) -> float:
+    """One activation's or gradient's trip between neighbouring stages on the platform in force."""
+    route = t.platform.route(0, 1)
+    return route.alpha_s + MICRO * WIDTH * 8 * route.beta_s_per_byte
+
+
+@CHECKS.check(f"bubble within {BUBBLE_TOLERANCE:.0%} of (p-1)/(m+p-1), or of the critical path for unequal stages",
+              points=3)
+def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
+    figures = {}
+    for result in of(pipelines, GPIPE_TASK, ONE_F_ONE_B_TASK):
+        pipe, number = result.case, result.number
+        bound = cases.expected_bubble(pipe, message_s(t))
+        for k in range(STEPS):
+            step = judging.Step(result.task, number, k, pipe.p)
+            if t.learner_faults:
+                t.say(f"{pipe.label()}: bubble {step.bubble} under your fault plan (not graded)")
+                continue
+            if message := judging.bubble_message(pipe, step, bound, BUBBLE_TOLERANCE):
+                t.fail(message)
+        figures[f"{pipe.schedule} m={pipe.m}{'' if pipe.equal else ' unequal'}"] = [round(step.bubble or 0, 4),
+                                                                                    round(bound, 4)]
+        formula = f"(p-1)/(m+p-1) = {cases.formula_bubble(pipe.p, pipe.m):.3f}"
+        t.say(f"{pipe.label()}: bubble {step.bubble or 0:.3f}, "
+              + (formula if pipe.equal else f"the critical path's {bound:.3f} (the formula would say {formula})"))
+    t.metric("bubble_measured_expected", figures)
+    last = of(pipelines, ONE_F_ONE_B_TASK)[1]  # the headline: 1F1B's longest equal pipeline
+    steps = [judging.Step(last.task, last.number, k, last.case.p) for k in range(STEPS)]
+    t.performance(sum(s.end - s.start for s in steps), cases.replay(last.case, message_s(t))[0] * STEPS, last.task)
+
+
+@CHECKS.check("stashed activations: m on every stage for GPipe, at most p for 1F1B; messages point to point",
+              points=2)
+def stash_is_bounded(t: CheckContext, pipelines: Run) -> None:
+    for result in of(pipelines, GPIPE_TASK, ONE_F_ONE_B_TASK):
+        pipe, number = result.case, result.number
+        step = judging.Step(result.task, number, 0, pipe.p)
+        if message := judging.stash_message(pipe, step) or judging.messages_message(pipe, step):
+            t.fail(message)
+        t.metric(f"stash {pipe.schedule} m={pipe.m}", step.peaks)
+        t.say(f"{pipe.label()}: peak stash per stage {step.peaks}")
+    t.say("every stage sent one message per micro-batch to each neighbour; 1F1B holds min(p - stage, m) "
+          "activations, GPipe all m: the same bubble, far less memory")
+
+
+@CHECKS.check("works for m < p: both schedules, right gradients, bubble and stash", points=2)
+def fewer_micro_batches_than_stages(t: CheckContext, pipelines: Run) -> None:
+    runs = of(pipelines, SMALL_TASK)
+    gradients(t, runs)
+    for result in runs:
+        pipe, step = result.case, judging.Step(result.task, result.number, 0, result.case.p)
+        problem = judging.stash_message(pipe, step) or judging.messages_message(pipe, step) or (
+            None if t.learner_faults else
+            judging.bubble_message(pipe, step, cases.expected_bubble(pipe, message_s(t)), BUBBLE_TOLERANCE))
+        if problem:
+            t.fail(problem)
+        t.say(f"{pipe.label()}: bubble {step.bubble or 0:.3f} ((p-1)/(m+p-1) = "
+              f"{cases.formula_bubble(pipe.p, pipe.m):.3f}), peak stash per stage {step.peaks}")

@@ -1,0 +1,338 @@
+"""Problem 12, pipeline parallelism (GPipe and 1F1B): the pure helpers, then `distlab check 12` end to end.
+
+The first half starts no process: the canonical schedules and their stash, the replay of a schedule
+on the virtual clock against (p-1)/(m+p-1), the harness's Stage against one process, the
+diagnoses, and the margins: over many hidden variants the right bubble is the bound itself and one
+micro-batch at a time stands at least twice the tolerance away; a pipeline's float64 gradients
+within half the tolerance of one process, a gradient paired with the wrong micro-batch more than
+twice it away.
+
+The second half runs the real CLI once per solution (the reference sealed, as a learner runs it;
+the starter; every fixture in tests/fixtures/12/ unsealed; the alternative on gloo) with one fixed
+seed, so a failure replays with `distlab check 12 --seed 1212 --solution ...`; then the free run's
+report and a short tune.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import PROBLEMS, run_cli
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_fails_with_symptom,
+    fixture_names,
+    fixture_solution,
+    leftovers,
+)
+
+from distlab.grading import first_mismatch
+from distlab.runtime.jobspec import problem_package
+
+SEED = 1212
+FOLDER = PROBLEMS / "12-pipeline-1f1b"
+PACKAGE = problem_package(FOLDER)
+cases, programs, judging, check = (importlib.import_module(f"{PACKAGE}.{m}")
+                                   for m in ("cases", "programs", "judging", "check"))
+MARGIN_SEEDS = range(200)
+MESSAGE_S = 1e-6 + 256 / 10e9  # the laptop's route between neighbours, one activation
+
+
+class FakeComm:
+    """What a Stage asks of its comm: its rank, and the declared work, noted."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.work = rank, []
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return self.rank
+
+    def compute(self, seconds: float = 0.0, label: str = "") -> None:
+        self.work.append((label, seconds))
+
+
+# -- the pieces --------------------------------------------------------------------------------------
+
+
+def test_canonical_orders_stash_m_for_gpipe_and_p_minus_stage_for_1f1b() -> None:
+    for p in (2, 4, 6):
+        for m in range(1, 12):
+            for s in range(p):
+                assert cases.peak_stash(cases.operations("gpipe", p, m, s)) == m
+                ops = cases.operations("1f1b", p, m, s)
+                assert cases.peak_stash(ops) == min(p - s, m)
+                assert sorted(ops) == sorted([(k, i) for k in "FB" for i in range(m)])
+
+
+def test_the_replay_of_equal_stages_is_the_formula() -> None:
+    for m in range(1, 17):
+        for schedule in ("gpipe", "1f1b"):
+            pipe = cases.Pipe(schedule, m, (2e-3,) * 4, (4e-3,) * 4, 0)
+            makespan, spans = cases.replay(pipe)
+            assert makespan == pytest.approx((m + 3) * 6e-3)
+            assert cases.bubble_of(pipe, makespan) == pytest.approx(cases.formula_bubble(4, m))
+            assert [len(s) for s in spans] == [2 * m] * 4
+
+
+def test_a_deadlocking_order_is_refused() -> None:
+    pipe = cases.Pipe("1f1b", 2, (1.0,) * 2, (1.0,) * 2, 0)
+    with pytest.raises(ValueError, match="deadlocks"):
+        cases.replay(pipe, order=[[("B", 0), ("F", 0), ("F", 1), ("B", 1)], cases.operations("1f1b", 2, 2, 1)])
+
+
+def test_sessions_replay_per_seed_and_vary_the_hidden_variants() -> None:
+    assert cases.hidden(5) == cases.hidden(5)
+    drawn = [cases.hidden(seed) for seed in range(30)]
+    assert {s.gpipe[0].m for s in drawn} == {5, 6} and {s.gpipe[1].m for s in drawn} == {8, 9, 10}
+    for s in drawn:
+        assert [p.equal for p in s.gpipe] == [True, True, False] == [p.equal for p in s.one_f_one_b]
+        assert all(p.m > p.p for p in s.gpipe + s.one_f_one_b)  # a warm-up of m stashes more than p
+        assert [(p.schedule, p.m < p.p) for p in s.small] == [("gpipe", True), ("1f1b", True), ("1f1b", True)]
+        assert {p.m for p in s.small[1:]} == {2, 3}
+
+
+def test_one_process_training_descends_on_every_hidden_pipeline() -> None:
+    """Real training: the second step's loss on the batch is below the first's."""
+    for seed in range(10):
+        s = cases.hidden(seed)
+        for pipe in s.gpipe + s.one_f_one_b + s.small:
+            first, second = programs.one_process(pipe)[1]
+            assert second < first, (seed, pipe.label())
+
+
+def run_pipeline(pipe: Any, swap: bool = False) -> tuple[list[Any], list[FakeComm]]:
+    """The harness's Stages on one process, in GPipe's order; ``swap``: stage 0 backpropagates
+    micro-batch 0's gradient from micro-batch 1's activation and the other way round."""
+    comms = [FakeComm(s) for s in range(pipe.p)]
+    modules = [programs.stage_module(s, pipe.p, pipe.seed) for s in range(pipe.p)]
+    stages = [programs.Stage(comms[s], pipe, 0, modules[s]) for s in range(pipe.p)]
+    for i in range(pipe.m):
+        x = None
+        for stage in stages:
+            x = stage.forward(i, x)
+    for i in range(pipe.m):
+        g = 1.0 / pipe.m
+        for stage in reversed(stages):
+            micro = (1 - i if i < 2 else i) if swap and stage.index == 0 else i
+            g = stage.backward(micro, g)
+    return [programs.grads_of(m) for m in modules], comms
+
+
+def test_the_stages_on_one_process_give_one_process_s_gradients_and_declare_their_work() -> None:
+    pipe = cases.hidden(3).gpipe[0]
+    grads, comms = run_pipeline(pipe)
+    want = programs.one_process(pipe)[0][0]
+    for got, expected in zip(grads, want):
+        for name in expected:
+            assert first_mismatch(got[name], expected[name], rtol=judging.RTOL / 2, atol=judging.ATOL / 2) is None
+    assert [label for label, _ in comms[2].work] == [f"forward {i}" for i in range(pipe.m)] + [
+        f"backward {i}" for i in range(pipe.m)]
+    assert comms[1].work[0][1] == pipe.forward_s[1] and comms[1].work[-1][1] == pipe.backward_s[1]
+    stage = programs.Stage(FakeComm(0), pipe, 0, programs.stage_module(0, pipe.p, pipe.seed))
+    with pytest.raises(ValueError, match="numbered 0 to m - 1"):
+        stage.forward(pipe.m)
+    with pytest.raises(ValueError, match="no stashed activation of micro-batch 1"):
+        stage.backward(1, np.zeros(stage.output_shape))
+
+
+def test_the_gradient_tolerance_margins_over_hidden_variants() -> None:
+    """A gradient paired with another micro-batch's activation is more than twice the tolerance off."""
+    for seed in range(8):
+        for pipe in (cases.hidden(seed).gpipe[0], cases.hidden(seed).small[1]):
+            grads, want = run_pipeline(pipe, swap=True)[0][0], programs.one_process(pipe)[0][0][0]
+            assert any(first_mismatch(grads[n], want[n], rtol=2 * judging.RTOL, atol=2 * judging.ATOL)
+                       for n in want), seed
+
+
+def test_the_bubble_margins_over_hidden_variants() -> None:
+    """The canonical order is the bound itself (equal stages: the formula, within a hundredth of the
+    tolerance); one micro-batch at a time is at least twice the tolerance above it on every variant
+    with m >= 2, and on unequal stages the formula would be wrong by more than the tolerance."""
+    tolerance, off = check.BUBBLE_TOLERANCE, []
+    for seed in MARGIN_SEEDS:
+        s = cases.hidden(seed)
+        for pipe in s.gpipe + s.one_f_one_b + s.small:
+            bound = cases.expected_bubble(pipe, MESSAGE_S)
+            if pipe.equal:
+                assert abs(bound - cases.formula_bubble(pipe.p, pipe.m)) < tolerance / 100 * bound
+            else:
+                off.append(abs(bound - cases.formula_bubble(pipe.p, pipe.m)) / bound)
+            one_at_a_time = [[(k, i) for i in range(pipe.m) for k in "FB"]] * pipe.p
+            sequential = cases.bubble_of(pipe, cases.replay(pipe, MESSAGE_S, order=one_at_a_time)[0])
+            assert sequential - bound >= 2 * tolerance * bound, (seed, pipe.label())
+    assert min(off) > tolerance
+
+
+class FakeStep:
+    def __init__(self, orders: list[list[int]], ops: list[list[tuple[str, int]]] | None = None) -> None:
+        self.orders, self.ops = orders, ops or []
+        self.peaks = [cases.peak_stash(o) for o in self.ops]
+
+    def backward_order(self, stage: int) -> list[int]:
+        return self.orders[stage]
+
+    def warmup(self, stage: int) -> int:
+        kinds = [k for k, _ in self.ops[stage]]
+        return kinds.index("B")
+
+
+PHRASES = {"m": "summed, not averaged", "1/m": "divided by m twice", "pairing": "another micro-batch's stashed"}
+
+
+def test_each_gradient_diagnosis_is_said_only_where_the_evidence_shows_it() -> None:
+    pipe = cases.hidden(2).gpipe[0]
+    want = [np.linspace(-1, 1, 7), np.linspace(2, 3, 4)]
+    fifo = FakeStep([list(range(pipe.m))] * 4)
+    lifo = FakeStep([list(range(pipe.m))[::-1]] + [list(range(pipe.m))] * 3)
+    noisy = [w + np.sin(np.arange(w.size)) * 0.1 for w in want]
+    said = {
+        "m": judging.symptom(pipe, [(0, "w", pipe.m * w, w) for w in want], fifo),
+        "1/m": judging.symptom(pipe, [(0, "w", w / pipe.m, w) for w in want], fifo),
+        "pairing": judging.symptom(pipe, [(0, "w", g, w) for g, w in zip(noisy, want)], lifo),
+        "other": judging.symptom(pipe, [(0, "w", g, w) for g, w in zip(noisy, want)], fifo),
+        "other scale": judging.symptom(pipe, [(0, "w", 3.5 * w, w) for w in want], lifo),
+    }
+    for case, message in said.items():
+        for owner, phrase in PHRASES.items():
+            assert (phrase in message) == (owner == case), (case, message)
+    assert "3.5 times" in said["other scale"]
+
+
+def test_the_stash_diagnosis_names_a_warm_up_of_m() -> None:
+    pipe = cases.hidden(2).one_f_one_b[0]
+    gpipe_order = [cases.operations("gpipe", 4, pipe.m, s) for s in range(4)]
+    message = judging.stash_message(pipe, FakeStep([], gpipe_order))
+    assert message and f"held {pipe.m} stashed activations" in message and "as GPipe does" in message
+    assert judging.stash_message(pipe, FakeStep([], [cases.operations("1f1b", 4, pipe.m, s) for s in range(4)])) is None
+    short = judging.stash_message(cases.hidden(2).gpipe[0], FakeStep([], [cases.operations("1f1b", 4, 6, s)
+                                                                           for s in range(4)]))
+    assert short and "GPipe runs every forward before the first backward" in short
+
+
+def test_the_message_count_wants_m_each_way_between_neighbours_and_no_collective() -> None:
+    pipe = cases.hidden(2).gpipe[0]
+    step = FakeStep([])
+    step.collectives = [[] for _ in range(4)]
+    step.sent = [[1] * pipe.m, [0, 2] * pipe.m, [1, 3] * pipe.m, [2] * pipe.m]
+    assert judging.messages_message(pipe, step) is None
+    step.sent[2] = [1] * pipe.m  # no activation forward to stage 3
+    said = judging.messages_message(pipe, step)
+    assert f"stage 2 sent {pipe.m} messages to stage 1, 0 messages to stage 3; expected m = {pipe.m}" in said
+    step.collectives[1] = ["Bcast"]
+    assert "stage 1 called Bcast" in judging.messages_message(pipe, step)
+
+
+def test_the_picture_replays_the_orders_it_is_given_and_refuses_others() -> None:
+    summary = {"p": 4, "m": 3, "forward_ms": 1.0, "bubble_gpipe": 0.5, "stash_gpipe": 3, "bubble_1f1b": 0.5,
+               "stash_1f1b": 3,
+               "order_gpipe": [" ".join(f"{k}{i}" for k, i in cases.operations("gpipe", 4, 3, s)) for s in range(4)],
+               "order_1f1b": [" ".join(f"{k}{i}" for k, i in cases.operations("1f1b", 4, 3, s)) for s in range(4)]}
+    svg = programs.figure(summary)
+    assert svg.startswith("<svg") and "GPipe: bubble 0.500" in svg and "1F1B: bubble" in svg
+    assert svg.count("<title>forward") == svg.count("<title>backward") == 2 * 4 * 3
+    assert programs.figure({**summary, "order_gpipe": ["F0 <script>"] * 4}).count("GPipe") == 0
+    assert programs.figure({"p": "x"}) == ""
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checked() -> CheckRuns:
+    return CheckRuns("12", seed=SEED, timeout=180)
+
+
+GPIPE, ONE_F, BUBBLE, STASH, SMALL = ("GPipe: every", "1F1B: every", "bubble within", "stashed activations",
+                                     "works for m < p")
+ALL = [GPIPE, ONE_F, BUBBLE, STASH, SMALL]
+
+# fixture -> (the check whose message is read, what it must say, checks that must fail)
+BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
+    "warmup_all_m.diff": (STASH, ["held", "more than p = 4", "its warm-up ran all m", "as GPipe does"], [STASH]),
+    "losses_summed.diff": (GPIPE, ["Every gradient is m = ", "summed, not averaged"], [GPIPE, ONE_F, SMALL]),
+    "divided_twice.diff": (ONE_F, ["Every gradient is 1/m", "divided by m twice"], [GPIPE, ONE_F, SMALL]),
+    "stack_backward.diff": (ONE_F, ["ran its backwards in the order", "another micro-batch's stashed activation"],
+                            [ONE_F, SMALL]),
+    "warmup_without_min.diff": (SMALL, ["forward(2, ...): micro-batches are numbered 0 to m - 1 = 1"], [SMALL]),
+}
+
+# Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
+NAMES_ITS_BUG = {
+    "summed, not averaged": "losses_summed.diff",
+    "divided by m twice": "divided_twice.diff",
+    "another micro-batch's stashed activation": "stack_backward.diff",
+    "as GPipe does": "warmup_all_m.diff",
+    "micro-batches are numbered 0 to m - 1": "warmup_without_min.diff",
+}
+
+
+def test_every_buggy_fixture_has_a_row_and_a_diagnosis() -> None:
+    names = {Path(n).stem for n in fixture_names("12")} - {"alt_tagged_plan"}
+    assert names == {Path(n).stem for n in BUGGY} == {Path(n).stem for n in NAMES_ITS_BUG.values()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUGGY))
+def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
+    read, must, failing = BUGGY[name]
+    run = checked("--solution", str(fixture_solution("12", Path(name).stem + ".py")))
+    assert_fails_with_symptom(run, name, read, must, NAMES_ITS_BUG)
+    assert sorted(run.failed()) == sorted(run.check(n)["name"] for n in failing), run.out
+
+
+@pytest.mark.slow
+def test_reference_passes_sealed(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", "reference")
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    r = run.results
+    assert r is not None and r["passed"] and r["score"] == r["max_score"] == 13 and r["seal"] == "on"
+    assert r["totals"]["launches"] == 1 and r["totals"]["bound_s"] > 0
+    metrics = {k: v for c in r["checks"] for k, v in c["metrics"].items()}
+    assert all(abs(got - want) <= 1e-3 for got, want in metrics["bubble_measured_expected"].values())
+    assert all(peaks == [4, 3, 2, 1] for k, peaks in metrics.items() if k.startswith("stash 1f1b"))
+    assert "the batch's loss" in run.flat and "the critical path's" in run.flat
+
+
+@pytest.mark.slow
+def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
+    run = checked("--solution", str(fixture_solution("12", "alt_tagged_plan.py")), "--backend", "gloo")
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["score"] == run.results["max_score"]
+
+
+@pytest.mark.slow
+def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
+    run = checked()  # no workspace file: the starter is checked
+    assert_clean(run)
+    assert run.rc == 1, run.out
+    assert "checking the starter" in run.flat and "Traceback" not in run.out
+    for said in ("0.weight.grad is None: no backward reached this stage's parameters",
+                 "no stage ran a forward or a backward", "ran no forward at all"):
+        assert said in run.flat, said
+    assert run.results is not None and run.results["score"] == 0
+
+
+@pytest.mark.slow
+def test_report_draws_both_schedules_and_tune_sweeps_m(tmp_path: Path) -> None:
+    page = tmp_path / "12.html"
+    proc = run_cli("report", "12", "--solution", "reference", "--out", str(page), workspace=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = page.read_text()
+    for said in ("GPipe: bubble 0.27", "1F1B: bubble 0.27", "(p-1)/(m+p-1) = 0.273",
+                 "peak stashed activations 8 (m = 8)", "peak stashed activations 4 (at most p = 4)"):
+        assert said in html, said
+    proc = run_cli("tune", "12", "--solution", "reference", "--param", "m=2,8", "--metric", "bubble_1f1b",
+                   workspace=tmp_path, timeout=180)
+    flat = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, flat
+    assert "m = 2: bubble_1f1b = 0.600" in flat and "(bound 0.6)" in flat and "m = 8: bubble_1f1b = 0.27" in flat
+    assert not leftovers()
