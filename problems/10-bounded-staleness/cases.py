@@ -22,6 +22,7 @@ SLOW = (2.0, 5.0)  # a straggler's step takes this many times the base
 WORKERS = 3
 STEPS = 24
 SSP_STALENESS = 3  # the bound of the throughput and loss checks
+FIRST_DONE = 6  # the steps of the worker that finishes first
 RTOL = 1e-9  # s = 0 against gradient descent in one process: float64, only the summation order differs
 
 
@@ -138,6 +139,28 @@ def long_straggler(rng: np.random.Generator, workers: int, steps: int) -> tuple[
     return tuple(tuple(float(f) for f in row) for row in slow)
 
 
+def finishing(rng: np.random.Generator, workers: int, staleness: int) -> tuple[tuple[float, ...], ...]:
+    """Workers that finish at different times, in two acts. One worker, slow (3-5x) at every step,
+    stops after FIRST_DONE steps while the others, at full speed, wait on it: its last push is what
+    frees their reads at clock FIRST_DONE + s, and a server that does not re-check then deadlocks
+    (every other worker is blocked). Then one of the two left is slow for a stretch, so the other
+    runs into the bound again and again: a server that stops bounding once a worker is done goes
+    past s. The card's stragglers after that."""
+    lengths = [int(n) for n in rng.choice(np.arange(13, 19), workers, replace=False)]
+    first = int(rng.integers(workers))
+    lengths[first] = FIRST_DONE
+    slow = np.array(rounds(rng, workers, max(lengths)))
+    held = FIRST_DONE + staleness  # the others' clock when the first one finishes: all blocked on it
+    slow[:, :held] = 1.0
+    slow[first, :FIRST_DONE] = rng.uniform(3.0, SLOW[1], FIRST_DONE)
+    rest = [j for j in range(workers) if j != first]
+    laggard = max(rest, key=lambda j: (lengths[j], j))  # the longer of the two: its stretch fits
+    stretch = min(6, lengths[laggard] - held)
+    slow[rest, held:held + stretch] = 1.0
+    slow[laggard, held:held + stretch] = rng.uniform(3.0, SLOW[1], stretch)
+    return tuple(tuple(float(f) for f in row[:n]) for row, n in zip(slow, lengths))
+
+
 @dataclass(frozen=True)
 class Session:
     synchronous: Case  # s = 0 under the card's stragglers
@@ -155,20 +178,21 @@ def session(seed: int) -> Session:
     sync = Training("s = 0 is synchronous", 0, rounds(rng, WORKERS, STEPS), lr, data)
     bound = Training("the bound under a long straggler", int(rng.integers(1, 3)), long_straggler(rng, WORKERS, 16),
                  lr, data)
-    lengths = [int(n) for n in rng.choice(np.arange(10, 19), WORKERS, replace=False)]
-    lengths[int(rng.integers(WORKERS))] = 6  # one worker is done long before the others
-    slow = rounds(rng, WORKERS, max(lengths))
-    finish = Finishing("workers that finish at different times", int(rng.integers(1, 3)),
-                  tuple(row[:n] for row, n in zip(slow, lengths)), lr, data)
+    s = int(rng.integers(1, 3))
+    finish = Finishing("workers that finish at different times", s, finishing(rng, WORKERS, s), lr, data)
     return Session(sync, replace(sync, what="s = 3 under stragglers", staleness=SSP_STALENESS), bound, finish)
 
 
 PUSH, ANNOUNCE, MODEL = 11, 12, 13  # the tags of the harness's messages (programs.py)
-Gate = Callable[[int, float, int], bool]  # (the reader's clock c, the slowest clock, s) -> may it read?
+# The two causes of reads left waiting after a worker's last push (the mailbox's Stuck, check 5).
+KEPT_CLOCK = "does your server still count its last clock as the slowest?"
+NOT_RECHECKED = ("the waiting reads it frees were not answered: re-check the waiting reads on every push, the last "
+                 "one too")
+Gate = Callable[[int, list[float], int], bool]  # (the reader's clock c, the clock table, s) -> may it read?
 
 
-def ssp_gate(c: int, slowest: float, s: int) -> bool:
-    return slowest >= c - s  # the rule of the card
+def ssp_gate(c: int, clock: list[float], s: int) -> bool:
+    return min(clock) >= c - s  # the rule of the card: the slowest worker at c - s or later
 
 
 @dataclass(frozen=True)
@@ -190,10 +214,12 @@ class Simulated:
     stuck: bool = False  # every worker left waits for a read that never comes
 
 
-def simulate(case: Case, gate: Gate = ssp_gate, train: bool = False, done_counts: bool = True) -> Simulated:
+def simulate(case: Case, gate: Gate = ssp_gate, train: bool = False, done_counts: bool = True,
+             recheck_last: bool = True) -> Simulated:
     """The server of the card, event by event, in the order the harness's mailbox hands the messages
     over (by the time they leave, then by worker): a gradient applies at once, a read is answered as
-    soon as the gate lets it. ``done_counts=False``: a finished worker keeps its last clock (a bug)."""
+    soon as the gate lets it. Two bugs: ``done_counts=False``, a finished worker keeps its last clock;
+    ``recheck_last=False``, the kept reads are not re-checked after a worker's last push."""
     W, steps = case.workers, case.steps
     clock: list[float] = [0.0] * W  # gradients in from each worker (inf: it finished)
     leaves = {j: (0.0, 0) for j in range(W)}  # worker -> (when its next message leaves, its clock then)
@@ -211,8 +237,8 @@ def simulate(case: Case, gate: Gate = ssp_gate, train: bool = False, done_counts
         if c < steps[j]:
             waiting[j] = c
         slowest = min(clock)
-        for k, ck in sorted(waiting.items()):
-            if gate(ck, slowest, case.staleness):
+        for k, ck in sorted(waiting.items()) if c < steps[j] or recheck_last else ():
+            if gate(ck, clock, case.staleness):
                 del waiting[k]
                 out.reads.append(Read(k, ck, ck - slowest))
                 if w is not None:

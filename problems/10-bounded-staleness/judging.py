@@ -37,6 +37,47 @@ def reads_in_trace(events: Iterable[tuple[str, int | None, int | None]], case: C
     return reads
 
 
+def late_read(events: Iterable[tuple[str, int | None, int | None]], case: Case, workers: list[int],
+              last_only: bool = False) -> str | None:
+    """The first read answered later than the rule allows, in words, or None: a read the rule allows
+    after a push must be answered before the server takes the next one (``last_only``: a read that a
+    worker's last push freed). Read from the same trace as the staleness: after each receive of a
+    push, the clock table (a finished worker at infinity) and the reads waiting (a push that is not
+    a worker's last asks for its next model)."""
+    index = {rank: k for k, rank in enumerate(workers)}
+    received, replies = [0] * len(workers), [0] * len(workers)
+    due: list[int] = []  # the workers whose reads the rule allowed after the latest push
+    pusher = -1
+    for kind, peer, tag in events:
+        if peer not in index:
+            continue
+        k = index[peer]
+        if kind == "send" and tag == MODEL:
+            replies[k] += 1
+            continue
+        if kind != "recv" or tag != PUSH:
+            continue
+        for j in due:
+            if replies[j] < received[j]:
+                return _late(case, workers, j, received[j] - 1, pusher, received)
+        received[k] += 1
+        pusher = k
+        table = [math.inf if n > case.steps[i] else max(n - 1, 0) for i, n in enumerate(received)]
+        due = [j for j in range(len(workers)) if replies[j] < received[j] <= case.steps[j]
+               and min(table) >= received[j] - 1 - case.staleness]
+        if last_only and received[k] <= case.steps[k]:
+            due = []
+    return None
+
+
+def _late(case: Case, workers: list[int], j: int, clock: int, pusher: int, received: list[int]) -> str:
+    text = (f"{case.label()}: worker rank {workers[j]}'s read at clock {clock} was allowed once rank "
+            f"{workers[pusher]}'s push was in, but the server took another push before answering it")
+    if received[pusher] > case.steps[pusher]:  # that push was the pusher's last
+        return text + f": after the last push of worker rank {workers[pusher]} {cases.NOT_RECHECKED}"
+    return text + ": after every push, answer every kept read the rule now allows"
+
+
 def worst(reads: list[Read]) -> Read | None:
     return max(reads, key=lambda r: r.staleness, default=None)
 
@@ -125,15 +166,52 @@ def answer_problem(run: Any) -> str | None:
             f"({cases.FEATURES} weights)")
 
 
+TIMING = "with s = 0 a read at clock c must wait until every worker has pushed c gradients"
+PRECISION = "keep the model in float64"
+SCALED = "the step is scaled"
+
+
 def sync_read_problem(case: Case, rank: int, c: int, got: np.ndarray, models: list[np.ndarray], wrong: str) -> str:
-    """A read of the s = 0 case that is not synchronous training's model at its clock."""
+    """The earliest read of the s = 0 case that is not synchronous training's model at its clock
+    (every earlier one was: the gradients before it are synchronous training's). A cause is named
+    only where the model says it: synchronous training's at another step, or with a part of a
+    step's gradients (timing); the right one to float32 precision; the right update times a factor."""
     text = (f"{case.label()}: worker rank {rank} read at clock {c} a model that is not synchronous training's "
             f"after {c} step{'s' * (c != 1)}: {wrong}")
-    same = [k for k, model in enumerate(models) if np.allclose(got, model, rtol=cases.RTOL, atol=1e-12)]
-    if same:
-        return text + f"; it is the model after {same[0]} step{'s' * (same[0] != 1)}"
-    return text + ("; with s = 0 a read at clock c must wait until every worker has pushed c gradients, and see "
-                   "all of them applied (and none of a later step)")
+    got = np.asarray(got, dtype=np.float64)
+    if (timing := _timing_of(case, got, models)) is not None:
+        return text + f"; it is {timing}: {TIMING}, and see all of them applied (and none of a later step)"
+    want = models[c]
+    error = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-300)))
+    if error < 1e-5:
+        single = bool(np.all(got.astype(np.float32).astype(np.float64) == got))
+        return text + (f"; every weight within a relative {error:.1g} of the right one"
+                       + " and a float32 number" * single
+                       + f": the model is kept in {'float32' if single else 'too low a'} precision ({PRECISION})")
+    if c > 0:
+        step, right = got - models[c - 1], models[c] - models[c - 1]
+        factor = float(step @ right / (right @ right))
+        if abs(factor - 1) > 1e-3 and np.allclose(step, factor * right, rtol=1e-6, atol=1e-12):
+            return text + (f"; its last step is {factor:.4g} times synchronous training's: {SCALED} (each push "
+                           "applies as model -= lr * gradient: the gradient already carries its share of the batch)")
+    return text
+
+
+def _timing_of(case: Case, got: np.ndarray, models: list[np.ndarray]) -> str | None:
+    """Which synchronous model the read is, in words: after k steps, or after k steps and a part of
+    step k's gradients (as the workers computed them, on the model after k steps); None if neither."""
+    for k in range(len(models) - 1):
+        grads = [cases.gradient(models[k], *cases.batch(case, j, k), case.workers) for j in range(case.workers)]
+        for mask in range((1 << case.workers) - 1):  # all of them: the model after k + 1 steps
+            part = [j for j in range(case.workers) if mask >> j & 1]
+            want = models[k] - case.lr * sum((grads[j] for j in part), np.zeros(cases.FEATURES))
+            if np.allclose(got, want, rtol=cases.RTOL, atol=1e-12):
+                return (f"the model after {k} step{'s' * (k != 1)}" if not part else
+                        f"the model after {k} step{'s' * (k != 1)} and {len(part)} of step {k}'s "
+                        f"{case.workers} gradients")
+    if np.allclose(got, models[-1], rtol=cases.RTOL, atol=1e-12):
+        return f"the model after {len(models) - 1} steps"
+    return None
 
 
 def reads_count_problem(case: Case, reads: list[Read], workers: list[int]) -> str | None:

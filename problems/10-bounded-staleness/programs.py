@@ -9,6 +9,7 @@ when its next push will leave as soon as it has its model, so the mailbox always
 message comes first without waiting for the later ones. The ranks judge nothing: the checks read
 the server's trace and the models the workers were sent."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,22 +40,21 @@ class Mailbox:
     on the virtual clock (None once every worker has sent its last); ``reply(worker, weights)``
     sends a waiting worker the model, which answers its read."""
 
-    def __init__(self, comm: Any, workers: list[int], features: int) -> None:
-        self._comm, self._workers, self._features = comm, list(workers), features
+    def __init__(self, comm: Any, workers: list[int], features: int, staleness: int = 0) -> None:
+        self._comm, self._workers, self._features, self._s = comm, list(workers), features, staleness
         self._leaves: dict[int, float] = {w: 0.0 for w in workers}  # every first message leaves at 0
         self._active = set(workers)  # computing: a push will come
         self._waiting: dict[int, int] = {}  # worker -> the clock of its read
-        self._done: set[int] = set()
+        self._clock: dict[int, int] = {w: 0 for w in workers}  # worker -> the clock of its latest push
+        self._done: list[int] = []  # the workers that sent their last push, in order
+        self._done_at_ask = 0  # how many had when the latest read came in
 
     def next(self) -> Push | None:
         if not self._active:
             if self._waiting:
-                done = ", ".join(f"rank {w}" for w in sorted(self._done))
                 raise Stuck("the server asked for the next push, but no worker can send one: "
                             + ", ".join(f"rank {w} (reading at clock {c})" for w, c in sorted(self._waiting.items()))
-                            + " wait for a read, and " + (f"{done} sent its last push. A worker that has finished "
-                                                          "will never push again: does your server still count its last "
-                                                          "clock as the slowest?" if done else "no worker has finished"))
+                            + " wait for a read, and " + self._why_stuck())
             return None
         for w in sorted(self._active - set(self._leaves)):  # every active worker's next push: when it leaves
             note = np.empty(1)
@@ -66,15 +66,51 @@ class Mailbox:
         del self._leaves[worker]
         self._active.discard(worker)
         clock, last = int(message[0]), bool(message[1])
+        self._clock[worker] = clock
         if last:
-            self._done.add(worker)
+            self._done.append(worker)
         else:
             self._waiting[worker] = clock
+            self._done_at_ask = len(self._done)
         return Push(worker, clock, message[2:].copy() if clock > 0 else None, last)
+
+    def _frees(self, table: dict[int, float]) -> bool:
+        """Whether the rule, with this clock table, frees a waiting read."""
+        return any(min(table.values()) >= c - self._s for c in self._waiting.values())
+
+    def _table(self, done: list[int]) -> dict[int, float]:
+        """The clock table when the workers ``done`` had finished (at infinity) and the others had
+        sent every push but their last, if they have sent it since."""
+        return {w: math.inf if w in done else self._clock[w] - (w in self._done) for w in self._workers}
+
+    def _why_stuck(self) -> str:
+        """Every worker waits or is done. With the finished at infinity the rule always frees the lowest
+        waiting read; which mistake kept it: a server that keeps a finished worker's last clock answers
+        what that table frees, and one that re-checks on every push but the last answered what the
+        rule freed at the latest push that asked for a read (no read came in since)."""
+        if not self._done:
+            return "no worker has finished"
+        done = ", ".join(f"rank {w}" for w in sorted(self._done))
+        kept_rules_out = self._frees({w: float(self._clock[w]) for w in self._workers})  # it would have answered
+        ask = self._done_at_ask  # the latest push that asked for a read came after this many finished
+        recheck_rules_out = self._frees(self._table(self._done[:ask]))  # freed already then: no last push needed
+        freed_by = next((w for n, w in enumerate(self._done[ask:], ask + 1)
+                         if self._frees(self._table(self._done[:n]))), self._done[-1])
+        if recheck_rules_out and kept_rules_out:
+            return (f"{done} sent its last push; the rule allows a waiting read (the finished count as infinitely "
+                    "far ahead): after every push answer every kept read the rule allows")
+        if recheck_rules_out:
+            return f"{done} sent its last push. A worker that has finished will never push again: {cases.KEPT_CLOCK}"
+        if kept_rules_out:
+            return f"{done} sent its last push: after the last push of worker rank {freed_by} {cases.NOT_RECHECKED}"
+        return (f"{done} sent its last push. Two mistakes leave these reads waiting: a finished worker's last clock "
+                f"still counted as the slowest (count it as infinitely far ahead), or no re-check after the last "
+                f"push of worker rank {freed_by}, which frees them (re-check the waiting reads on every push, the "
+                "last one too)")
 
     def unfinished(self) -> str:
         """The workers that have not sent their last push yet, in words ("" when all have)."""
-        left = sorted(set(self._workers) - self._done)
+        left = sorted(set(self._workers) - set(self._done))
         return ", ".join(f"rank {w}" + (f" (its read at clock {self._waiting[w]} unanswered)" if w in self._waiting
                                         else "") for w in left)
 
@@ -113,7 +149,7 @@ def run_case(comm: Any, solution: Any, case: Case) -> Any:
     comm.mark(case.what)
     if rank:
         return work(comm, case, rank - 1)
-    box = Mailbox(comm, workers, cases.FEATURES)
+    box = Mailbox(comm, workers, cases.FEATURES, case.staleness)
     out = solution.server(comm, box, workers, cases.initial_weights(case), case.staleness, case.lr)
     if left := box.unfinished():  # the workers would wait for ever: say so now
         raise Stuck(f"the server returned before every worker was done: {left}. Serve until box.next() "
