@@ -15,6 +15,7 @@ report and a short tune.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -183,7 +184,8 @@ class FakeStep:
         return kinds.index("B")
 
 
-PHRASES = {"m": "summed, not averaged", "1/m": "divided by m twice", "pairing": "another micro-batch's stashed"}
+PHRASES = {"m": "summed, not averaged", "1/m": "divided by m twice", "pairing": "another micro-batch's stashed",
+           "m/p": "weighted 1/p", "precision": "a float32 buffer or cast"}
 
 
 def test_each_gradient_diagnosis_is_said_only_where_the_evidence_shows_it() -> None:
@@ -198,11 +200,18 @@ def test_each_gradient_diagnosis_is_said_only_where_the_evidence_shows_it() -> N
         "pairing": judging.symptom(pipe, [(0, "w", g, w) for g, w in zip(noisy, want)], lifo),
         "other": judging.symptom(pipe, [(0, "w", g, w) for g, w in zip(noisy, want)], fifo),
         "other scale": judging.symptom(pipe, [(0, "w", 3.5 * w, w) for w in want], lifo),
+        "m/p": judging.symptom(pipe, [(0, "w", pipe.m / pipe.p * w, w) for w in want], fifo),
+        "precision": judging.symptom(pipe, [(0, "w", w.astype(np.float32).astype(np.float64) * (1 + 3e-8), w)
+                                            for w in want], fifo),
     }
     for case, message in said.items():
         for owner, phrase in PHRASES.items():
             assert (phrase in message) == (owner == case), (case, message)
     assert "3.5 times" in said["other scale"]
+    # At m = 2 on 4 stages, 1/m and m/p are one factor: both causes are named, neither alone.
+    square = dataclasses.replace(pipe, m=2)
+    both = judging.symptom(square, [(0, "w", w / 2, w) for w in want], fifo)
+    assert "divided by m twice, or each micro-batch's loss weighted 1/p" in both
 
 
 def test_the_stash_diagnosis_names_a_warm_up_of_m() -> None:

@@ -114,9 +114,20 @@ def symptom(pipe: Pipe, pairs: list[tuple[int, str, np.ndarray, np.ndarray]], st
             return (f". Every gradient is m = {pipe.m} times the batch's: the micro-batches' losses were summed, "
                     f"not averaged. The batch's loss is the mean of the m micro-batch losses, so the last stage's "
                     f"backward takes 1/m as each micro-batch loss's weight")
-        if abs(scale - 1 / pipe.m) < 1e-6 / pipe.m:
+        twice, by_p = abs(scale - 1 / pipe.m) < 1e-6 / pipe.m, abs(scale - pipe.m / pipe.p) < 1e-6 * pipe.m / pipe.p
+        if twice and by_p:  # m * m == p: the factor cannot tell the two apart
+            return (f". Every gradient is 1/{pipe.m} of the batch's: divided by m twice, or each micro-batch's loss "
+                    f"weighted 1/p instead of 1/m (at m = {pipe.m}, p = {pipe.p} both give this factor)")
+        if twice:
             return (f". Every gradient is 1/m = 1/{pipe.m} of the batch's: divided by m twice (the last stage's "
                     f"1/m weight already makes the gradient the mean's; do not divide .grad again)")
+        if by_p:
+            return (f". Every gradient is m/p = {pipe.m}/{pipe.p} times the batch's: each micro-batch's loss was "
+                    f"weighted 1/p, the number of stages; the batch's loss is the mean of the m micro-batch losses")
+        if abs(scale - 1) < 1e-6:
+            error = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            return (f". Every gradient is the batch's to a relative {error:.1g}, not to float64's precision: a "
+                    "float32 buffer or cast on the way? (the activations and gradients are float64)")
         return f". Every gradient is {scale:.4g} times the batch's"
     for s in range(pipe.p - 1):
         mine, theirs = step.backward_order(s), step.backward_order(s + 1)
