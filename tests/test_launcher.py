@@ -179,6 +179,26 @@ def test_the_rank_that_died_first_is_named_with_how_and_where(tmp_path: Path, ba
     assert "rank 2 stack" in crashed.details and "solution.py\", line 13 in crash" in crashed.details
 
 
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_message_larger_than_its_receive_buffer_is_named_on_both_engines(tmp_path: Path, backend: str) -> None:
+    # MPI raises MPI_ERR_TRUNCATE in the Recv; gloo aborts the process from a thread of its own, so
+    # the supervisor reads the call from the rank's stack dump and says what gloo does there.
+    solution = tmp_path / "solution.py"
+    solution.write_text("import numpy as np\n\n\ndef work(comm):\n    if comm.Get_rank() == 0:\n"
+                        "        comm.Send(np.arange(8, dtype=np.float64), dest=1)\n    elif comm.Get_rank() == 1:\n"
+                        "        comm.Recv(np.empty(8, dtype=np.float32), source=0)\n    comm.Barrier()\n")
+    result = run(make_job("call_solution", [Task(ranks=3, args=("work",))], solution, backend=backend),
+                 deadline_s=30)
+    assert result.failing_rank == 1, result.message
+    if backend == "mpi":
+        assert result.message.startswith("rank 1: Exception: MPI_ERR_TRUNCATE"), result.message
+        assert "solution.py, line 8" in result.message
+    else:
+        assert result.message.startswith("rank 1 died of SIGABRT"), result.message
+        assert "it was in Recv on gloo, which aborts the process when a message is larger than the buffer" \
+            in result.message
+
+
 def test_requests_never_waited_are_named_when_the_solution_returns(tmp_path: Path) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text(

@@ -29,9 +29,11 @@ class Death:
     exit_code: int | None = None
     signum: int | None = None
     learner_where: str = ""  # sealed: where its learner process was ("in Sendrecv"), as its agent saw
+    engine_note: str = ""  # the engine call it died in, and what that engine does there (engine_abort)
 
     def describe(self) -> str:
         where = f"; its learner process died {self.learner_where}" if self.learner_where else ""
+        where += f"; {self.engine_note}" if self.engine_note else ""
         if self.signum is not None:
             name = _SIGNAL_WORDS.get(self.signum) or signal.Signals(self.signum).name
             return f"rank {self.rank} died of {name} (signal {self.signum}) before reporting{where}"
@@ -43,8 +45,8 @@ class Death:
         try:
             where = learner_gone_path(job_dir, self.rank).read_text().strip()[:200]
         except OSError:
-            return self
-        return Death(self.rank, self.exit_code, self.signum, where)
+            where = ""
+        return Death(self.rank, self.exit_code, self.signum, where, self.engine_note)
 
 
 _SIGNAL_WORDS: dict[int, str] = {
@@ -52,6 +54,32 @@ _SIGNAL_WORDS: dict[int, str] = {
     signal.SIGFPE: "a floating-point exception", signal.SIGBUS: "a bus error",
     signal.SIGKILL: "SIGKILL (out of memory, or killed from outside)",
 }
+
+
+# A frame of the comm proxy in a faulthandler dump: the API call the rank was in ("Recv").
+_PROXY_FRAME = re.compile(r'/distlab/runtime/comm/proxy\.py", line \d+ in (\w+)')
+# The calls that complete a receive: where gloo aborts on a message larger than the buffer.
+_RECEIVING = {"Recv", "Sendrecv", "Sendrecv_replace", "Wait", "Waitall", "Waitany", "Waitsome", "Test",
+              "Testall", "Testany"}
+
+
+def engine_abort(job: Job, job_dir: Path, death: Death) -> Death:
+    """A gloo rank that died of SIGABRT, with the call it died in: gloo aborts the process (no
+    exception) when a message does not fit the buffer it is received into, which MPI reports as
+    MPI_ERR_TRUNCATE. The call is read from the rank's stack dump (its agent's when sealed: the
+    engine runs there), the frame of the comm proxy; the abort itself is in a thread of gloo's."""
+    if job.backend != "gloo" or death.signum != signal.SIGABRT:
+        return death
+    path = stack_path(job_dir, death.rank)
+    dump = _read(path.with_suffix(".agent.txt")) or _read(path)
+    found = _PROXY_FRAME.search(dump)
+    if found is None:
+        return death
+    call = found[1]
+    note = f"it was in {call} on gloo" + (
+        ", which aborts the process when a message is larger than the buffer it is received into (MPI says "
+        "MPI_ERR_TRUNCATE): do the sender's dtype and shape match the receiver's?" if call in _RECEIVING else "")
+    return Death(death.rank, death.exit_code, death.signum, death.learner_where, note)
 
 
 def first_death(job: Job, job_dir: Path, procs: Processes, reported: set[int]) -> Death | None:
@@ -63,7 +91,7 @@ def first_death(job: Job, job_dir: Path, procs: Processes, reported: set[int]) -
             # last poll has a file to show for it, and is not the one that died.
             if rank not in reported and code not in (None, 0) and not outcome_path(job_dir, rank).exists():
                 death = Death(rank, signum=-code) if code < 0 else Death(rank, exit_code=code)
-                return death.located(job_dir)
+                return engine_abort(job, job_dir, death.located(job_dir))
         return None
     log = launcher_log(job_dir)
     found = [(m.start(), Death(int(m[1]), exit_code=int(m[2]))) for m in _MPI_EXIT.finditer(log)]
