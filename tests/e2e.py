@@ -164,6 +164,25 @@ def assert_fails_with_symptom(run: Checked, fixture: str, failing: str, must: li
         assert f"--seed {run.args[run.args.index('--seed') + 1]}" in run.flat, run.out
 
 
+def assert_passes(run: Checked, backend: str | None = None) -> None:
+    """A correct solution's run (the reference, an alternative): no process left, exit 0, every
+    point scored, on ``backend`` when one is named."""
+    assert_clean(run)
+    assert run.rc == 0, run.out
+    assert run.results is not None and run.results["passed"], run.out
+    assert run.results["score"] == run.results["max_score"], run.out
+    assert backend is None or run.results["backend"] == backend, run.out
+
+
+def assert_starter_fails(run: Checked, said: list[str]) -> None:
+    """The starter's run: no process left, exit 1, told it is the starter, failed through wrong
+    results (no traceback), and each text of ``said`` in its console."""
+    assert_clean(run)
+    assert run.rc == 1 and "checking the starter" in run.flat and "Traceback" not in run.out, run.out
+    assert run.results is not None, run.out
+    assert_output_has(run, said)
+
+
 def assert_clean(run: Checked) -> None:
     """No rank, mpiexec or prterun of the run outlived the CLI."""
     assert not run.leftovers, "job processes outlived the CLI:\n" + "\n".join(run.leftovers)

@@ -26,6 +26,8 @@ from e2e import (
     Checked,
     CheckRuns,
     assert_clean,
+    assert_passes,
+    assert_starter_fails,
     fixture_names,
     fixture_solution,
     leftovers,
@@ -352,21 +354,14 @@ def test_reference_passes_sealed(checked: Callable[..., Checked]) -> None:
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(fixture_solution("14", "alt_sorted_pushes.py")), "--backend", "gloo")
-    assert_clean(run)
-    assert run.rc == 0, run.out
-    assert run.results is not None and run.results["score"] == run.results["max_score"]
+    assert_passes(checked("--solution", str(fixture_solution("14", "alt_sorted_pushes.py")), "--backend", "gloo"), "gloo")
 
 
 @pytest.mark.slow
 def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
     run = checked()  # no workspace file: the starter is checked
-    assert_clean(run)
-    assert run.rc == 1, run.out
-    assert "checking the starter" in run.flat and "Traceback" not in run.out
-    for said in ("is still the initial table: no update was applied", "it neither pulled nor pushed",
-                 "did not move each worker's distinct rows both ways", "step_times returned (0.0, 0.0)"):
-        assert said in run.flat, said
+    assert_starter_fails(run, ["is still the initial table: no update was applied", "it neither pulled nor pushed",
+                               "did not move each worker's distinct rows both ways", "step_times returned (0.0, 0.0)"])
     assert run.results is not None and run.results["score"] == 0
 
 

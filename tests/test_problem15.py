@@ -24,6 +24,8 @@ from e2e import (
     Checked,
     CheckRuns,
     assert_clean,
+    assert_passes,
+    assert_starter_fails,
     fixture_names,
     fixture_solution,
     leftovers,
@@ -282,22 +284,14 @@ def test_reference_passes_sealed(checked: Callable[..., Checked]) -> None:
 @pytest.mark.slow
 def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
     run = checked()  # no workspace file: the starter, sealed
-    assert_clean(run)
-    assert run.rc == 1 and "checking the starter" in run.flat, run.out
-    assert run.results is not None and run.results["score"] == 0
-    assert set(run.failed()) == {c["name"] for c in run.results["checks"]}  # every check fails, none crashes
-    text = run.messages()
-    for needle in ("Every answer of the table is an equal split", "saw it on the accelerator, but ascend910 lacks",
-                   "it is the plain mean of the ranks' gradients", "expected at most 5% idle"):
-        assert needle in text, f"{needle!r} missing from:\n{run.out}"
+    assert_starter_fails(run, ["Every answer of the table is an equal split", "saw it on the accelerator, but ascend910 lacks",
+                               "it is the plain mean of the ranks' gradients", "expected at most 5% idle"])
+    assert run.results["score"] == 0 and set(run.failed()) == {c["name"] for c in run.results["checks"]}  # every check fails, none crashes
 
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(fixture_solution("15", "alt_soonest_finish.py")), "--backend", "gloo")
-    assert_clean(run)
-    assert run.rc == 0, run.out
-    assert run.results is not None and run.results["backend"] == "gloo" and run.results["passed"]
+    assert_passes(checked("--solution", str(fixture_solution("15", "alt_soonest_finish.py")), "--backend", "gloo"), "gloo")
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ from e2e import (
     Checked,
     CheckRuns,
     assert_clean,
+    assert_passes,
+    assert_starter_fails,
     fixture_names,
     fixture_solution,
     leftovers,
@@ -220,22 +222,15 @@ def test_reference_passes_sealed(checked: Callable[..., Checked]) -> None:
 @pytest.mark.slow
 def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) -> None:
     run = checked()  # no workspace file: the starter, sealed
-    assert_clean(run)
-    assert run.rc == 1 and "checking the starter" in run.flat, run.out
-    assert run.results is not None and run.results["score"] == 0
-    assert set(run.failed()) == {c["name"] for c in run.results["checks"]}  # every check fails, none crashes
-    text = run.messages()
-    for needle in ("every rank applied the step, the policy's trace skips it", "rank 0's scale is 16384, the policy's 4096 (overflows at steps [0, 2, 4, 8]); your scales: 16384",
-                   "the step's skip differs from the trace's", "expected at most 112 (2 bytes for each"):
-        assert needle in text, f"{needle!r} missing from:\n{run.out}"
+    assert_starter_fails(run, ["every rank applied the step, the policy's trace skips it",
+                               "rank 0's scale is 16384, the policy's 4096 (overflows at steps [0, 2, 4, 8]); your scales: 16384",
+                               "the step's skip differs from the trace's", "expected at most 112 (2 bytes for each"])
+    assert run.results["score"] == 0 and set(run.failed()) == {c["name"] for c in run.results["checks"]}  # every check fails, none crashes
 
 
 @pytest.mark.slow
 def test_alternative_passes_on_gloo(checked: Callable[..., Checked]) -> None:
-    run = checked("--solution", str(fixture_solution("16", "alt_counted_flags.py")), "--backend", "gloo")
-    assert_clean(run)
-    assert run.rc == 0, run.out
-    assert run.results is not None and run.results["backend"] == "gloo" and run.results["passed"]
+    assert_passes(checked("--solution", str(fixture_solution("16", "alt_counted_flags.py")), "--backend", "gloo"), "gloo")
 
 
 @pytest.mark.slow
