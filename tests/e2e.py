@@ -15,6 +15,7 @@ Two jobs, shared by every problem's test file:
 from __future__ import annotations
 
 import atexit
+import importlib
 import importlib.util
 import json
 import re
@@ -28,6 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from conftest import FIXTURES, PROBLEMS, REPO, job_processes, run_cli
+
+from distlab.runtime.jobspec import problem_package
 
 # -- running `distlab check` --------------------------------------------------------------------
 
@@ -378,6 +381,13 @@ def fixture_diffs() -> list[Path]:
 def fixture_names(problem: str) -> set[str]:
     """The fixtures of a problem, each by the solution file it makes (a diff's name as .py)."""
     return {p.stem + ".py" for p in (FIXTURES / problem).iterdir() if p.suffix in (".py", ".diff")}
+
+
+def problem_modules(folder: Path, *names: str) -> tuple[ModuleType, ...]:
+    """The named modules of a problem's package ("cases", "judging", ...), imported as the checker
+    imports them (through the package, so that their relative imports work)."""
+    package = problem_package(folder)
+    return tuple(importlib.import_module(f"{package}.{name}") for name in names)
 
 
 def load_file(path: Path, name: str) -> ModuleType:

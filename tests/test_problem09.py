@@ -15,7 +15,6 @@ message must name, and for processes left behind.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 
@@ -28,19 +27,17 @@ from e2e import (
     assert_fails_with_symptom,
     fixture_names,
     fixture_solution,
+    problem_modules,
 )
 
 from distlab.grading import collective_time
 from distlab.platforms import load_shipped
 from distlab.runtime.clock.replay import replay
-from distlab.runtime.jobspec import problem_package
 from distlab.runtime.trace.events import COLL
 
 SEED = 4309
 FOLDER = PROBLEMS / "09-three-datacenters"
-PACKAGE = problem_package(FOLDER)
-cases = importlib.import_module(PACKAGE + ".cases")
-check = importlib.import_module(PACKAGE + ".check")
+cases, check = problem_modules(FOLDER, "cases", "check")
 
 
 def test_the_card_cluster_is_three_dc_route_for_route() -> None:

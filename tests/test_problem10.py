@@ -13,7 +13,6 @@ sweep and the report's picture.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -31,15 +30,12 @@ from e2e import (
     fixture_names,
     fixture_solution,
     leftovers,
+    problem_modules,
 )
-
-from distlab.runtime.jobspec import problem_package
 
 SEED = 1010
 FOLDER = PROBLEMS / "10-bounded-staleness"
-PACKAGE = problem_package(FOLDER)
-cases, programs, judging, check = (importlib.import_module(f"{PACKAGE}.{m}")
-                                   for m in ("cases", "programs", "judging", "check"))
+cases, programs, judging, check = problem_modules(FOLDER, "cases", "programs", "judging", "check")
 MARGIN_SEEDS = range(40)  # 300 held when written (set it to range(300) to see); 40 in the suite
 
 

@@ -13,7 +13,6 @@ must fail, the symptom its message must name, and for processes left behind.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import numpy as np
@@ -25,16 +24,14 @@ from e2e import (
     assert_fails_with_symptom,
     fixture_names,
     fixture_solution,
+    problem_modules,
 )
 
 from distlab.platforms import load_shipped
-from distlab.runtime.jobspec import problem_package
 
 SEED = 4311
 FOLDER = PROBLEMS / "11-topology-rings"
-PACKAGE = problem_package(FOLDER)
-cases = importlib.import_module(PACKAGE + ".cases")
-programs = importlib.import_module(PACKAGE + ".programs")
+cases, programs = problem_modules(FOLDER, "cases", "programs")
 GBPS = 8 / 1e9
 
 

@@ -16,7 +16,6 @@ report and a short tune.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,16 +33,14 @@ from e2e import (
     fixture_names,
     fixture_solution,
     leftovers,
+    problem_modules,
 )
 
 from distlab.grading import first_mismatch
-from distlab.runtime.jobspec import problem_package
 
 SEED = 1212
 FOLDER = PROBLEMS / "12-pipeline-1f1b"
-PACKAGE = problem_package(FOLDER)
-cases, programs, judging, check = (importlib.import_module(f"{PACKAGE}.{m}")
-                                   for m in ("cases", "programs", "judging", "check"))
+cases, programs, judging, check = problem_modules(FOLDER, "cases", "programs", "judging", "check")
 MARGIN_SEEDS = range(200)
 MESSAGE_S = 1e-6 + 256 / 10e9  # the laptop's route between neighbours, one activation
 

@@ -15,7 +15,6 @@ sweep (`distlab tune 13`) and its picture (`distlab report 13`).
 from __future__ import annotations
 
 import csv
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,14 +32,12 @@ from e2e import (
     fixture_solution,
     leftovers,
     load_file,
+    problem_modules,
 )
-
-from distlab.runtime.jobspec import problem_package
 
 SEED = 1313
 FOLDER = PROBLEMS / "13-zero-sharding"
-PACKAGE = problem_package(FOLDER)
-cases, programs, judging = (importlib.import_module(f"{PACKAGE}.{m}") for m in ("cases", "programs", "judging"))
+cases, programs, judging = problem_modules(FOLDER, "cases", "programs", "judging")
 MARGIN_SEEDS = range(8)  # 150 held when written (this file's margin functions); 8 in the suite
 
 reference = load_file(FOLDER / "reference.py", "problem13_reference")

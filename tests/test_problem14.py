@@ -13,8 +13,6 @@ seed, so a failure replays with `distlab check 14 --seed 1414 --solution ...`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -32,16 +30,14 @@ from e2e import (
     fixture_solution,
     leftovers,
     load_file,
+    problem_modules,
 )
 
 from distlab.grading import first_mismatch
-from distlab.runtime.jobspec import problem_package
 
 SEED = 1414
 FOLDER = PROBLEMS / "14-sparse-features"
-PACKAGE = problem_package(FOLDER)
-cases, programs, judging, check = (importlib.import_module(f"{PACKAGE}.{m}")
-                                   for m in ("cases", "programs", "judging", "check"))
+cases, programs, judging, check = problem_modules(FOLDER, "cases", "programs", "judging", "check")
 MARGIN_SEEDS = range(40)  # 300 held when written (tests/test_problem14.py's margin functions); 40 in the suite
 
 

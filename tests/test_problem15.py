@@ -12,7 +12,6 @@ on gloo; and `distlab report 15`. No run may leave a process behind.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -29,17 +28,12 @@ from e2e import (
     fixture_names,
     fixture_solution,
     leftovers,
+    problem_modules,
 )
-
-from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
 FOLDER = PROBLEMS / "15-mixed-cluster"
-PACKAGE = problem_package(FOLDER)
-cases = importlib.import_module(PACKAGE + ".cases")
-programs = importlib.import_module(PACKAGE + ".programs")
-judging = importlib.import_module(PACKAGE + ".judging")
-check = importlib.import_module(PACKAGE + ".check")
+cases, programs, judging, check = problem_modules(FOLDER, "cases", "programs", "judging", "check")
 
 
 def _load(path: Path, name: str) -> ModuleType:

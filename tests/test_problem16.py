@@ -14,7 +14,6 @@ behind.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -32,17 +31,12 @@ from e2e import (
     fixture_names,
     fixture_solution,
     leftovers,
+    problem_modules,
 )
-
-from distlab.runtime.jobspec import problem_package
 
 SEED = 1616
 FOLDER = PROBLEMS / "16-loss-scaling"
-PACKAGE = problem_package(FOLDER)
-cases = importlib.import_module(PACKAGE + ".cases")
-judging = importlib.import_module(PACKAGE + ".judging")
-programs = importlib.import_module(PACKAGE + ".programs")
-check = importlib.import_module(PACKAGE + ".check")
+cases, judging, programs, check = problem_modules(FOLDER, "cases", "judging", "programs", "check")
 
 SKIP, SCALE, WEIGHTS, WIRE = "every rank skips", "the scale follows", "the weights", "gradients travel"
 ALL = (SKIP, SCALE, WEIGHTS, WIRE)
