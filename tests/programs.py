@@ -153,3 +153,18 @@ def process_facts(comm, solution):
         name = f.read().strip()
     comm.Barrier()
     return os.getpid(), os.getppid(), os.getsid(0), name, "torch" in __import__("sys").modules
+
+
+class PerRank:
+    """A task argument that rank r may only see its own entry of (runtime/rank/views.py)."""
+
+    def __init__(self, values: tuple[int, ...]) -> None:
+        self.values = values
+
+    def for_rank(self, rank: int) -> PerRank:
+        return PerRank(tuple(v if r == rank else -1 for r, v in enumerate(self.values)))
+
+
+def values_seen(comm, solution, cut):
+    """What this rank was handed: the entries of each PerRank in a list."""
+    return [list(item.values) for item in cut]

@@ -316,3 +316,24 @@ def test_a_failed_job_leaves_no_files_and_a_dead_supervisor_s_folder_is_swept(
     result = run(make_job("send_send_deadlock", [Task(ranks=2, args=(1 << 20,))]), deadline_s=20)
     assert result.status == "deadlock", result.message
     assert sorted(p.name for p in private.iterdir()) == ["distlab-job-alive"]
+
+
+def test_each_rank_is_handed_its_own_view_of_an_argument_that_cuts_itself() -> None:
+    """A hidden case whose class defines for_rank reaches each rank cut to what it may know
+    (runtime/rank/views.py), inside a list too; the job keeps it whole. (Sealed, the agent hands
+    over the same view: a class of a plain program module cannot be unpickled there, so that path
+    is shown by problem 16's forged fixture, checked sealed in tests/test_problem16.py.)"""
+    import importlib.util
+    import sys
+
+    name = program_module_name(PROGRAMS)  # the name the ranks unpickle the class under
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, PROGRAMS)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    whole = sys.modules[name].PerRank((10, 20, 30))
+    result = run(make_job("values_seen", [Task(ranks=3, args=([whole, whole],))]))
+    assert result.ok, result.message
+    seen = [outcome.value for outcome in result.task_outcomes(0)]
+    assert seen == [[[10, -1, -1]] * 2, [[-1, 20, -1]] * 2, [[-1, -1, 30]] * 2]

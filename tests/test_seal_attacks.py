@@ -203,3 +203,32 @@ def test_root_of_a_user_namespace_without_nobody_keeps_the_mounts_as_uid_0(tmp_p
     assert "uid 0 of the harness's user namespace without capabilities (user nobody is not mapped" in out
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == [] and job_processes() == []
+
+
+PROBE_CHECKOUT = '''
+import os
+
+def allreduce(comm, buf, op=None):
+    repo = {repo!r}
+    try:
+        history = sorted(os.listdir(os.path.join(repo, ".git")))
+    except OSError as exc:
+        history = type(exc).__name__
+    try:
+        alternative = len(open(os.path.join(repo, "tests", "fixtures", "03", "alt_isend.py")).read())
+    except OSError as exc:
+        alternative = type(exc).__name__
+    raise RuntimeError(f"git={{history}} alternative={{alternative}}")
+'''
+
+
+def test_a_checked_solution_reads_neither_the_checkout_s_history_nor_its_tests(tmp_path: Path) -> None:
+    """An outside tester passed problems 09-12 with references read back from .git's objects;
+    tests/fixtures holds correct alternatives. Both are out of a sealed learner's reach."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE_CHECKOUT.format(repo=str(REPO)))
+    done = subprocess.run([*DISTLAB, "check", "03", "--solution", str(probe), "--seed", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert (REPO / ".git").exists() and (REPO / "tests" / "fixtures" / "03" / "alt_isend.py").stat().st_size
+    assert "git=[] alternative=FileNotFoundError" in said, said

@@ -40,6 +40,7 @@ from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure
 from .learner_fork import ForkedChild, LearnerSeed
+from .views import for_rank
 
 ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
 # The launcher's and the engines' variables: without them the learner cannot join the job (nor
@@ -117,7 +118,7 @@ class LearnerProcess:
         return tuple(sorted(os.sched_getaffinity(_code_pid(self._child.pid))))
 
     def run_task(self, comm: Comm, index: int, task: Any) -> Any:
-        result = self._service.run_task(comm, index, pickle.dumps((task.args, task.kwargs)))
+        result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
         assert result is not None
         self._refuse_tampering(index)
         if result.kind == FAILURE:
@@ -190,7 +191,37 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
                 cache.mkdir(exist_ok=True)
             if cache.is_dir():
                 hidden.append(str(cache))
+        hidden += checkout_paths(bank, kept_paths(job))
     return hidden
+
+
+def checkout_paths(bank: Path, kept: list[str]) -> list[str]:
+    """What a checkout around a bank holds that would give a solution away: its git history
+    (every reference and check, as objects: an outside tester read them back with zlib) and its
+    tests (their fixtures hold correct alternatives). The tests are hidden around what must stay
+    readable in them (a fixture being checked, a bank kept there): everything beside the path
+    down to it."""
+    root = next((folder for folder in (bank, *bank.parents) if (folder / ".git").exists()), None)
+    if root is None:
+        return []
+    kept_real = [Path(os.path.realpath(p)) for p in kept]
+    hidden = [str(root / ".git")]
+    tests = root / "tests"
+    if tests.is_dir():
+        hidden += _around(tests.resolve(), kept_real)
+    return hidden
+
+
+def _around(folder: Path, kept: list[Path]) -> list[str]:
+    """``folder`` itself when nothing kept lies inside it, else each of its entries that holds
+    nothing kept, and the same inside those that do."""
+    if folder in kept or not any(folder in p.parents for p in kept):
+        return [] if folder in kept else [str(folder)]
+    out: list[str] = []
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_symlink():  # a mount over a link would land on its target
+            out += _around(entry, kept)
+    return out
 
 
 def _failure(data: bytes, index: int) -> RankError:

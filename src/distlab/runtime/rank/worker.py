@@ -69,6 +69,7 @@ from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
 from .survival import JoinedAs, joined, surviving_engine, task_clock
+from .views import for_rank
 
 if TYPE_CHECKING:  # imported by sealed ranks only (see _start_learner)
     from ..seal.errors import LearnerGone
@@ -208,7 +209,7 @@ def _is_learner_gone(exc: BaseException) -> TypeGuard[LearnerGone]:
 def _in_process(program: Callable[..., Any], solution: Any) -> TaskRunner:
     """Unsealed: the program and the learner's code run in this process, on the proxy itself."""
     def run(comm: Comm, index: int, task: Any) -> Any:
-        return program(comm, solution, *task.args, **task.kwargs)
+        return program(comm, solution, *for_rank(task.args, comm.rank), **task.kwargs)
     return run
 
 
