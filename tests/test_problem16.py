@@ -182,7 +182,18 @@ BUGGY: dict[str, tuple[set[str], str]] = {
 
 
 def test_every_fixture_is_tested() -> None:
-    assert fixture_names("16") == set(BUGGY) | {"alt_counted_flags.py"}
+    assert fixture_names("16") == set(BUGGY) | {"alt_counted_flags.py", "forged_replay.py"}
+
+
+@pytest.mark.slow
+def test_a_replay_of_the_checker_in_the_learner_process_has_no_data_to_run_on(checked: Callable[..., Checked]) -> None:
+    """An outside tester's forgery passed 11/11 sealed: it ran cases.trace on the case its rank was
+    handed. Each rank is handed its own data only (Case.for_rank), sealed as unsealed."""
+    for seal in ("on", "off"):
+        run = checked("--solution", str(fixture_solution("16", "forged_replay.py")), "--seal", seal)
+        assert_clean(run)
+        assert run.rc == 1 and run.results is not None and run.results["score"] == 0, run.out
+        assert "view of the case holds no data of rank" in run.flat, run.out
 
 
 @pytest.mark.slow
@@ -236,7 +247,7 @@ def test_tune_sweeps_the_growth_interval_and_the_report_draws_the_scales(tmp_pat
                     "skipped", "--beside", "loss", workspace=ws, timeout=120)
     flat = " ".join((tuned.stdout + tuned.stderr).split())
     assert tuned.returncode == 0, flat
-    assert "growth_interval = 1: skipped = 22, loss = 1.96" in flat and "growth_interval = 16: skipped = 4, loss = 0.73" in flat
+    assert "growth_interval = 1: skipped = 23, loss = 2.47" in flat and "growth_interval = 16: skipped = 4, loss = 0.63" in flat
     page = tmp_path / "16.html"
     made = run_cli("report", "16", "--solution", "reference", "--out", str(page), workspace=ws, timeout=120)
     assert made.returncode == 0, made.stdout + made.stderr

@@ -17,7 +17,7 @@ decision of the trace holds whatever the order (tests/test_problem16.py proves t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -65,11 +65,12 @@ class Injection:
 @dataclass(frozen=True)
 class Case:
     p: int
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
     policy: Policy
     injections: tuple[Injection, ...]
     steps: int = STEPS
     lr: float = LR
+    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its batch key)
 
     def label(self) -> str:
         return f"p = {self.p}, {self.policy.label()}, seed {self.seed}"
@@ -77,34 +78,58 @@ class Case:
     def injected_at(self, step: int) -> list[Injection]:
         return [i for i in self.injections if i.step == step]
 
+    def keys(self, rank: int) -> tuple[int, int]:
+        """The keys of ``rank``'s data: the features and teacher every rank shares, its batches."""
+        if self.own is None:
+            return data_keys(self.seed, rank)
+        if rank != self.own[0]:
+            raise ValueError(f"rank {self.own[0]}'s view of the case holds no data of rank {rank}")
+        return self.own[1], self.own[2]
 
-# -- the data, the same in every rank and here ---------------------------------------------------
+    def for_rank(self, rank: int) -> Case:
+        """What rank ``rank``'s process is handed: its own batches and faults, none of another
+        rank's (with them, one process could compute the whole training alone)."""
+        return replace(self, seed=-1, injections=tuple(i for i in self.injections if i.rank == rank),
+                       own=(rank, *self.keys(rank)))
+
+
+# -- the data: every rank's here, only its own in a rank ------------------------------------------
+
+
+def data_keys(seed: int, rank: int) -> tuple[int, int]:
+    """The key of what every rank shares (the features' scales, the teacher) and the key of
+    ``rank``'s batches, both drawn from the case's seed, which never reaches a rank: a rank's
+    view (Case.for_rank) holds its own two keys, from which no other rank's batches follow."""
+    shared = int(np.random.default_rng([seed, 16, 0]).integers(2**62))
+    return shared, int(np.random.default_rng([seed, 16, 2, rank]).integers(2**62))
 
 
 @lru_cache(maxsize=64)
-def feature_scales(seed: int) -> np.ndarray:
+def feature_scales(shared: int) -> np.ndarray:
     """Each feature's scale, 1 down to 1e-8: the small ones give gradients float16 cannot hold."""
-    rng = np.random.default_rng([seed, 16, 0])
+    rng = np.random.default_rng([shared, 0])
     return (10.0 ** -rng.uniform(0.0, 8.0, PARAMS)).astype(np.float32)
 
 
 @lru_cache(maxsize=64)
-def teacher_of(seed: int) -> np.ndarray:
+def teacher_of(shared: int) -> np.ndarray:
     """The weights the targets come from (the same for every batch of a case)."""
-    return np.random.default_rng([seed, 16, 1]).standard_normal(PARAMS)
+    return np.random.default_rng([shared, 1]).standard_normal(PARAMS)
 
 
-def batch(seed: int, rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank ``rank``'s samples at ``step``: features x (BATCH x PARAMS, float32) and targets y."""
-    teacher, rng = teacher_of(seed), np.random.default_rng([seed, 16, 2, rank, step])
-    x = (rng.standard_normal((BATCH, PARAMS)) * feature_scales(seed)).astype(np.float32)
+def batch(keys: tuple[int, int], step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of the rank whose ``keys`` these are, at ``step``: features x (BATCH x
+    PARAMS, float32) and targets y."""
+    shared, own = keys
+    teacher, rng = teacher_of(shared), np.random.default_rng([own, step])
+    x = (rng.standard_normal((BATCH, PARAMS)) * feature_scales(shared)).astype(np.float32)
     y = (x.astype(np.float64) @ teacher * 3.0 + 0.1 * rng.standard_normal(BATCH)).astype(np.float32)
     return x, y
 
 
-def loss_and_gradient(seed: int, rank: int, step: int, weights: np.ndarray) -> tuple[float, np.ndarray]:
+def loss_and_gradient(case: Case, rank: int, step: int, weights: np.ndarray) -> tuple[float, np.ndarray]:
     """The mean squared error of the rank's batch at ``weights`` (float32), and its gradient."""
-    x, y = batch(seed, rank, step)
+    x, y = batch(case.keys(rank), step)
     residual = x @ weights.astype(np.float32) - y
     return float(0.5 * np.mean(residual.astype(np.float64) ** 2)), (x.T @ residual / np.float32(BATCH)).astype(np.float32)
 
@@ -190,7 +215,7 @@ def one_step(case: Case, step: int, weights: np.ndarray, scale: float, order: np
     recognises by them."""
     contributions, raw, losses = [], [], []
     for rank in range(case.p):
-        loss, grad = loss_and_gradient(case.seed, rank, step, weights)
+        loss, grad = loss_and_gradient(case, rank, step, weights)
         losses.append(loss)
         raw.append(grad.astype(np.float64) * scale)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -263,10 +288,13 @@ def telling(case: Case, replayed: Trace) -> bool:
     sees it, and a nan is the only thing wrong with its step); a count of clean steps that is
     not restarted on an overflow would grow the scale at another step than the policy; and at
     least one step overflows in the sum alone, every rank's own float16 gradient finite (so a
-    flag taken before the reduce-scatter, on the rank's own buffer, misses it)."""
+    flag taken before the reduce-scatter, on the rank's own buffer, misses it); and the training
+    visibly trains (its last six batch losses below its first six: the batches are noisy)."""
     quiet = all(replayed.peak[i.step] < FP16_MAX * (1 - MARGIN) for i in case.injections)
     unreset = policy_scales(case.policy, replayed.overflow, reset=False)
-    return not replayed.ambiguous and quiet and unreset != replayed.scale_after and any(replayed.sum_only)
+    trains = np.mean(replayed.losses[-6:]) < np.mean(replayed.losses[:6])
+    return (not replayed.ambiguous and quiet and unreset != replayed.scale_after and any(replayed.sum_only)
+            and bool(trains))
 
 
 def hidden_cases(seed: int) -> list[Case]:
