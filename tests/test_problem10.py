@@ -284,6 +284,8 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
                       [SYNC, STALE, SPEED, LOSS]),
     "last_not_rechecked.py": (FINISH, ["no worker can send one", "after the last push of worker rank",
                                        cases.NOT_RECHECKED], [SYNC, STALE, SPEED, LOSS]),
+    "forged_stragglers.py": (STALE, ["worker rank 1 declared", "the solution changed what they declare"],
+                             [SYNC, LOSS]),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -294,6 +296,7 @@ NAMES_ITS_BUG = {
     "does your server still count its last clock": "never_done.py",
     cases.NOT_RECHECKED: "last_not_rechecked.py",
     "Does every push apply at once, and once?": "held_gradients.py",
+    "the solution changed what they declare": "forged_stragglers.py",
 }
 
 

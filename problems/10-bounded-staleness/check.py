@@ -60,6 +60,9 @@ def zero_is_synchronous(t: CheckContext, every_case: Run) -> None:
 @CHECKS.check("observed staleness never exceeds s (read from the server's trace)", points=4)
 def staleness_bounded(t: CheckContext, every_case: Run) -> None:
     runs = every_case.cases(cases.Training)  # s = 0, s = 3, the long straggler: in this order
+    for run in runs:
+        if problem := judging.declared_problem(run):
+            t.fail(problem)
     reads = [judging.reads_of(run) for run in runs]
     for run, got in zip(runs, reads):
         if problem := judging.reads_count_problem(run.case, got, judging.worker_ranks(run.case)):
@@ -77,6 +80,8 @@ def staleness_bounded(t: CheckContext, every_case: Run) -> None:
 def stale_is_faster(t: CheckContext, plan: cases.Session, every_case: Run) -> None:
     run = every_case.cases(cases.Training)[1]
     case = run.case
+    if problem := judging.declared_problem(run):
+        t.fail(problem)
     samples = sum(case.steps) * cases.BATCH
     measured, sync = t.measured_time(run.task), cases.simulate(plan.synchronous).makespan
     ideal = cases.simulate(case).makespan
@@ -125,8 +130,9 @@ def finishers_released(t: CheckContext, every_case: Run) -> None:
     (run,) = every_case.cases(cases.Finishing)
     case, workers = run.case, judging.worker_ranks(run.case)
     t.say(case.label())
-    if problem := judging.answer_problem(run):
-        t.fail(problem)
+    for problem in (judging.answer_problem(run), judging.declared_problem(run)):
+        if problem:
+            t.fail(problem)
     reads = judging.reads_of(run)
     for problem in (judging.reads_count_problem(case, reads, workers), judging.over_bound(case, reads, workers),
                     judging.late_read(judging.server_events(run.task), case, workers, last_only=True)):

@@ -152,6 +152,25 @@ def server_events(task: Any, server: int = 0) -> list[tuple[str, int | None, int
     return out
 
 
+def declared_problem(run: Any) -> str | None:
+    """The compute the harness's workers declared, against the case's own step times, or None.
+    The workers run next to the learner's code, which could rewrite what they declare (remove
+    the stragglers a server must cope with): the checker holds what they must declare."""
+    case, timeline = run.case, run.task.timeline()
+    for j, rank in enumerate(worker_ranks(case)):
+        got = [span.seconds for span in timeline.events(rank, "compute")]
+        want = [case.compute_s(j, step) for step in range(case.steps[j])]
+        wrong = [k for k, (g, w) in enumerate(zip(got, want)) if abs(g - w) > 1e-6 * w]
+        if len(got) != len(want) or wrong:
+            at = wrong[0] if wrong else min(len(got), len(want))
+            said = f"{got[at] * 1e3:.6g} ms at step {at}" if at < len(got) else f"{len(got)} steps"
+            meant = f"{want[at] * 1e3:.6g} ms" if at < len(want) else f"{len(want)} steps"
+            return (f"{case.label()}: worker rank {rank} declared {said} of compute where the harness's worker "
+                    f"declares {meant}: the workers and their stragglers are the card's, and the solution "
+                    "changed what they declare")
+    return None
+
+
 def reads_of(run: Any) -> list[Read]:
     """The reads of one case (a CaseRun), from its server's trace."""
     return reads_in_trace(server_events(run.task), run.case, 0, worker_ranks(run.case))
