@@ -84,6 +84,9 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "by_switch_name.py": ("the ring's slowest hop", ["crosses the socket link 4 times (twice is the least)"]),
     "pin_by_rank.py": ("each rank runs on", ["the other socket: read the socket off the tree"]),
     "pin_not_applied.py": ("each rank runs on", ["every CPU: no affinity was applied"]),
+    "forged_fake_sum.py": ("allreduce along your ring", ["rank 0 sent its ring successor",
+                                                         "the harness's allreduce did not run as written"]),
+    "forged_frames.py": ("best_ring returns every rank once", ["RuntimeError: no case"]),
 }
 
 NAMES_ITS_BUG = {
@@ -92,6 +95,8 @@ NAMES_ITS_BUG = {
     "(twice is the least)": "by_switch_name.py",
     "read the socket off the tree": "pin_by_rank.py",
     "no affinity was applied": "pin_not_applied.py",
+    "did not run as written": "forged_fake_sum.py",
+    "RuntimeError: no case": "forged_frames.py",
 }
 
 

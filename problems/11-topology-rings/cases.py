@@ -119,3 +119,32 @@ class Case:
     def cpus_of(self, rank: int) -> tuple[int, ...]:
         """The CPUs rank ``rank`` should be pinned to: its GPU's socket's."""
         return dict(self.numa)[self.machine.socket_of(rank)]
+
+    def for_rank(self, rank: int) -> RankCase:
+        """What a rank is handed: the server's file, never its Machine (whose slots are the
+        answer), and its own allreduce input only (the sum needs every rank's)."""
+        return RankCase(self.machine.topology(), self.numa, self.nbytes, data_key(self.seed, rank))
+
+    def total(self, every: int) -> np.ndarray:
+        """Every ``every``-th element of the allreduce's sum over the ranks (float32, as the ring
+        adds), where the checker compares what rank 0 returned."""
+        return sum(values(self.nbytes, data_key(self.seed, r))[::every] for r in range(P))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class RankCase:
+    """A rank's view of a case (Case.for_rank)."""
+
+    topology: str  # the platform file best_ring and pin_to_numa_node read
+    numa: tuple[tuple[str, tuple[int, ...]], ...]
+    nbytes: int
+    key: int  # of this rank's allreduce input
+
+
+def data_key(seed: int, rank: int) -> int:
+    return int(np.random.default_rng([seed, 11, rank]).integers(2**62))
+
+
+def values(nbytes: int, key: int) -> np.ndarray:
+    """A rank's allreduce input, float32."""
+    return np.random.default_rng(key).standard_normal(nbytes // 4).astype(np.float32)

@@ -4,7 +4,11 @@ taken in name order across the sockets) where the evidence rules out the others.
 
 from __future__ import annotations
 
-from .cases import NAIVE, P, Case, Machine
+from typing import Any
+
+import numpy as np
+
+from .cases import NAIVE, Case, Machine, P
 
 GBPS = 8 / 1e9  # bytes per second to Gb/s
 
@@ -50,3 +54,32 @@ def wrong_pin(case: Case, rank: int, got: tuple[int, ...]) -> str | None:
     if set(want) < set(got):
         return f"{head}: every CPU: no affinity was applied (os.sched_setaffinity in this process)"
     return head
+
+
+def sum_problem(case: Case, ring: list[int], got: Any, every: int) -> str | None:
+    """None when rank 0's sample of its sum is the sum of every rank's input, else what it is."""
+    want = case.total(every)
+    if isinstance(got, np.ndarray) and got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        return None
+    return f"{case.label()}: the allreduce along rank 0's ring {ring} did not leave the sum of every rank's input"
+
+
+def traffic_problem(case: Case, ring: list[int], pair_bytes: dict[tuple[int, int], int]) -> str | None:
+    """None when every rank sent its ring successor what a ring allreduce of case.nbytes sends
+    (2(p-1)/p of it) and no other rank more than the ring's broadcast, as the agents recorded it.
+    The harness's allreduce runs next to the learner's code, which could replace it."""
+    succ = {a: b for a, b in zip(ring, ring[1:] + ring[:1])}
+    want = 2 * (P - 1) / P * case.nbytes
+    for (a, b), sent in sorted(pair_bytes.items()):
+        if succ.get(a) == b and sent >= 0.99 * want or sent <= 1024:
+            continue
+        return (f"{case.label()}: rank {a} sent rank {b} {sent:,} bytes; the ring allreduce along {ring} sends "
+                f"{want:,.0f} to each rank's successor and nothing else: the harness's allreduce did not run as "
+                "written (it is the card's, not yours)")
+    short = [a for a, b in succ.items() if pair_bytes.get((a, b), 0) < 0.99 * want]
+    if short:
+        a = short[0]
+        return (f"{case.label()}: rank {a} sent its ring successor {succ[a]} {pair_bytes.get((a, succ[a]), 0):,} bytes, "
+                f"the ring allreduce sends {want:,.0f}: the harness's allreduce did not run as written (it is the "
+                "card's, not yours)")
+    return None
