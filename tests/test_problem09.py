@@ -37,7 +37,7 @@ from distlab.runtime.trace.events import COLL
 
 SEED = 4309
 FOLDER = PROBLEMS / "09-three-datacenters"
-cases, check = problem_modules(FOLDER, "cases", "check")
+cases, check, judging = problem_modules(FOLDER, "cases", "check", "judging")
 
 
 def test_the_card_cluster_is_three_dc_route_for_route() -> None:
@@ -94,16 +94,83 @@ def test_every_hidden_cluster_keeps_the_flat_ring_well_outside_both_bounds() -> 
 
 def test_the_card_s_bill_reaches_40_percent_at_about_a_billion_parameters() -> None:
     bill = cases.CARD_BILL
-    assert bill.breakeven_params(0.4) == pytest.approx(0.96e9)
-    wan, compute = bill.per_step(bill.breakeven_params(0.4))
+    assert judging.breakeven_params(bill, 0.4) == pytest.approx(0.96e9)
+    wan, compute = judging.per_step(bill, judging.breakeven_params(bill, 0.4))
     assert wan == pytest.approx(0.4 * compute)
-    assert bill.wan_bytes_per_step(1e9) == 2 * 2 * 2 * 1e9  # 2 (D-1) x 2 bytes x N
+    assert judging.wan_bytes_per_step(bill, 1e9) == 2 * 2 * 2 * 1e9  # 2 (D-1) x 2 bytes x N
     for rng in (np.random.default_rng(s) for s in range(50)):
         for b in cases.hidden_bills(rng):
             # The common wrong answers stand far outside the cost checks' tolerance (1e-6).
-            n = b.breakeven_params(0.4)
-            assert abs(b.breakeven_params(0.4 / 0.6) / n - 1) > 0.5  # 40% of the whole bill
+            n = judging.breakeven_params(b, 0.4)
+            assert abs(judging.breakeven_params(b, 0.4 / 0.6) / n - 1) > 0.5  # 40% of the whole bill
             assert abs(2**30 / 1e9 - 1) > 0.07  # GiB for GB
+
+
+def test_a_rank_s_view_holds_its_own_data_and_no_answer() -> None:
+    """What the ranks are handed (for_rank): their own input's key, never the seed, nothing of
+    another rank's data; the sums, the training and the bills' closed forms are judging.py's."""
+    rng = np.random.default_rng(9)
+    cluster = cases.hidden_cluster(rng)
+    whole = cases.buffers(cluster, rng)[-1]
+    views = [whole.for_rank(r) for r in range(cluster.p)]
+    assert all(v.seed == -1 and whole.seed not in (v.own or ()) for v in views)
+    assert all(np.array_equal(v.input(r), whole.input(r)) for r, v in enumerate(views))
+    with pytest.raises(ValueError, match="holds no data of rank 1"):
+        views[0].input(1)
+    assert np.array_equal(judging.expected_sum(whole), np.sum([v.input(r) for r, v in enumerate(views)], axis=0,
+                                                              dtype=np.float64))
+    training = cases.Training(cases.CARD, 6, 32, 8, 0.05, 1234)
+    mine = training.for_rank(3)
+    assert mine.seed == -1 and mine.for_rank(3) == mine
+    assert np.array_equal(mine.gradient(np.ones(6), 3), training.gradient(np.ones(6), 3))
+    with pytest.raises(ValueError, match="holds no data of rank 4"):
+        mine.shard(4)
+    for cls, answer in ((cases.Buffer, "expected"), (cases.Training, "expected"), (cases.Bill, "per_step"),
+                        (cases.Bill, "breakeven_params"), (cases.Bill, "wan_bytes_per_step")):
+        assert not hasattr(cls, answer), f"{cls.__name__}.{answer}: an answer within the ranks' reach"
+
+
+class _Replayed:
+    """A task's replay as wan_bytes_into reads it: the bytes between each pair of ranks."""
+
+    def __init__(self, pair_bytes: dict[tuple[int, int], int]) -> None:
+        self.pair_bytes = pair_bytes
+
+    def timeline(self) -> _Replayed:
+        return self
+
+
+def test_sums_need_the_other_data_centers_bytes() -> None:
+    cluster = cases.Cluster(2, 2, 0.05, round_robin=True)  # ranks 0, 2 in data center 0; 1, 3 in 1
+    inside_only = _Replayed({(0, 2): 800, (2, 0): 800, (1, 3): 800, (3, 1): 800})
+    assert judging.wan_bytes_into(inside_only, cluster) == [0, 0]
+    wrong = judging.too_few_wan_bytes("x", cluster, judging.wan_bytes_into(inside_only, cluster), 400)
+    assert wrong is not None and "data center 0 received 0 bytes" in wrong and "never crossed the WAN" in wrong
+    across = _Replayed({(0, 1): 200, (2, 3): 200, (1, 0): 200, (3, 2): 200, (0, 9): 10**6})
+    assert judging.wan_bytes_into(across, cluster) == [400, 400]
+    assert judging.too_few_wan_bytes("x", cluster, [400, 400], 400) is None
+
+
+def test_whatever_a_rank_returns_gives_a_named_failure_not_a_crash() -> None:
+    buffer = cases.Buffer(cases.CARD, 5, "float32", 7)
+    good = [judging.expected_sum(buffer).astype(np.float32)] * cases.CARD.p
+    assert judging.wrong_sums(buffer, good) is None
+    for junk in ("abc", None, np.zeros(4), np.zeros((5, 1)), [1, 2, "x", 4, 5], {"a": 1}):
+        wrong = judging.wrong_sums(buffer, [junk] + good[1:])
+        assert wrong is not None and "rank 0's buffer came back as" in wrong, junk
+    training = cases.Training(cases.CARD, 6, 32, 8, 0.05, 1234)
+    assert judging.bad_training(training, 0, (np.zeros(6), [0.0] * 8)) is None
+    for junk in (None, (np.zeros(5), [0.0] * 8), (np.zeros(6),), "ab", (np.zeros(6), ["x"] * 8)):
+        assert "not its weights" in (judging.bad_training(training, 0, junk) or ""), junk
+    bill = cases.CARD_BILL
+    for junk in (None, [], {}, {"breakeven": "x"}, {"breakeven": [1.0, 2.0]}, {"breakeven": object()}):
+        assert str(bill.label()) in (judging.wrong_breakeven(bill, junk) or ""), junk
+        assert str(bill.label()) in (judging.wrong_costs(bill, junk) or ""), junk
+    wan_step, compute = judging.per_step(bill, 125e6)
+    partial = {"wan_bytes 1.25e+08": judging.wan_bytes_per_step(bill, 125e6), "step 1.25e+08": (wan_step,)}
+    assert "not 2 numbers" in (judging.wrong_costs(bill, partial) or "")
+    assert "is 0.0, expected" in (judging.wrong_costs(bill, {**partial, "wan_bytes 1.25e+08": 0.0}) or "")
+    assert "expected" in (judging.wrong_breakeven(bill, {"breakeven": float("nan")}) or "")
 
 
 # -- `distlab check 09` end to end --------------------------------------------------------------
@@ -126,6 +193,8 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "price_per_gib.py": ("cost per step", ["a GB is 1e9 bytes here, not 2^30"]),
     "one_phase.py": ("cost per step", ["both phases cross the WAN, 2 (D-1) n, not (D-1) n"]),
     "share_of_total.py": ("the model size at which", ["40% of the whole bill (WAN + compute)"]),
+    # An outside tester's forgery: a rank's view of its case holds neither the sum nor the others' data.
+    "forged_frames.py": ("the sum is right", ["AttributeError: 'Buffer' object has no attribute 'expected'"]),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -137,6 +206,7 @@ NAMES_ITS_BUG = {
     "a GB is 1e9 bytes here": "price_per_gib.py",
     "both phases cross the WAN": "one_phase.py",
     "40% of the whole bill": "share_of_total.py",
+    "object has no attribute 'expected'": "forged_frames.py",
 }
 
 

@@ -1,11 +1,16 @@
-"""Problem 09, the cases and what they must give, computed here in the checker: the clusters (the
-card's three data centers of four, and a hidden one: 2 or 4 data centers of 3 or 4 ranks, ranks
-numbered round-robin across them, another WAN price), the buffers each rank starts with, the
-data-parallel training task, and the bills of the cost questions."""
+"""Problem 09, the cases, computed here in the checker: the clusters (the card's three data centers
+of four, and a hidden one: 2 or 4 data centers of 3 or 4 ranks, ranks numbered round-robin across
+them, another WAN price), the buffers each rank starts with, the data-parallel training task, and
+the bills of the cost questions. What they must give (the sums, the trained weights, the bills'
+closed forms) is judging.py's, out of the ranks' reach.
+
+A rank is handed its own view of a buffer or of the training (``for_rank``): the key of its own
+data, never the case's seed, from which every rank's data would follow and with it the sum, with
+no allreduce at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,20 +99,40 @@ class Buffer:
     cluster: Cluster
     n: int
     dtype: str
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own key instead
     timed: bool = False  # its virtual time and WAN bytes are graded (the only call of its task)
+    own: tuple[int, int] | None = None  # a rank's view: (its rank, the key of its input)
 
     def label(self) -> str:
         return f"{self.cluster.label()}: n = {self.n} {self.dtype}"
 
+    def key(self, rank: int) -> int:
+        """The key of ``rank``'s input: drawn from the seed here, the rank's own in its view."""
+        return _own_key(self.own, rank, "buffer") if self.own is not None else data_key(self.seed, rank)
+
     def input(self, rank: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, rank])
+        rng = np.random.default_rng(self.key(rank))
         if self.dtype == "int64":
             return rng.integers(-1000, 1000, size=self.n)
         return rng.standard_normal(self.n).astype(self.dtype)
 
-    def expected(self) -> np.ndarray:
-        return np.sum([self.input(r).astype(np.float64) for r in range(self.cluster.p)], axis=0)
+    def for_rank(self, rank: int) -> Buffer:
+        """What rank ``rank``'s process is handed: its own input's key, no other rank's."""
+        return replace(self, seed=-1, own=(rank, self.key(rank)))
+
+
+def data_key(seed: int, rank: int, kind: int = 0) -> int:
+    """The key of one rank's data (kind 0: a buffer, 1: a training shard, 2: the training's truth,
+    the same for every rank), drawn from the case's seed, which never reaches a rank: from one
+    rank's key no other rank's data follows."""
+    return int(np.random.default_rng([seed, 9, kind, rank]).integers(2**62))
+
+
+def _own_key(own: tuple[int, ...], rank: int, what: str) -> int:
+    if rank != own[0]:
+        raise ValueError(f"rank {own[0]}'s view of the {what} holds no data of rank {rank}: "
+                         "the other ranks' data reaches it through the allreduce only")
+    return own[1]
 
 
 def buffers(cluster: Cluster, rng: np.random.Generator) -> list[Buffer]:
@@ -130,22 +155,30 @@ def timed_buffer(cluster: Cluster, rng: np.random.Generator) -> Buffer:
 @dataclass(frozen=True)
 class Training:
     """Least squares trained by full-batch gradient descent, each rank holding a shard of the
-    rows; the gradient summed with the learner's allreduce. The answer: the same run on one
-    process, here."""
+    rows; the gradient summed with the learner's allreduce. The answer (judging.trained): the same
+    run on one process, in the checker."""
 
     cluster: Cluster
     features: int
     rows_per_rank: int
     steps: int
     lr: float
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, its shard's key, the truth's)
 
     def label(self) -> str:
         return f"training on {self.cluster.label()}: {self.steps} steps"
 
+    def keys(self, rank: int) -> tuple[int, int]:
+        """The keys of ``rank``'s rows and of the truth every rank's targets come from."""
+        if self.own is not None:
+            return _own_key(self.own, rank, "training"), self.own[2]
+        return data_key(self.seed, rank, kind=1), data_key(self.seed, 0, kind=2)
+
     def shard(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng([self.seed, rank])
-        truth = np.random.default_rng(self.seed).standard_normal(self.features)
+        key, truth_key = self.keys(rank)
+        rng = np.random.default_rng(key)
+        truth = np.random.default_rng(truth_key).standard_normal(self.features)
         x = rng.standard_normal((self.rows_per_rank, self.features))
         return x, x @ truth + 0.1 * rng.standard_normal(self.rows_per_rank)
 
@@ -154,20 +187,16 @@ class Training:
         x, y = self.shard(rank)
         return 2.0 * x.T @ (x @ w - y) / (self.rows_per_rank * self.cluster.p)
 
-    def expected(self) -> tuple[np.ndarray, list[float]]:
-        """The weights after ``steps`` steps and the loss before each, on one process."""
-        w, losses = np.zeros(self.features), []
-        rows = [self.shard(r) for r in range(self.cluster.p)]
-        x, y = np.vstack([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
-        for _ in range(self.steps):
-            losses.append(float(np.mean((x @ w - y) ** 2)))
-            w = w - self.lr * sum(self.gradient(w, r) for r in range(self.cluster.p))
-        return w, losses
+    def for_rank(self, rank: int) -> Training:
+        """What rank ``rank``'s process is handed: its own rows' key and the truth's, no other
+        rank's rows (with them, one process could train alone and skip the allreduce)."""
+        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
 
 
 @dataclass(frozen=True)
 class Bill:
-    """A data-parallel job across data centers, priced: the learner's cost functions get one."""
+    """A data-parallel job across data centers, priced: the learner's cost functions get one, data
+    only (its closed forms, the answers, are judging.py's)."""
 
     dcs: int
     per_dc: int
@@ -181,20 +210,6 @@ class Bill:
         return (f"{self.dcs} x {self.per_dc} GPUs, WAN ${self.wan_price_per_gb}/GB, "
                 f"${self.gpu_price_per_hour}/GPU-h, {self.compute_s_per_step} s/step, "
                 f"{self.steps_per_epoch} steps/epoch, {self.bytes_per_param} B/param")
-
-    def wan_bytes_per_step(self, params: float) -> float:
-        return 2 * (self.dcs - 1) * self.bytes_per_param * params
-
-    def per_step(self, params: float) -> tuple[float, float]:
-        """(WAN dollars, compute dollars) of one step with the hierarchical allreduce."""
-        gpus = self.dcs * self.per_dc
-        return (self.wan_bytes_per_step(params) * self.wan_price_per_gb / 1e9,
-                gpus * self.compute_s_per_step * self.gpu_price_per_hour / 3600)
-
-    def breakeven_params(self, share: float) -> float:
-        """The model size whose WAN dollars per step are ``share`` of its compute dollars."""
-        per_param_wan = self.per_step(1.0)[0]
-        return share * self.per_step(0.0)[1] / per_param_wan
 
 
 CARD_BILL = Bill(3, 4, 0.02, 2.40, 48.0, 1000, 2)  # the card's numbers: about a billion at 40%
