@@ -47,10 +47,10 @@ reference = load_file(FOLDER / "reference.py", "problem13_reference")
 
 
 def test_the_calculator_gives_the_papers_figures_and_the_closed_forms() -> None:
-    assert [round(cases.zero_gb(7.5e9, 64, s), 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
+    assert [round(judging.zero_gb(7.5e9, 64, s), 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
     for q in cases.memory_cases(3):
-        assert reference.memory_per_rank_gb(q.params, q.ranks, q.stage) == pytest.approx(cases.zero_gb(q.params, q.ranks, q.stage))
-    assert cases.zero_gb(1e9, 1, 3) == cases.zero_gb(1e9, 1, 0) == 16.0  # one rank: nothing to shard
+        assert reference.memory_per_rank_gb(q.params, q.ranks, q.stage) == pytest.approx(judging.zero_gb(q.params, q.ranks, q.stage))
+    assert judging.zero_gb(1e9, 1, 3) == judging.zero_gb(1e9, 1, 0) == 16.0  # one rank: nothing to shard
 
 
 def test_the_gradient_is_the_mean_squared_errors() -> None:
@@ -166,9 +166,9 @@ def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
 
 def test_the_calculator_and_byte_diagnoses() -> None:
     questions = cases.memory_cases(2)
-    right = [cases.zero_gb(q.params, q.ranks, q.stage) for q in questions]
+    right = [judging.zero_gb(q.params, q.ranks, q.stage) for q in questions]
     assert judging.calculator_problems(questions, right) == []
-    stage2_whole = [cases.zero_gb(q.params, q.ranks, 1 if q.stage == 2 else q.stage) for q in questions]
+    stage2_whole = [judging.zero_gb(q.params, q.ranks, 1 if q.stage == 2 else q.stage) for q in questions]
     wrong = judging.calculator_problems(questions, stage2_whole)
     assert wrong and all("keeps the fp16 gradients whole" in w for w in wrong)
     gib = judging.calculator_problems(questions, [g * 1e9 / 2**30 for g in right])
@@ -263,6 +263,7 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "full_moments.py": ([STATE], ["the optimizer state is not sharded"]),
     "stage2_whole_grads.py": ([CALC], ["keeps the fp16 gradients whole"]),
     "reused_whole_buffers.py": ([STATE], ["keeps nothing whole-size between steps", "as much as plain Adam's whole m and v"]),
+    "forged_calculator.py": ([CALC], ["raised StopIteration"]),
 }
 
 # Each diagnosis that names a cause, and the fixtures whose bug it is: silent on every other one.
@@ -276,6 +277,7 @@ NAMES_ITS_BUG = {
     "not sharded": {"full_moments.py"},
     "fp16 gradients whole": {"stage2_whole_grads.py"},
     "keeps nothing whole-size between steps": {"reused_whole_buffers.py"},
+    "raised StopIteration": {"forged_calculator.py"},
 }
 
 

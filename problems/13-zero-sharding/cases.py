@@ -85,13 +85,6 @@ class Footprint:
         return f"the memory probe, {self.size:,} parameters on p = {self.p}"
 
 
-def zero_gb(params: float, ranks: int, stage: int) -> float:
-    """The ZeRO paper's closed forms, in GB per rank: 16 psi, 4 psi + 12 psi / Nd, 2 psi + 14 psi / Nd, 16 psi / Nd."""
-    whole = FP16_WEIGHTS + FP16_GRADS + OPTIMIZER_STATES
-    sharded = (0, OPTIMIZER_STATES, OPTIMIZER_STATES + FP16_GRADS, whole)[stage]
-    return params * ((whole - sharded) + sharded / ranks) / GB
-
-
 # -- the data and the model, rebuilt on both sides ----------------------------------------------------
 
 

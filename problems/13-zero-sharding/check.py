@@ -5,7 +5,7 @@ parameter count never divides by p; hidden lr, betas and eps) each run 10 steps 
 ShardedAdam, every rank on its own batches; then plain data parallel's allreduce on the same model
 and ranks, the baseline of the byte check; rank 0 then answers the memory calculator's questions.
 Every expected value is computed here: plain data-parallel Adam in float64 on the global batch
-(cases.plain_adam) and the ZeRO paper's closed forms (cases.zero_gb).
+(cases.plain_adam) and the ZeRO paper's closed forms (judging.zero_gb).
 
 How the state is measured. The moments themselves: after training, the harness asks the optimizer
 for its state (where its shard starts, its m and v) and walks every array the optimizer object

@@ -9,7 +9,24 @@ import numpy as np
 from distlab.grading import TaskRun, first_mismatch
 
 from . import cases
-from .cases import Adam, Footprint, Memory, Training
+from .cases import (
+    FP16_GRADS,
+    FP16_WEIGHTS,
+    GB,
+    OPTIMIZER_STATES,
+    Adam,
+    Footprint,
+    Memory,
+    Training,
+)
+
+
+# The calculator's answers: here, where the learner's process cannot call them (cases.py is read there).
+def zero_gb(params: float, ranks: int, stage: int) -> float:
+    """The ZeRO paper's closed forms, in GB per rank: 16 psi, 4 psi + 12 psi / Nd, 2 psi + 14 psi / Nd, 16 psi / Nd."""
+    whole = FP16_WEIGHTS + FP16_GRADS + OPTIMIZER_STATES
+    sharded = (0, OPTIMIZER_STATES, OPTIMIZER_STATES + FP16_GRADS, whole)[stage]
+    return params * ((whole - sharded) + sharded / ranks) / GB
 
 WEIGHT_TOL = 1e-3  # |weight - plain Adam's| at most this x lr (float32 ranks sit within 2e-4 x lr)
 MOMENT_TOL = 1e-4  # |moment - plain Adam's| at most this x the largest |moment| (ranks: within 4e-7)
@@ -209,7 +226,7 @@ def calculator_problems(questions: list[Memory], answers: list[Any]) -> list[str
     for q, a in zip(questions, answers):
         if isinstance(a, str):
             return [a]
-        want = cases.zero_gb(q.params, q.ranks, q.stage)
+        want = zero_gb(q.params, q.ranks, q.stage)
         if not np.isfinite(a) or abs(a / want - 1) > GB_RTOL:
             wrong.append(f"{q.label()}: expected {want:.4g} GB, saw {a:.4g}" + calculator_cause(q, a))
     return wrong
@@ -217,10 +234,10 @@ def calculator_problems(questions: list[Memory], answers: list[Any]) -> list[str
 
 def calculator_cause(q: Memory, got: float) -> str:
     near = lambda x: abs(got / x - 1) <= GB_RTOL
-    if q.stage == 2 and q.ranks > 1 and near(cases.zero_gb(q.params, q.ranks, 1)):
+    if q.stage == 2 and q.ranks > 1 and near(zero_gb(q.params, q.ranks, 1)):
         return (" (stage 1's figure: stage 2 keeps the fp16 gradients whole here; it shards them too: "
                 "2 psi + (2 + 12) psi / Nd)")
-    if near(cases.zero_gb(q.params, q.ranks, q.stage) * 1e9 / 2**30):
+    if near(zero_gb(q.params, q.ranks, q.stage) * 1e9 / 2**30):
         return " (GiB: the paper's GB are 1e9 bytes)"
     return ""
 
@@ -232,7 +249,7 @@ def figure_svg(params: float, gpus: int, learner_gb: Any, stage: Any) -> str:
     """Bars of GB per rank at stages 0-3: weights, gradients, optimizer states, each whole or 1/Nd."""
     parts = {"fp16 weights": 2, "fp16 gradients": 2, "optimizer states (fp32 copy, m, v)": 12}
     colours = ("#4c78a8", "#f58518", "#54a24b")
-    tallest = cases.zero_gb(params, gpus, 0)
+    tallest = zero_gb(params, gpus, 0)
     svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="720" height="360" font-size="13">',
            f'<text x="20" y="22">{params / 1e9:g}B parameters, mixed-precision Adam, on {gpus} ranks: GB per rank</text>']
     for bar in range(4):
@@ -243,11 +260,11 @@ def figure_svg(params: float, gpus: int, learner_gb: Any, stage: Any) -> str:
             base -= height
             svg.append(f'<rect x="{x}" y="{base:.1f}" width="80" height="{height:.1f}" fill="{colours[k]}"/>')
         svg.append(f'<text x="{x}" y="320">{"baseline" if bar == 0 else f"stage {bar}"}</text>'
-                   f'<text x="{x}" y="{base - 6:.1f}">{cases.zero_gb(params, gpus, bar):.1f} GB</text>')
+                   f'<text x="{x}" y="{base - 6:.1f}">{zero_gb(params, gpus, bar):.1f} GB</text>')
     for k, name in enumerate(parts):
         svg.append(f'<rect x="470" y="{40 + 18 * k}" width="12" height="12" fill="{colours[k]}"/>'
                    f'<text x="488" y="{51 + 18 * k}">{name}</text>')
     if isinstance(learner_gb, (int, float)) and stage in (0, 1, 2, 3):
         svg.append(f'<text x="20" y="348">your calculator, stage {stage}: {learner_gb:.2f} GB '
-                   f'(the closed form: {cases.zero_gb(params, gpus, int(stage)):.2f} GB)</text>')
+                   f'(the closed form: {zero_gb(params, gpus, int(stage)):.2f} GB)</text>')
     return "".join(svg) + "</svg>"

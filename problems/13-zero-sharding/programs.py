@@ -154,7 +154,11 @@ def main(comm, solution, hidden="200", steps="10", stage="2", params="7.5e9", gp
 
 def bounds(platform, ranks, hidden="200", steps="10", stage="2", params="7.5e9", gpus="64"):
     """The paper's closed form for the calculator's question, and 1/p for the moments (the dashed line)."""
-    return {"gb_per_rank": cases.zero_gb(float(params), int(gpus), int(stage)), "moments_share": 1 / ranks}
+    from .judging import (
+        zero_gb,  # the checker's: never imported where the learner's code runs
+    )
+
+    return {"gb_per_rank": zero_gb(float(params), int(gpus), int(stage)), "moments_share": 1 / ranks}
 
 
 def figure(summary: dict) -> str:
