@@ -145,13 +145,60 @@ def test_point_times_read_the_marks_of_every_rank() -> None:
     assert judging.point_times(Task(), 2) == [4.0, 1.5]  # first rank's start to last rank's end
 
 
+def test_a_rank_is_handed_only_its_own_part_of_a_case() -> None:
+    """A server gets the initial table's key, a worker its own batches' keys (and the table's on the
+    allreduce path); no rank can rebuild another worker's batches, and cases.py trains nothing."""
+    from distlab.runtime.rank.views import for_rank
+
+    s = cases.session(4)
+    for run in (*s.sparse, *s.dense):
+        for rank in range(run.servers + run.workers):
+            view, own = for_rank([run], rank)[0].data, rank - run.servers
+            assert view.seed == -1 and view.rows == run.data.rows
+            for w in range(run.workers):
+                if w == own:
+                    ids = cases.batch_ids(view, w, 0)
+                    assert np.array_equal(ids, cases.batch_ids(run.data, w, 0))
+                    assert np.array_equal(cases.clicks(view, ids, w, 0), cases.clicks(run.data, ids, w, 0))
+                else:
+                    with pytest.raises(ValueError, match="holds no data of worker"):
+                        cases.batch_ids(view, w, 0)
+            if rank < run.servers or not run.servers:
+                server, servers = (rank, run.servers) if run.servers else (0, 1)
+                assert np.array_equal(cases.initial_table(view, server, servers),
+                                      cases.initial_table(run.data, server, servers))
+            else:
+                with pytest.raises(ValueError, match="no key of the initial table"):
+                    cases.initial_table(view)
+    for mode, servers in (("sparse", s.grid.servers), ("dense", 0), ("model", 0)):
+        grid = replace(s.grid, mode=mode)
+        for rank in range(servers + grid.workers if mode != "model" else 1):
+            for (view, _), (data, _) in zip(grid.for_rank(rank).points, grid.points):
+                assert view.seed == -1 and (view.rows, view.dim, view.batch) == (data.rows, data.dim, data.batch)
+                with pytest.raises(ValueError, match="holds no data of worker"):
+                    cases.batch_ids(view, grid.workers if mode == "model" else (rank - servers + 1) % grid.workers, 0)
+    assert not hasattr(cases, "train") and not hasattr(cases, "held_out_loss")
+
+
+def test_what_a_rank_returns_is_checked_for_its_shape_before_it_is_read() -> None:
+    assert judging.as_table(np.zeros((3, 3)), (4, 2), "server 0's rows")[1] == (
+        "server 0's rows has shape (3, 3), expected (4, 2) (rows x dim)")
+    assert "is not an array of numbers" in judging.as_table([[1.0], [1.0, 2.0]], (2, 2), "t")[1]
+    assert judging.as_table([[1, 2]], (1, 2), "t")[1] is None
+    assert judging.broken_answer([(1.0, 2.0, "allreduce")], 2) is not None
+    assert "step_times returned (1.0, 2.0, 3.0)" in judging.broken_answer([(1.0, 2.0, 3.0, "allreduce")], 1)
+    assert "choose returned array" in judging.broken_answer([(1.0, 2.0, np.zeros(2))], 1)
+    assert judging.broken_answer([(1.0, 2.0, "allreduce")], 1) is None
+    assert [judging.point_index(m, 3) for m in ("point 2", "point 3", "point x", "pointy 1", "done")] == [2] + [None] * 4
+
+
 # -- the diagnoses --------------------------------------------------------------------------------
 
 
 def test_a_table_that_kept_one_occurrence_is_named_and_another_mistake_is_not() -> None:
     s = cases.session(3)
     data, workers = s.sparse[1].data, s.sparse[1].workers
-    last = cases.train(data, workers, keep_last=True).astype(np.float32)
+    last = judging.train(data, workers, keep_last=True).astype(np.float32)
     message = judging.duplicates_problem(data, workers, last, "the table")
     assert message is not None and "keeping only the last occurrence" in message and "np.add.at" in message
     assert "were overwritten, not summed" in judging.table_problem(data, workers, last, "the table")
@@ -160,11 +207,11 @@ def test_a_table_that_kept_one_occurrence_is_named_and_another_mistake_is_not() 
     untouched, once, repeated = (int(np.flatnonzero(test)[0]) for test in (total == 0, total == 1, most > 2))
     for row, said in ((untouched, "differs from single-process SGD"), (once, "differs from single-process SGD"),
                       (repeated, "are wrong; row")):
-        other = cases.train(data, workers).astype(np.float32)
+        other = judging.train(data, workers).astype(np.float32)
         other[row] += 0.5  # one wrong row: no cause can be named
         problem = judging.duplicates_problem(data, workers, other, "t")
         assert problem is not None and said in problem and "overwritten" not in problem and "np.add.at" not in problem
-    assert judging.duplicates_problem(data, workers, cases.train(data, workers).astype(np.float32), "t") is None
+    assert judging.duplicates_problem(data, workers, judging.train(data, workers).astype(np.float32), "t") is None
 
 
 def _busiest(g: Any, data: Any) -> float:
@@ -261,10 +308,10 @@ def test_the_training_margins_over_hidden_variants() -> None:
     for seed in MARGIN_SEEDS[:20]:
         s = cases.session(seed)
         for case in (s.sparse[0], s.sparse[1], replace(s.sparse[0], workers=1)):
-            right = cases.train(case.data, case.workers)
+            right = judging.train(case.data, case.workers)
             assert first_mismatch(_float32_training(case.data, case.workers), right,
                                   rtol=cases.RTOL / 2, atol=cases.ATOL / 2) is None, seed
-            for wrong in (cases.initial_table(case.data), cases.train(case.data, case.workers, keep_last=True)):
+            for wrong in (cases.initial_table(case.data), judging.train(case.data, case.workers, keep_last=True)):
                 assert first_mismatch(wrong, right, rtol=2 * cases.RTOL, atol=2 * cases.ATOL) is not None, seed
 
 
@@ -298,6 +345,12 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
                     [TRAIN, DUPS]),
     "dimension_only_model.py": ([MODEL], ["does not follow the rows a batch touches"], [TRAIN, DUPS, BYTES, COST]),
     "float64_dense.py": ([COST, MODEL], ["the gradient is float64"], [TRAIN, DUPS, BYTES]),
+    # The attacks: a rank's view holds no other worker's data and cases.py no single-process SGD (in
+    # judging.py now); a server's rows of the wrong shape are named, not a crash of the checker.
+    "forged_tables.py": ([TRAIN, DUPS, BYTES, COST, MODEL], ["has no attribute 'train'"], []),
+    "forged_row_shape.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
+                            ["server 0's rows after training has shape (3, 3), expected", "it neither pulled nor pushed"],
+                            []),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -309,6 +362,8 @@ NAMES_ITS_BUG = {
     "one row per id occurrence": "no_dedup.py",
     "does not follow the rows a batch touches": "dimension_only_model.py",
     "the gradient is float64": "float64_dense.py",
+    "has no attribute 'train'": "forged_tables.py",
+    "rows after training has shape": "forged_row_shape.py",
 }
 
 

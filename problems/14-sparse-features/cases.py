@@ -1,8 +1,13 @@
-"""The cases of problem 14, drawn from the seed, and single-process SGD, the table each must end with.
+"""The cases of problem 14, drawn from the seed, and the data both sides rebuild from keys.
 
-Both sides rebuild a case's data from its seed: every worker's ids (a Zipf law over the rows), the
-clicks (a hidden teacher factorization machine), the initial table. Hidden variants: the Zipf
-exponent, the table, the dimension, the shard counts (S, W), the late worker, the timing grid."""
+A case's data follows from keys drawn from its seed: the initial table's, the hidden teacher's
+(the factorization machine the clicks come from), and each worker's (its ids, a Zipf law over the
+rows, and its clicks). The checker holds the seed; a rank is handed a view of the case
+(Run.for_rank, Grid.for_rank) that holds only the keys of its own part: a server the table's, a
+worker its own batches' (and the table's on the allreduce path). No rank can rebuild another
+worker's batches, so none can train the table alone: single-process SGD, the table each case must
+end with, lives in judging.py. Hidden variants: the Zipf exponent, the table, the dimension, the
+shard counts (S, W), the late worker, the timing grid."""
 
 from collections import namedtuple
 from dataclasses import dataclass, replace
@@ -29,8 +34,27 @@ class Data:
     steps: int
     lr: float
     zipf: float
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
     support: int = 0  # ids come from rows 0 .. support-1 (0: every row)
+    own: tuple[int, int, int, int] | None = None  # a view: (table key, teacher key, worker, its key); -1: none
+
+    def key(self, what: int, worker: int = -1) -> int:
+        """The key of the initial table (TABLE), the teacher (TEACHER) or ``worker``'s batches (WORKER)."""
+        if self.own is None:
+            return data_key(self.seed, what, worker)
+        table, teacher, own, own_key = self.own
+        if what == WORKER and worker != own:
+            raise ValueError(f"a rank's view of the case holds no data of worker {worker}" +
+                             (f" (only worker {own}'s)" if own >= 0 else ""))
+        if (found := {TABLE: table, TEACHER: teacher, WORKER: own_key}[what]) < 0:
+            raise ValueError(f"a rank's view of the case holds no key of the {KEY_NAMES[what]}")
+        return found
+
+    def view(self, worker: int = -1, table: bool = False) -> "Data":
+        """What a rank is handed: the table's key if ``table``, and ``worker``'s keys if one is named."""
+        keys = (self.key(TABLE) if table else -1, self.key(TEACHER) if worker >= 0 else -1, worker,
+                self.key(WORKER, worker) if worker >= 0 else -1)
+        return replace(self, seed=-1, own=keys)
 
     def label(self) -> str:
         return (f"{self.rows} rows x {self.dim} dims, {self.batch} impressions x {FIELDS} ids per worker, "
@@ -46,6 +70,13 @@ class Run:
     data: Data
     what: str  # the phase every step is marked with
     late: int | None = None  # a worker rank whose messages leave late
+
+    def for_rank(self, rank: int) -> "Run":
+        """Rank ``rank``'s view: a server the initial table's key, a worker its own batches' keys (and
+        the table's on the allreduce path, where it holds the whole table); no other worker's."""
+        if rank < self.servers:
+            return replace(self, data=self.data.view(table=True))
+        return replace(self, data=self.data.view(worker=rank - self.servers, table=not self.servers))
 
     def label(self) -> str:
         path = f"S = {self.servers}, W = {self.workers}" if self.servers else f"allreduce, W = {self.workers}"
@@ -69,6 +100,14 @@ class Grid:
         return (f"S = {self.servers}, W = {self.workers}; alpha {self.alpha * 1e6:.1f} us, "
                 f"{8 / self.beta / 1e9:.2f} Gb/s, row cost {self.row_cost * 1e9:.0f} ns")
 
+    def for_rank(self, rank: int) -> "Grid":
+        """Rank ``rank``'s view: each point's data cut as its path's Run cuts it (the cost model's, no key)."""
+        if self.mode == "model":
+            return replace(self, points=tuple((d.view(), u) for d, u in self.points))
+        servers = self.servers if self.mode == "sparse" else 0
+        return replace(self, points=tuple((Run(servers, self.workers, d, "").for_rank(rank).data, u)
+                                          for d, u in self.points))
+
     def where(self, i: int) -> str:
         data, touched = self.points[i]
         return f"d = {data.dim}, {touched / data.rows:.1%} of {data.rows} rows touched"
@@ -81,6 +120,16 @@ Session = namedtuple("Session", "sparse dense grid")
 
 # -- the data, rebuilt on both sides -----------------------------------------------------------------
 
+TABLE, TEACHER, WORKER = 0, 1, 2  # the keys of a case's data
+KEY_NAMES = {TABLE: "initial table", TEACHER: "teacher", WORKER: "worker's batches"}
+
+
+def data_key(seed: int, what: int, worker: int = -1) -> int:
+    """A key of the data, drawn from the case's seed, which never reaches a rank: a rank's view
+    (Run.for_rank) holds its own keys, from which no other worker's batches follow."""
+    return int(np.random.default_rng([seed, 14, what, worker + 1]).integers(2**62))
+
+
 
 @lru_cache(maxsize=32)
 def zipf_cdf(rows: int, exponent: float) -> np.ndarray:
@@ -89,22 +138,22 @@ def zipf_cdf(rows: int, exponent: float) -> np.ndarray:
 
 
 def batch_ids(data: Data, worker: int, step: int) -> np.ndarray:
-    draws = np.random.default_rng([data.seed, 1, worker, step]).random(data.batch * FIELDS)
+    draws = np.random.default_rng([data.key(WORKER, worker), 1, step]).random(data.batch * FIELDS)
     return np.searchsorted(zipf_cdf(data.support or data.rows, data.zipf), draws, "right").reshape(-1, FIELDS)
 
 
 def clicks(data: Data, ids: np.ndarray, worker: int, step: int) -> np.ndarray:
-    teacher = np.random.default_rng([data.seed, 2]).normal(0, 0.45, (data.support or data.rows, TEACHER_DIM))
-    draws = np.random.default_rng([data.seed, 3, worker, step]).random(len(ids))
+    teacher = np.random.default_rng([data.key(TEACHER), 2]).normal(0, 0.45, (data.support or data.rows, TEACHER_DIM))
+    draws = np.random.default_rng([data.key(WORKER, worker), 3, step]).random(len(ids))
     return (draws < sigmoid(fm_logits(teacher[ids])[0])).astype(np.float64)
 
 
 def initial_table(data: Data, server: int = 0, servers: int = 1) -> np.ndarray:
     """The initial rows r with r % servers == server (the whole table by default), drawn block by
     block so that a server of a million-row table never holds more than its shard and one block."""
-    shard = []
+    shard, key = [], data.key(TABLE)
     for start in range(0, data.rows, BLOCK_ROWS):
-        rng = np.random.default_rng([data.seed, 4, start])
+        rng = np.random.default_rng([key, 4, start])
         block = rng.standard_normal((min(BLOCK_ROWS, data.rows - start), data.dim), dtype=np.float32)
         shard.append(INIT_SCALE * block[(server - start) % servers::servers])
     return np.concatenate(shard)
@@ -131,31 +180,6 @@ def fm_gradients(emb: np.ndarray, labels: np.ndarray, scale: float) -> tuple[np.
 
 def touched(data: Data, workers: int) -> float:  # distinct rows of a first batch, mean over workers
     return float(np.mean([np.unique(batch_ids(data, w, 0)).size for w in range(workers)]))
-
-
-def train(data: Data, workers: int, keep_last: bool = False) -> np.ndarray:
-    """The table after data.steps steps of SGD on every worker's batch, in float64; ``keep_last``: a
-    worker keeps the gradient of a repeated id's last occurrence only (summed[where] += grads)."""
-    table, scale = initial_table(data).astype(np.float64), 1.0 / (workers * data.batch)
-    for step in range(data.steps):
-        total = np.zeros_like(table)
-        for w in range(workers):
-            ids = batch_ids(data, w, step).ravel()
-            grads = fm_gradients(table[ids.reshape(-1, FIELDS)], clicks(data, ids.reshape(-1, FIELDS), w, step),
-                                 scale)[0].reshape(-1, data.dim)
-            if keep_last:
-                last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
-                total[ids[last]] += grads[last]
-            else:
-                np.add.at(total, ids, grads)
-        table -= data.lr * total
-    return table
-
-
-def held_out_loss(data: Data, table: np.ndarray) -> float:
-    ids = batch_ids(replace(data, batch=2000), 99, 0)
-    logits = fm_logits(np.asarray(table, dtype=np.float64)[ids])[0]
-    return float(np.mean(np.logaddexp(0.0, logits) - clicks(data, ids, 99, 0) * logits))
 
 
 # -- the hidden variants ---------------------------------------------------------------------------

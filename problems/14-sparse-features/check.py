@@ -2,9 +2,13 @@
 
 One launch runs every case (cases.py draws them from the seed): both paths train a factorization
 machine's table (the parameter server with one worker 5 ms late), against single-process SGD
-simulated here; one step shows each row's update where a batch repeats an id; the harness's
-counters give every worker's bytes; a hidden grid of 4 dimensions x 4 touched fractions times one
-step of each path, against the card's cost and against the learner's cost model."""
+simulated in judging.py from every worker's data (a rank is handed only its own: cases.Run.for_rank),
+with the traffic a right table must have come through (each worker's rows pulled and their
+gradients pushed, from the counters, never from what a rank returned); one step shows each row's
+update where a batch repeats an id; the harness's counters give every worker's bytes; a hidden grid
+of 4 dimensions x 4 touched fractions times one step of each path, against the card's cost and
+against the learner's cost model, both read off a replay whose declared hash-table work is checked
+against what the harness's shard declares."""
 
 from dataclasses import replace
 
@@ -13,6 +17,7 @@ import numpy as np
 from distlab.grading import CheckContext, Checklist, Run, Task, faults, uniform
 
 from . import cases, judging, programs
+from .cases import initial_table
 from .judging import fmt
 
 SPARSE_SLACK, DENSE_SLACK = 1.25, 1.10  # a step at most this much over the card's cost
@@ -46,20 +51,27 @@ def same_embeddings(t: CheckContext, everything: Run) -> None:
     sparse, dense = everything.cases()[0], everything.cases()[3]
     case, data = sparse.case, sparse.case.data
     t.say(f"{case.label()}; every message of worker rank {case.late} leaves {cases.LATE_S * 1e3:.0f} ms late")
-    got = judging.table_of(sparse)
-    if problem := judging.table_problem(data, case.workers, got, "the servers' table after training"):
-        t.fail(f"{case.label()}: {problem}")
-    replicas = [np.asarray(table) for table, _ in dense.values]
+    got, problem = judging.table_of(sparse)
+    if problem or (problem := judging.table_problem(data, case.workers, got, "the servers' table after training")):
+        t.fail(problem if got is None else f"{case.label()}: {problem}")
+    replicas, problem = judging.dense_tables(dense)
+    if problem:
+        t.fail(problem)
     for w, table in enumerate(replicas):
-        if w and not np.array_equal(table, replicas[0]) and judging.close(replicas[0], cases.train(data, case.workers)):
+        if w and not np.array_equal(table, replicas[0]) and judging.close(replicas[0], judging.train(data, case.workers)):
             t.fail(f"{dense.case.label()}: worker {w}'s table differs from worker 0's, which is right: every worker "
                    "must apply the same summed gradient; is the allreduce missing?")
         if problem := judging.table_problem(data, case.workers, table, f"worker {w}'s table after training"):
             t.fail(f"{dense.case.label()}: {problem}" + "; dense_step updates `table` in place" * ("initial" in problem))
-    before, after = cases.held_out_loss(data, cases.initial_table(data)), cases.held_out_loss(data, got)
+    if problem := judging.pushes_problem(sparse, "the servers' table after training"):
+        t.fail(f"{case.label()}: {problem}")
+    if problem := judging.exchange_problem(dense, "the table"):
+        t.fail(f"{dense.case.label()}: {problem}")
+    before, after = judging.held_out_loss(data, initial_table(data)), judging.held_out_loss(data, got)
     t.metric("held_out_loss", [round(before, 4), round(after, 4)])
-    t.say("the workers' batch loss, step by step: " + ", ".join(f"{x:.4f}" for x in np.mean(sparse.values[case.servers:], 0))
-          + f"; held-out loss {before:.4f} -> {after:.4f}")
+    losses = judging.batch_losses(sparse)
+    t.say("the workers' batch loss, step by step: " + (", ".join(f"{x:.4f}" for x in losses) if losses is not None
+                                                        else "not reported") + f"; held-out loss {before:.4f} -> {after:.4f}")
     t.say(f"both tables are single-process SGD's (rtol {cases.RTOL:g}), {float(np.max(np.abs(got - replicas[0]))):.1e} "
           f"apart, with rank {case.late} late ({sparse.task.wall_s():.2f} s of wall time)")
 
@@ -70,11 +82,18 @@ def duplicates_summed(t: CheckContext, everything: Run) -> None:
     data, ids = sparse.case.data, cases.batch_ids(sparse.case.data, 0, 0)
     t.say(f"one step; worker 0's batch holds {ids.size} ids, {np.unique(ids).size} distinct; its most popular row "
           f"occurs {np.bincount(ids.ravel()).max()} times")
-    tables = [(sparse.case, "the parameter server", judging.table_of(sparse))]
-    tables += [(dense.case, f"the allreduce (worker {w})", np.asarray(v[0])) for w, v in enumerate(dense.values)]
+    (table, problem), (replicas, other) = judging.table_of(sparse), judging.dense_tables(dense)
+    if problem or other:
+        t.fail(problem or other)
+    tables = [(sparse.case, "the parameter server", table)]
+    tables += [(dense.case, f"the allreduce (worker {w})", replica) for w, replica in enumerate(replicas)]
     for case, path, table in tables:
         if problem := judging.duplicates_problem(data, case.workers, table, f"{path}'s table after one step"):
             t.fail(f"{case.label()}: {problem}")
+    if problem := judging.pushes_problem(sparse, "the parameter server's table after one step"):
+        t.fail(f"{sparse.case.label()}: {problem}")
+    if problem := judging.exchange_problem(dense, "the allreduce's table after one step"):
+        t.fail(f"{dense.case.label()}: {problem}")
     t.say("every row's update is the sum of its occurrences' gradients, on both paths")
 
 
@@ -104,9 +123,12 @@ def steps_cost_what_the_card_says(t: CheckContext, plan: cases.Session, everythi
     t.say(f"{len(grid.points)} points, {grid.label()}")
     measured, costs = [judging.point_times(task, len(grid.points)) for task in (sparse, dense)], judging.grid_costs(grid)
     for i in range(len(grid.points)):
-        where = grid.where(i)
         if not judging.moved_rows(sparse, grid, i):
-            t.fail(f"{where}: the parameter-server step did not move each worker's distinct rows both ways: not timed")
+            t.fail(f"{grid.where(i)}: the parameter-server step did not move each worker's distinct rows both ways: not timed")
+    if problem := judging.declared_problem(sparse, grid):
+        t.fail(problem)
+    for i in range(len(grid.points)):
+        where = grid.where(i)
         for k, (path, task, slack) in enumerate((("parameter-server", sparse, SPARSE_SLACK), ("allreduce", dense, DENSE_SLACK))):
             if measured[k][i] > slack * costs[i][k]:
                 t.fail(f"{where}: the {path} step took {fmt(measured[k][i])}, {measured[k][i] / costs[i][k]:.2f}x the "
@@ -120,11 +142,16 @@ def steps_cost_what_the_card_says(t: CheckContext, plan: cases.Session, everythi
 def cost_model_agrees(t: CheckContext, plan: cases.Session, everything: Run) -> None:
     grid, (sparse, dense, model) = plan.grid, everything.cases()[5:8]
     answers = model.values[0]
-    if problem := judging.broken_answer(answers):
+    if problem := judging.broken_answer(answers, len(grid.points)):
         t.fail(problem)
     if not all(judging.moved_rows(sparse.task, grid, i) for i in range(len(grid.points))):
         t.fail("not graded: the parameter-server steps of the grid did not move the touched rows (see the byte check)")
+    if judging.declared_problem(sparse.task, grid):
+        t.fail("not graded: the declared compute differs from the harness's on the parameter-server steps of the grid "
+               "(see the previous check)")
     measured = [judging.point_times(run.task, len(grid.points)) for run in (sparse, dense)]
+    if problem := judging.unmeasured(grid, measured):
+        t.fail(f"not graded: {problem}")
     t.say(grid.label())
     agree, lines = judging.model_lines(grid, answers, measured, MODEL_TOLERANCE)
     for line in lines:

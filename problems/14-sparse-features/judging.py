@@ -1,15 +1,33 @@
-"""How problem 14 reads a run: the table the servers hold and the mistake behind a wrong one, a
-worker's bytes per step, each grid point's time on the replay, what the cost model gets wrong, and
-the card's cost formulas (the reference's step_times, computed here, never in a rank)."""
+"""How problem 14 reads a run: single-process SGD (the table every case must end with, computed
+here from every worker's data, which no rank holds), the table the servers hold and the mistake
+behind a wrong one, the pushes that must have carried it, a worker's bytes per step, each grid
+point's time and declared compute on the replay, what the cost model gets wrong, and the card's
+cost formulas (the reference's step_times, computed here, never in a rank).
 
+Whatever the ranks returned is checked for its shape before it is read: a learner's process can
+return anything, and what is malformed fails the check that reads it, named."""
+
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from distlab.grading import CaseRun, TaskRun, first_mismatch
+from distlab.grading import COLLECTIVES, CaseRun, Counts, TaskRun, first_mismatch
 
 from . import cases
-from .cases import FIELDS, ID_BYTES, VALUE_BYTES, Data, Grid, Run
+from .cases import (
+    FIELDS,
+    ID_BYTES,
+    VALUE_BYTES,
+    Data,
+    Grid,
+    Run,
+    batch_ids,
+    clicks,
+    fm_gradients,
+    fm_logits,
+    initial_table,
+)
 
 SLACK = 64  # bytes allowed per message besides ids, rows and gradients (counts, headers)
 SUMMED = ("sum the gradients of a repeated id over its occurrences: np.add.at(summed, where, grads); "
@@ -34,6 +52,34 @@ def fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
+# -- single-process SGD: every worker's data, the checker's alone ----------------------------------
+
+
+def train(data: Data, workers: int, keep_last: bool = False) -> np.ndarray:
+    """The table after data.steps steps of SGD on every worker's batch, in float64; ``keep_last``: a
+    worker keeps the gradient of a repeated id's last occurrence only (summed[where] += grads)."""
+    table, scale = initial_table(data).astype(np.float64), 1.0 / (workers * data.batch)
+    for step in range(data.steps):
+        total = np.zeros_like(table)
+        for w in range(workers):
+            ids = batch_ids(data, w, step).ravel()
+            grads = fm_gradients(table[ids.reshape(-1, FIELDS)], clicks(data, ids.reshape(-1, FIELDS), w, step),
+                                 scale)[0].reshape(-1, data.dim)
+            if keep_last:
+                last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
+                total[ids[last]] += grads[last]
+            else:
+                np.add.at(total, ids, grads)
+        table -= data.lr * total
+    return table
+
+
+def held_out_loss(data: Data, table: np.ndarray) -> float:
+    ids = batch_ids(replace(data, batch=2000), 99, 0)
+    logits = fm_logits(np.asarray(table, dtype=np.float64)[ids])[0]
+    return float(np.mean(np.logaddexp(0.0, logits) - clicks(data, ids, 99, 0) * logits))
+
+
 # -- the trained table -----------------------------------------------------------------------------
 
 
@@ -41,23 +87,103 @@ def close(got: np.ndarray, want: np.ndarray) -> bool:
     return first_mismatch(got, want, rtol=cases.RTOL, atol=cases.ATOL) is None
 
 
-def table_of(run: CaseRun) -> np.ndarray:
-    """The table the servers hold at the end (row r is server r % S's row r // S)."""
+def as_table(value: Any, shape: tuple[int, int], head: str) -> tuple[np.ndarray | None, str | None]:
+    """``value`` as a float32 array of ``shape``, or None and what is wrong with it."""
+    try:
+        array = np.asarray(value, dtype=np.float32)
+    except Exception as exc:  # noqa: BLE001 - whatever a learner returned: a failed check, named
+        return None, f"{head} is not an array of numbers ({type(value).__name__}: {type(exc).__name__})"
+    if array.shape != shape:
+        return None, f"{head} has shape {array.shape}, expected {shape} (rows x dim)"
+    return array, None
+
+
+def table_of(run: CaseRun) -> tuple[np.ndarray | None, str | None]:
+    """The table the servers hold at the end (row r is server r % S's row r // S), or what is wrong
+    with the rows a server returned."""
     case = run.case
     table = np.empty((case.data.rows, case.data.dim), dtype=np.float32)
     for s in range(case.servers):
-        table[s :: case.servers] = run.values[s]
-    return table
+        rows = len(range(s, case.data.rows, case.servers))
+        table[s :: case.servers], problem = as_table(run.values[s] if s < len(run.values) else None,
+                                                     (rows, case.data.dim), f"server {s}'s rows after training")
+        if problem:
+            return None, f"{case.label()}: {problem}"
+    return table, None
+
+
+def dense_tables(run: CaseRun) -> tuple[list[np.ndarray], str | None]:
+    """Every allreduce worker's table, or what is wrong with what a worker returned."""
+    tables, shape = [], (run.case.data.rows, run.case.data.dim)
+    for w, value in enumerate(run.values):
+        ok = isinstance(value, (tuple, list)) and len(value) == 2
+        table, problem = as_table(value[0] if ok else value, shape, f"worker {w}'s table after training")
+        if problem:
+            return [], f"{run.case.label()}: {problem}"
+        tables.append(table)
+    return tables, None
+
+
+def batch_losses(run: CaseRun) -> np.ndarray | None:
+    """The parameter-server workers' batch loss per step (mean over the workers), if well formed."""
+    try:
+        losses = np.asarray(run.values[run.case.servers:], dtype=np.float64)
+    except Exception:  # noqa: BLE001 - only said, never graded
+        return None
+    return losses.mean(0) if losses.ndim == 2 and losses.shape[0] == run.case.workers else None
+
+
+# -- the pushes the table was made of --------------------------------------------------------------
+
+
+def phase_of(task: TaskRun, rank: int, what: str, nth: int = 0) -> Counts:
+    """The rank's counts in its ``nth`` phase ``what``; none (zeros) where it set no such mark."""
+    found = task.phases(rank, what)
+    return found[nth] if nth < len(found) else Counts()
+
+
+def pushes_problem(run: CaseRun, head: str) -> str | None:
+    """None if, in every step, each worker sent each server at least the gradients of the rows its
+    batch touched there (4 x dim bytes a row) and was sent those rows: the traffic a right table
+    must have come through. Else the first pair short of it (a table that no push carried)."""
+    case, data = run.case, run.case.data
+    row = VALUE_BYTES * data.dim
+    for step in range(data.steps):
+        for w in range(case.workers):
+            rank, ids = case.servers + w, np.unique(batch_ids(data, w, step))
+            mine = phase_of(run.task, rank, case.what, step)
+            for s in range(case.servers):
+                need = int(np.count_nonzero(ids % case.servers == s)) * row
+                sent, got = mine.sent_bytes.get(s, 0), phase_of(run.task, s, case.what, step).sent_bytes.get(rank, 0)
+                if min(sent, got) < need:
+                    return (f"{head} is single-process SGD's, but in step {step} worker rank {rank} sent server {s} "
+                            f"{sent:,} bytes and was sent {got:,}, fewer than the {need // row} rows its batch "
+                            f"touched there need each way ({need:,} bytes): the gradients that reached the server "
+                            "cannot have made that table")
+    return None
+
+
+def exchange_problem(run: CaseRun, head: str) -> str | None:
+    """None if every allreduce worker exchanged something with the others in every step (its table
+    needs their gradients), else the first worker and step that did not."""
+    for w in range(run.case.workers):
+        for step in range(run.case.data.steps):
+            counts = phase_of(run.task, w, run.case.what, step)
+            if not (counts.bytes_sent + counts.bytes_received
+                    + sum(n for op, n in counts.op_bytes.items() if op in COLLECTIVES)):
+                return (f"{head} is single-process SGD's, but worker {w} exchanged no bytes with the others in step "
+                        f"{step}: the other workers' gradients cannot have reached it")
+    return None
 
 
 def table_problem(data: Data, workers: int, got: np.ndarray, head: str) -> str | None:
     """None if ``got`` is single-process SGD's table, else what is wrong (named where a mistake fits exactly)."""
-    want = cases.train(data, workers)
+    want = train(data, workers)
     if close(got, want):
         return None
-    if close(got, cases.initial_table(data)):
+    if close(got, initial_table(data)):
         return f"{head} is still the initial table: no update was applied"
-    if close(got, cases.train(data, workers, keep_last=True)):
+    if close(got, train(data, workers, keep_last=True)):
         return (f"{head} equals training where a repeated id keeps the gradient of its last occurrence only: "
                 f"the gradients of repeated ids were overwritten, not summed; {SUMMED}")
     bad = first_mismatch(got, want, rtol=cases.RTOL, atol=cases.ATOL)
@@ -68,14 +194,14 @@ def table_problem(data: Data, workers: int, got: np.ndarray, head: str) -> str |
 def duplicates_problem(data: Data, workers: int, got: np.ndarray, head: str) -> str | None:
     """One step: each row's update, read apart where a batch repeats the row's id and where it does not."""
     # The cause is named only when the whole table is that of a worker keeping one occurrence.
-    start = cases.initial_table(data).astype(np.float64)
-    update, want = got - start, cases.train(data, workers) - start
-    repeats = np.max([np.bincount(cases.batch_ids(data, w, 0).ravel(), minlength=data.rows) for w in range(workers)], 0)
+    start = initial_table(data).astype(np.float64)
+    update, want = got - start, train(data, workers) - start
+    repeats = np.max([np.bincount(batch_ids(data, w, 0).ravel(), minlength=data.rows) for w in range(workers)], 0)
     wrong = ~np.isclose(update, want, rtol=cases.RTOL, atol=cases.ATOL).all(axis=1)
     if not wrong.any() or not (repeats[wrong] > 1).all():  # right, or wrong where ids occur once too
         return None if not wrong.any() else table_problem(data, workers, got, head)
     row = int(np.flatnonzero(wrong)[np.argmax(repeats[wrong])])
-    kept = close(got, cases.train(data, workers, keep_last=True))
+    kept = close(got, train(data, workers, keep_last=True))
     return (f"{head}: every row whose id occurs once in a batch is right, but {int(wrong.sum())} row(s) repeated "
             f"in a batch are wrong; row {row} occurs {repeats[row]} times in one batch and moved by "
             f"{np.abs(update[row]).sum():.4g} (sum of |update|), expected {np.abs(want[row]).sum():.4g}"
@@ -86,14 +212,14 @@ def duplicates_problem(data: Data, workers: int, got: np.ndarray, head: str) -> 
 
 
 def distinct(data: Data, worker: int, step: int) -> int:
-    return int(np.unique(cases.batch_ids(data, worker, step)).size)
+    return int(np.unique(batch_ids(data, worker, step)).size)
 
 
-def worker_bytes(task: TaskRun, case: Run, worker: int, phase: str, nth: int = 0) -> tuple[int, int]:
-    """(bytes the worker sent, bytes the servers sent it) in its ``nth`` step of ``phase``."""
+def worker_bytes(task: TaskRun, case: Run, worker: int, what: str, nth: int = 0) -> tuple[int, int]:
+    """(bytes the worker sent, bytes the servers sent it) in its ``nth`` step of phase ``what``."""
     rank = case.servers + worker
-    received = sum(task.phases(s, phase)[nth].sent_bytes.get(rank, 0) for s in range(case.servers))
-    return task.phases(rank, phase)[nth].bytes_sent, received
+    received = sum(phase_of(task, s, what, nth).sent_bytes.get(rank, 0) for s in range(case.servers))
+    return phase_of(task, rank, what, nth).bytes_sent, received
 
 
 def bytes_limit(case: Run, touched: int) -> int:
@@ -127,15 +253,48 @@ def bytes_problem(run: CaseRun, worker: int, step: int) -> tuple[int, str | None
 
 def point_times(task: TaskRun, count: int) -> list[float]:
     """Each grid point's span on the replay: from the first rank's "point i" mark to the last
-    rank's next mark (every rank starts a point as it leaves the barrier before it)."""
+    rank's next mark (every rank starts a point as it leaves the barrier before it); infinite for
+    a point no rank marked."""
     timeline, spans = task.timeline(), [[float("inf"), 0.0] for _ in range(count)]
     for rank in timeline.ranks:
         marks = timeline.marks(rank)
         for (name, at), (_, until) in zip(marks, marks[1:]):
-            if name.startswith("point "):
-                span = spans[int(name.split()[1])]
+            if (i := point_index(name, count)) is not None:
+                span = spans[i]
                 span[0], span[1] = min(span[0], at), max(span[1], until)
-    return [end - begin for begin, end in spans]
+    return [end - begin if end >= begin else float("inf") for begin, end in spans]
+
+
+def point_index(name: str, count: int) -> int | None:
+    """The grid point a mark "point i" begins, None for any other mark."""
+    head, _, number = name.partition(" ")
+    return int(number) if head == "point" and number.isdigit() and int(number) < count else None
+
+
+def declared_problem(task: TaskRun, g: Grid) -> str | None:
+    """None if every server declared, at every grid point, at least the hash table's work the harness's
+    shard declares for the rows it served: row_cost x the distinct rows the workers asked it for, for
+    "lookup" and again for "add". Declared compute comes from the learner's process (a patched shard
+    can skip it), and the step's time and the cost model's agreement are read off it."""
+    timeline, count = task.timeline(), len(g.points)
+    for s in range(g.servers):
+        declared: dict[tuple[int, str], float] = {}
+        at: int | None = None
+        for span in timeline.events(s):
+            if span.kind == "mark":
+                at = point_index(span.name, count)
+            elif span.kind == "compute" and at is not None:
+                declared[at, span.name] = declared.get((at, span.name), 0.0) + span.seconds
+        for i, (data, _) in enumerate(g.points):
+            asked = np.unique(np.concatenate([np.unique(batch_ids(data, w, 0)) for w in range(g.workers)]))
+            rows = int(np.count_nonzero(asked % g.servers == s))
+            for call in ("lookup", "add"):
+                if declared.get((i, call), 0.0) < g.row_cost * rows * (1 - 1e-6):
+                    return (f"{g.where(i)}: the declared compute differs from the harness's: server {s} declared "
+                            f"{fmt(declared.get((i, call), 0.0))} of {call!r}, while its shard declares row_cost x "
+                            f"rows = {fmt(g.row_cost * rows)} at least for the {rows} distinct rows the workers "
+                            f"asked it for: the hash table's work must go through shard.lookup and shard.add")
+    return None
 
 
 def moved_rows(task: TaskRun, g: Grid, i: int) -> bool:
@@ -149,7 +308,7 @@ def moved_rows(task: TaskRun, g: Grid, i: int) -> bool:
 def slow_step(task: TaskRun, g: Grid, i: int, dense: bool) -> str:
     """What the counters of a slow step show, where they show something."""
     data, case = g.points[i][0], Run(g.servers, g.workers, g.points[i][0], f"point {i}")
-    if dense and (sent := task.phases(0, case.what)[0].op_bytes.get("Allreduce", 0)) >= 8 * data.rows * data.dim:
+    if dense and (sent := phase_of(task, 0, case.what).op_bytes.get("Allreduce", 0)) >= 8 * data.rows * data.dim:
         return f": its Allreduce carried {sent:,} bytes, 8 per value: the gradient is float64 (np.zeros defaults to it)"
     for w in range(0 if dense else g.workers):
         if (moved := sum(worker_bytes(task, case, w, case.what))) > bytes_limit(case, distinct(data, w, 0)):
@@ -167,14 +326,39 @@ def model_lines(g: Grid, answers: list[Any], measured: list[list[float]], tolera
                        f"your model {'agrees' if ok else 'is off'}" for i, ok in enumerate(good)]
 
 
-def broken_answer(answers: list[Any]) -> str | None:
+def broken_answer(answers: Any, count: int) -> str | None:
+    if not isinstance(answers, list) or len(answers) != count:
+        return f"the cost model's answers came back as {type(answers).__name__}, not one per grid point ({count})"
     for a in answers:
         if isinstance(a, str):
             return a
+        if not (isinstance(a, tuple) and len(a) == 3 and all(isinstance(x, float) for x in a[:2])):
+            seconds = a[:-1] if isinstance(a, tuple) else a
+            return (f"step_times returned {shown(seconds)}; expected two positive seconds: (parameter server, "
+                    "allreduce)")
         if not all(np.isfinite(a[:2])) or min(a[:2]) <= 0:
             return f"step_times returned {a[:2]!r}; expected two positive seconds: (parameter server, allreduce)"
-        if a[2] not in ("parameter server", "allreduce"):
-            return f"choose returned {a[2]!r}; expected \"parameter server\" or \"allreduce\""
+        if not isinstance(a[2], str) or a[2] not in ("parameter server", "allreduce"):
+            return f"choose returned {shown(a[2])}; expected \"parameter server\" or \"allreduce\""
+    return None
+
+
+def shown(value: Any) -> str:
+    """A learner's value in a message, whatever it is."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that raises
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def unmeasured(g: Grid, measured: list[list[float]]) -> str | None:
+    """The first grid point whose step has no positive, finite time on the replay, named."""
+    for k, path in enumerate(("parameter-server", "allreduce")):
+        for i, m in enumerate(measured[k]):
+            if not (np.isfinite(m) and m > 0):
+                return (f"{g.where(i)}: the {path} step took {fmt(m) if np.isfinite(m) else 'no marked time'} on the "
+                        "replay: no step to model (its ranks mark each point as they start it)")
     return None
 
 
