@@ -37,6 +37,7 @@ from e2e import (
 )
 
 from distlab.grading import first_mismatch
+from distlab.grading.views import Counts, Span
 
 SEED = 1212
 FOLDER = PROBLEMS / "12-pipeline-1f1b"
@@ -103,7 +104,7 @@ def test_one_process_training_descends_on_every_hidden_pipeline() -> None:
     for seed in range(10):
         s = cases.hidden(seed)
         for pipe in s.gpipe + s.one_f_one_b + s.small:
-            first, second = programs.one_process(pipe)[1]
+            first, second = judging.one_process(pipe)[1]
             assert second < first, (seed, pipe.label())
 
 
@@ -111,8 +112,9 @@ def run_pipeline(pipe: Any, swap: bool = False) -> tuple[list[Any], list[FakeCom
     """The harness's Stages on one process, in GPipe's order; ``swap``: stage 0 backpropagates
     micro-batch 0's gradient from micro-batch 1's activation and the other way round."""
     comms = [FakeComm(s) for s in range(pipe.p)]
-    modules = [programs.stage_module(s, pipe.p, pipe.seed) for s in range(pipe.p)]
-    stages = [programs.Stage(comms[s], pipe, 0, modules[s]) for s in range(pipe.p)]
+    views = [pipe.for_rank(s) for s in range(pipe.p)]  # what each rank is handed
+    modules = [programs.stage_module(views[s], s) for s in range(pipe.p)]
+    stages = [programs.Stage(comms[s], views[s], 0, modules[s]) for s in range(pipe.p)]
     for i in range(pipe.m):
         x = None
         for stage in stages:
@@ -128,14 +130,14 @@ def run_pipeline(pipe: Any, swap: bool = False) -> tuple[list[Any], list[FakeCom
 def test_the_stages_on_one_process_give_one_process_s_gradients_and_declare_their_work() -> None:
     pipe = cases.hidden(3).gpipe[0]
     grads, comms = run_pipeline(pipe)
-    want = programs.one_process(pipe)[0][0]
+    want = judging.one_process(pipe)[0][0]
     for got, expected in zip(grads, want):
         for name in expected:
             assert first_mismatch(got[name], expected[name], rtol=judging.RTOL / 2, atol=judging.ATOL / 2) is None
     assert [label for label, _ in comms[2].work] == [f"forward {i}" for i in range(pipe.m)] + [
         f"backward {i}" for i in range(pipe.m)]
     assert comms[1].work[0][1] == pipe.forward_s[1] and comms[1].work[-1][1] == pipe.backward_s[1]
-    stage = programs.Stage(FakeComm(0), pipe, 0, programs.stage_module(0, pipe.p, pipe.seed))
+    stage = programs.Stage(FakeComm(0), pipe.for_rank(0), 0, programs.stage_module(pipe, 0))
     with pytest.raises(ValueError, match="numbered 0 to m - 1"):
         stage.forward(pipe.m)
     with pytest.raises(ValueError, match="no stashed activation of micro-batch 1"):
@@ -146,7 +148,7 @@ def test_the_gradient_tolerance_margins_over_hidden_variants() -> None:
     """A gradient paired with another micro-batch's activation is more than twice the tolerance off."""
     for seed in range(8):
         for pipe in (cases.hidden(seed).gpipe[0], cases.hidden(seed).small[1]):
-            grads, want = run_pipeline(pipe, swap=True)[0][0], programs.one_process(pipe)[0][0][0]
+            grads, want = run_pipeline(pipe, swap=True)[0][0], judging.one_process(pipe)[0][0][0]
             assert any(first_mismatch(grads[n], want[n], rtol=2 * judging.RTOL, atol=2 * judging.ATOL)
                        for n in want), seed
 
@@ -237,6 +239,149 @@ def test_the_message_count_wants_m_each_way_between_neighbours_and_no_collective
     assert "stage 1 called Bcast" in judging.messages_message(pipe, step)
 
 
+def test_a_stage_is_handed_its_own_part_of_the_case_only() -> None:
+    """No rank can compute the whole model alone: its view has no seed, only its layers' key, the
+    features on stage 0 and the labels on the last stage."""
+    pipe = cases.hidden(4).one_f_one_b[0]
+    views = [pipe.for_rank(s) for s in range(pipe.p)]
+    assert all(v.seed == -1 and v.own is not None and v.own.stage == s for s, v in enumerate(views))
+    for s, view in enumerate(views):
+        assert view.weights_key(s) == pipe.weights_key(s) and view.label() == pipe.label()
+        with pytest.raises(ValueError, match=f"stage {s}'s view of the pipeline holds no weights of stage"):
+            view.weights_key((s + 1) % pipe.p)
+        if s != 0:
+            with pytest.raises(ValueError, match="holds no features"):
+                view.inputs_key()
+        if s != pipe.p - 1:
+            with pytest.raises(ValueError, match="holds no labels"):
+                view.labels()
+        with pytest.raises(ValueError, match="holds no"):
+            judging.one_process(view)
+    assert views[0].inputs_key() == pipe.inputs_key() and views[-1].labels() == pipe.labels()
+    assert len(set(pipe.labels())) > 1
+
+
+def canonical_events(pipe: Any) -> list[list[Any]]:
+    """Each stage's calls as the reference makes them, in the canonical order: a blocking receive
+    (a wait that matched the message), the Stage's compute span, a send of 256 bytes."""
+    events: list[list[Any]] = []
+    for s in range(pipe.p):
+        calls, got = [], {s - 1: 0, s + 1: 0}
+        for kind, i in cases.operations(pipe.schedule, pipe.p, pipe.m, s):
+            src, dst = (s - 1, s + 1) if kind == "F" else (s + 1, s - 1)
+            if 0 <= src < pipe.p:
+                calls.append(Span("wait", 0.0, 0.0, received=((0, src, s, 0, got[src]),)))
+                got[src] += 1
+            seconds = (pipe.forward_s if kind == "F" else pipe.backward_s)[s]
+            calls.append(Span("compute", 0.0, seconds, name=f"{'forward' if kind == 'F' else 'backward'} {i}"))
+            if 0 <= dst < pipe.p:
+                calls.append(Span("send", 0.0, 0.0, peer=dst, nbytes=judging.MESSAGE_BYTES))
+        events.append(calls)
+    return events
+
+
+class EventStep:
+    """A Step read from given calls, as judging.Step reads a trace's."""
+
+    def __init__(self, events: list[list[Any]]) -> None:
+        self.events = events
+        self.compute = [[e for e in calls if e.kind == "compute"] for calls in events]
+        self.ops = [judging.declared_operations(calls) for calls in events]
+        self.sent = [[e.peer for e in calls if e.kind == "send"] for calls in events]
+        self.collectives = [[] for _ in events]
+
+
+def test_the_declared_compute_must_be_the_stage_s_and_where_the_messages_allow() -> None:
+    pipe = cases.hidden(4).one_f_one_b[2]  # unequal stages
+    assert judging.declared_message(pipe, EventStep(canonical_events(pipe))) is None
+    assert judging.traffic_message(pipe, EventStep(canonical_events(pipe))) is None
+    assert judging.declared_message(pipe, EventStep([[] for _ in range(pipe.p)])) is None  # the starter's: left
+    assert [judging.parse_label(x) for x in ("forward 3", "backward 12", "forward x", "backward 1 2", "forward 03",
+                                             "forward -1", None)] == [("F", 3), ("B", 12)] + [None] * 5
+
+    def said(change: Callable[[list[list[Any]]], None], times: bool = True) -> str:
+        events = canonical_events(pipe)
+        change(events)
+        message = judging.declared_message(pipe, EventStep(events), times=times)
+        assert message and message.startswith(f"{pipe.label()}: the declared compute differs from the harness's: ")
+        return message
+
+    def relabel(name: str) -> Callable[[list[list[Any]]], None]:
+        def change(events: list[list[Any]]) -> None:
+            k = next(k for k, e in enumerate(events[1]) if e.kind == "compute")
+            events[1][k] = dataclasses.replace(events[1][k], name=name)
+        return change
+
+    assert "stage 1 declared 'forward x', which its Stage never declares" in said(relabel("forward x"))
+    assert "stage 1 declared 'backward 1 2'" in said(relabel("backward 1 2"))
+    assert f"stage 1 declared 'forward {pipe.m}'" in said(relabel(f"forward {pipe.m}"))
+    assert "missing F0" in said(relabel("forward 1")) and "twice F1" in said(relabel("forward 1"))
+    padded = said(lambda events: events[2].append(Span("compute", 0.0, 1e-3, name="idle")))
+    assert "stage 2 declared 'idle'" in padded
+
+    def faster(events: list[list[Any]]) -> None:
+        events[3] = [dataclasses.replace(e, end=e.end / 2) if e.kind == "compute" else e for e in events[3]]
+    assert f"where its Stage declares {pipe.forward_s[3] * 1e3:.4g} ms" in said(faster)
+    events = canonical_events(pipe)
+    faster(events)
+    assert judging.declared_message(pipe, EventStep(events), times=False) is None  # a fault plan may slow a rank
+
+    def early_backward(events: list[list[Any]]) -> None:  # stage 2's first backward before its gradient came
+        calls = events[2]
+        wait = next(k for k, e in enumerate(calls) if e.kind == "wait" and e.received[0][1] == 3)
+        calls.insert(wait + 2, calls.pop(wait))
+    assert "stage 2 declared backward 0, its backward number 1, having received 0 gradient(s) from stage 3" in (
+        said(early_backward))
+
+    def early_send(events: list[list[Any]]) -> None:  # stage 0 sends its first activation before computing it
+        calls = events[0]
+        calls.insert(0, calls.pop(next(k for k, e in enumerate(calls) if e.kind == "send")))
+    assert "stage 0 sent message 1 to stage 1 after only 0 forward(s)" in said(early_send)
+
+    def small(events: list[list[Any]]) -> None:
+        events[1][-1] = dataclasses.replace(events[1][-1], nbytes=8)
+    events = canonical_events(pipe)
+    small(events)
+    assert "stage 1 sent 8 bytes to stage 0" in judging.traffic_message(pipe, EventStep(events))
+
+
+def test_over_the_whole_task_only_the_steps_messages_travel() -> None:
+    pipes = list(cases.hidden(4).gpipe)
+    total = check.STEPS * sum(pipe.m for pipe in pipes)
+
+    class Task:
+        def __init__(self, extra: int = 0, barrier: int = 0, other: str | None = None) -> None:
+            self.extra, self.barrier, self.other = extra, barrier, other
+
+        def counts(self, s: int) -> Counts:
+            sent = {n: total + (self.extra if s == 1 else 0) for n in (s - 1, s + 1) if 0 <= n < 4}
+            calls = {"Barrier": check.STEPS * len(pipes) + self.barrier, **({self.other: 1} if self.other else {})}
+            return Counts(calls=calls, sent_msgs=sent, sent_bytes={n: c * judging.MESSAGE_BYTES for n, c in sent.items()})
+
+    assert judging.task_traffic_message(Task(), pipes) is None
+    assert "stage 1 sent" in judging.task_traffic_message(Task(extra=1), pipes)
+    assert "stage 0 called Allgather" in judging.task_traffic_message(Task(other="Allgather"), pipes)
+    assert "stage 0 called Barrier" in judging.task_traffic_message(Task(barrier=1), pipes)
+
+
+def test_what_a_rank_returns_never_crashes_the_gradient_check() -> None:
+    pipe = cases.hidden(4).small[0]
+    expected = judging.one_process(pipe)[0]
+    right = [{"grads": [expected[k][s] for k in range(2)], "losses": [[0.5] * pipe.m] * 2} for s in range(pipe.p)]
+    assert judging.gradient_message(pipe, right, expected, None) is None
+    assert judging.batch_losses(pipe, right) == [0.5, 0.5]
+    shapes = [dict(v, grads=[{n: np.zeros(3) for n in g} for g in v["grads"]]) for v in right]
+    for values, phrase in [(None, "handed back no gradients"), ([None] * 4, "handed back no gradients"),
+                           ([{"grads": 3}] * 4, "handed back no gradients"),
+                           ([{"grads": [{}, {}]}] * 4, "is missing"),
+                           ([{"grads": [{n: "x" for n in expected[0][0]}] * 2}] * 4, ".grad is None"),
+                           ([{"grads": [{n: object() for n in expected[0][0]}] * 2}] * 4, "not an array of numbers"),
+                           (shapes, "has shape (3,)")]:
+        assert phrase in judging.gradient_message(pipe, values, expected, None), phrase
+    assert judging.batch_losses(pipe, None) is None
+    assert judging.batch_losses(pipe, [{"losses": [["x"]] * 2}] * 4) is None
+
+
 def test_the_picture_replays_the_orders_it_is_given_and_refuses_others() -> None:
     summary = {"p": 4, "m": 3, "forward_ms": 1.0, "bubble_gpipe": 0.5, "stash_gpipe": 3, "bubble_1f1b": 0.5,
                "stash_1f1b": 3,
@@ -247,6 +392,8 @@ def test_the_picture_replays_the_orders_it_is_given_and_refuses_others() -> None
     assert svg.count("<title>forward") == svg.count("<title>backward") == 2 * 4 * 3
     assert programs.figure({**summary, "order_gpipe": ["F0 <script>"] * 4}).count("GPipe") == 0
     assert programs.figure({"p": "x"}) == ""
+    for bad in ({"p": float("nan")}, {"m": 10**9}, {"forward_ms": float("inf")}, {"p": 0}):
+        assert programs.figure({**summary, **bad}) == "", bad
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -269,6 +416,11 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
     "stack_backward.diff": (ONE_F, ["ran its backwards in the order", "another micro-batch's stashed activation"],
                             [ONE_F, SMALL]),
     "warmup_without_min.diff": (SMALL, ["forward(2, ...): micro-batches are numbered 0 to m - 1 = 1"], [SMALL]),
+    # Outside testers' attacks, which passed (or crashed the checker) before the stage views and the
+    # check of the declared compute.
+    "forged_emulate.py": (GPIPE, ["view of the pipeline holds no weights of stage"], ALL),
+    "forged_label_crash.py": (BUBBLE, ["the declared compute differs from the harness's: stage 0 declared 'forward x'",
+                                       "which its Stage never declares"], ALL),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -278,6 +430,8 @@ NAMES_ITS_BUG = {
     "another micro-batch's stashed activation": "stack_backward.diff",
     "as GPipe does": "warmup_all_m.diff",
     "micro-batches are numbered 0 to m - 1": "warmup_without_min.diff",
+    "view of the pipeline holds no": "forged_emulate.py",
+    "which its Stage never declares": "forged_label_crash.py",
 }
 
 

@@ -5,9 +5,15 @@ seconds each stage's forward and backward of one micro-batch cost on the virtual
 expected bubble is the critical path of the schedule's canonical order of operations, replayed
 here with the platform's message latency: with equal stages it is (p-1)/(m+p-1) (plus a few
 microseconds of messages); with unequal stages no closed form holds, so this replay is the bound.
+
+A rank is handed its stage's view of a case (``Pipe.for_rank``): the key of its own layers' start,
+the features on stage 0, the labels on the last stage, and never the case's seed, from which one
+process could compute every stage's gradients alone (an outside tester passed every check so,
+without running a pipeline). The checker keeps the whole case.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,12 +27,23 @@ NAMES = {GPIPE: "GPipe", ONE_F_ONE_B: "1F1B"}
 
 
 @dataclass(frozen=True)
+class Own:
+    """What a stage's view of a case holds of the model and the data: its own part only."""
+
+    stage: int
+    weights: int  # the key of this stage's starting weights
+    inputs: int | None  # stage 0: the key of the batch's features
+    labels: tuple[int, ...] | None  # the last stage: the batch's classes
+
+
+@dataclass(frozen=True)
 class Pipe:
     schedule: str  # GPIPE or ONE_F_ONE_B
     m: int  # micro-batches per step
     forward_s: tuple[float, ...]  # per stage: one micro-batch's forward on the virtual clock
     backward_s: tuple[float, ...]  # per stage: its backward
-    seed: int  # the model's start and the data
+    seed: int  # the checker's: the model's start and the data; -1 in a stage's view
+    own: Own | None = None  # a stage's view: its own keys and data instead of the seed
 
     @property
     def p(self) -> int:
@@ -45,6 +62,65 @@ class Pipe:
                  if self.equal else "unequal stages, forward " + "/".join(f"{f * 1e3:.1f}" for f in self.forward_s)
                  + " ms, backward " + "/".join(f"{b * 1e3:.1f}" for b in self.backward_s) + " ms")
         return f"{NAMES[self.schedule]}, p = {self.p}, m = {self.m}, {times}"
+
+    def _holds(self, stage: int, what: str) -> Own:
+        assert self.own is not None
+        if stage != self.own.stage:
+            raise ValueError(f"stage {self.own.stage}'s view of the pipeline holds no {what} of stage {stage}")
+        return self.own
+
+    def weights_key(self, stage: int) -> int:
+        """The key of stage ``stage``'s starting weights."""
+        return weights_key(self.seed, stage) if self.own is None else self._holds(stage, "weights").weights
+
+    def inputs_key(self) -> int:
+        """The key of the batch's features, which stage 0 reads."""
+        if self.own is None:
+            return inputs_key(self.seed)
+        if self.own.inputs is None:
+            raise ValueError(f"stage {self.own.stage}'s view of the pipeline holds no features (stage 0 reads them)")
+        return self.own.inputs
+
+    def labels(self) -> tuple[int, ...]:
+        """The batch's classes, which the last stage's loss reads."""
+        if self.own is None:
+            return labels_of(self.seed, self.batch)
+        if self.own.labels is None:
+            raise ValueError(f"stage {self.own.stage}'s view of the pipeline holds no labels (the last stage reads "
+                             "them)")
+        return self.own.labels
+
+    def for_rank(self, rank: int) -> "Pipe":
+        """What stage ``rank``'s process is handed: its own layers' key, the features on stage 0, the
+        labels on the last stage; no seed (with it, one process could compute every stage alone)."""
+        own = Own(rank, self.weights_key(rank), self.inputs_key() if rank == 0 else None,
+                  self.labels() if rank == self.p - 1 else None)
+        return replace(self, seed=-1, own=own)
+
+
+# -- the model's start and the data: every stage's here, only its own in a rank --------------------
+
+
+def weights_key(seed: int, stage: int) -> int:
+    return int(np.random.default_rng([seed, 12, 1, stage]).integers(2**62))
+
+
+def inputs_key(seed: int) -> int:
+    return int(np.random.default_rng([seed, 12, 2]).integers(2**62))
+
+
+def features(key: int, batch: int) -> np.ndarray:
+    """The batch's features (batch x FEATURES): micro-batch i is rows i*MICRO... The same every step."""
+    return np.random.default_rng([key]).standard_normal((batch, FEATURES))
+
+
+@lru_cache(maxsize=64)
+def labels_of(seed: int, batch: int) -> tuple[int, ...]:
+    """The batch's classes: a hidden linear teacher of the features, with noise."""
+    x = features(inputs_key(seed), batch)
+    rng = np.random.default_rng([seed, 12, 3])
+    teacher = rng.standard_normal((FEATURES, CLASSES))
+    return tuple(int(c) for c in np.argmax(x @ teacher + 0.3 * rng.standard_normal((batch, CLASSES)), axis=1))
 
 
 @dataclass(frozen=True)

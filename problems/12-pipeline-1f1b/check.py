@@ -5,12 +5,19 @@ on three more (for each, two with equal stages and m >= p micro-batches, one wit
 times), and both schedules with m < p. Every pipeline trains two SGD steps of a real torch MLP.
 The checks then read, in the supervisor:
 
-- the gradients every stage hands back, against one process training the whole batch here;
+- the gradients every stage hands back, against one process training the whole batch here (no
+  stage holds the others' weights or data: cases.Pipe.for_rank), with the messages that carried
+  the other stages' part: m each way between neighbours, one micro-batch's activation or gradient each;
 - the bubble (idle over total) from the replay on the virtual clock, against (p-1)/(m+p-1) for
   equal stages, or, for unequal stages where no formula holds, the critical path of the schedule's
   canonical order replayed here with the same stage times;
 - the stashed activations, counted from the forwards and backwards the harness's Stage declared,
   in each stage's program order: m on every stage for GPipe, at most p for 1F1B.
+
+The spans the bubble and the stash are read from are declared from the learner's process, so each
+check that reads them first compares them with what the harness's Stage declares for the case
+(judging.declared_message): its labels, its stage times, one forward and one backward per
+micro-batch, each after the message it needs.
 """
 
 from typing import Any, NamedTuple
@@ -53,21 +60,41 @@ class Ran(NamedTuple):
 def of(pipelines: Run, *tasks: int) -> list[Ran]:
     """The pipelines of the given tasks. Only these are read: a task that failed (a deadlock, an
     exception) fails the checks that read it, with its story, and no other."""
-    return [Ran(case, [value[n] for value in task.values], task, n)
+    return [Ran(case, [nth(value, n) for value in task.values], task, n)
             for task in (pipelines.tasks[k] for k in tasks) for n, case in enumerate(task.spec.cases)]
+
+
+def nth(value: Any, n: int) -> Any:
+    """What a rank's run_cases returned for its ``n``-th case, None if it returned no such thing."""
+    return value[n] if isinstance(value, list) and n < len(value) else None
+
+
+def step_of(t: CheckContext, result: Ran, k: int) -> judging.Step:
+    """Training step ``k`` of the pipeline on the virtual clock; a failed check if its marks are not
+    in the trace (they are the harness's, but set from the learner's process)."""
+    try:
+        return judging.Step(result.task, result.number, k, result.case.p)
+    except ValueError as error:
+        t.fail(f"{result.case.label()}, step {k}: {error}")
 
 
 def gradients(t: CheckContext, runs: list) -> None:
     for result in runs:
-        pipe, number = result.case, result.number
-        expected, losses = programs.one_process(pipe)
-        message = judging.gradient_message(pipe, result.values, expected,
-                                           lambda k: judging.Step(result.task, number, k, pipe.p))
+        pipe = result.case
+        expected, losses = judging.one_process(pipe)
+        message = judging.gradient_message(pipe, result.values, expected, lambda k: step_of(t, result, k))
         if message:
             t.fail(message)
-        got = [sum(v for v in result.values[pipe.p - 1]["losses"][k] if v is not None) / pipe.m for k in range(STEPS)]
+        for k in range(STEPS):  # right gradients need the other stages' part: the messages that carried it
+            if message := judging.traffic_message(pipe, step_of(t, result, k)):
+                t.fail(f"{message} (step {k})")
+        got = judging.batch_losses(pipe, result.values)
+        said = "?" if got is None else " -> ".join(f"{x:.4f}" for x in got)
         t.say(f"{pipe.label()}: every stage's gradients are one process's on both steps; the batch's loss "
-              f"{' -> '.join(f'{x:.4f}' for x in got)} (one process: {' -> '.join(f'{x:.4f}' for x in losses)})")
+              f"{said} (one process: {' -> '.join(f'{x:.4f}' for x in losses)})")
+    for task in {id(result.task): result.task for result in runs}.values():
+        if message := judging.task_traffic_message(task, list(task.spec.cases)):
+            t.fail(message)
 
 
 @CHECKS.check("GPipe: every stage's gradients are one process's on the whole batch", points=3)
@@ -91,10 +118,12 @@ def message_s(t: CheckContext) -> float:
 def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
     figures = {}
     for result in of(pipelines, GPIPE_TASK, ONE_F_ONE_B_TASK):
-        pipe, number = result.case, result.number
+        pipe = result.case
         bound = cases.expected_bubble(pipe, message_s(t))
         for k in range(STEPS):
-            step = judging.Step(result.task, number, k, pipe.p)
+            step = step_of(t, result, k)
+            if message := judging.declared_message(pipe, step, times=not t.learner_faults):
+                t.fail(message)
             if t.learner_faults:
                 t.say(f"{pipe.label()}: bubble {step.bubble} under your fault plan (not graded)")
                 continue
@@ -107,7 +136,7 @@ def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
               + (formula if pipe.equal else f"the critical path's {bound:.3f} (the formula would say {formula})"))
     t.metric("bubble_measured_expected", figures)
     last = of(pipelines, ONE_F_ONE_B_TASK)[1]  # the headline: 1F1B's longest equal pipeline
-    steps = [judging.Step(last.task, last.number, k, last.case.p) for k in range(STEPS)]
+    steps = [step_of(t, last, k) for k in range(STEPS)]
     t.performance(sum(s.end - s.start for s in steps), cases.replay(last.case, message_s(t))[0] * STEPS, last.task)
 
 
@@ -115,9 +144,10 @@ def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
               points=2)
 def stash_is_bounded(t: CheckContext, pipelines: Run) -> None:
     for result in of(pipelines, GPIPE_TASK, ONE_F_ONE_B_TASK):
-        pipe, number = result.case, result.number
-        step = judging.Step(result.task, number, 0, pipe.p)
-        if message := judging.stash_message(pipe, step) or judging.messages_message(pipe, step):
+        pipe = result.case
+        step = step_of(t, result, 0)
+        if message := (judging.declared_message(pipe, step, times=not t.learner_faults)
+                       or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)):
             t.fail(message)
         t.metric(f"stash {pipe.schedule} m={pipe.m}", step.peaks)
         t.say(f"{pipe.label()}: peak stash per stage {step.peaks}")
@@ -130,8 +160,9 @@ def fewer_micro_batches_than_stages(t: CheckContext, pipelines: Run) -> None:
     runs = of(pipelines, SMALL_TASK)
     gradients(t, runs)
     for result in runs:
-        pipe, step = result.case, judging.Step(result.task, result.number, 0, result.case.p)
-        problem = judging.stash_message(pipe, step) or judging.messages_message(pipe, step) or (
+        pipe, step = result.case, step_of(t, result, 0)
+        problem = (judging.declared_message(pipe, step, times=not t.learner_faults)
+                   or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)) or (
             None if t.learner_faults else
             judging.bubble_message(pipe, step, cases.expected_bubble(pipe, message_s(t)), BUBBLE_TOLERANCE))
         if problem:

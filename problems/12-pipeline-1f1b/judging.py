@@ -3,16 +3,34 @@ its gradients against one process's, the symptoms of known mistakes, and the rep
 
 Everything here reads what the harness recorded: the compute spans the Stage declared ("forward i",
 "backward i"), in each rank's program order, and the gradients the ranks hand back as evidence,
-judged against the expected values of cases.py and programs.one_process."""
+judged against the expected values of cases.py and one_process (here: the ranks never import this
+module). The learner's process declares the spans and returns the gradients, so neither is taken
+on its word: the spans must be the ones the harness's Stage declares for the case (its labels, its
+stage times, one forward and one backward per micro-batch), each in an order the messages allow
+(a forward after its activation came in, a backward after its gradient did), and the gradients,
+which no stage can compute without the others' data, must come with the messages that carried it.
+Nothing a rank returns or declares may crash a check: what cannot be read is a failed check."""
 
+import re
 from html import escape
 from typing import Any
 
 import numpy as np
+import torch.nn.functional as F
 
 from distlab.grading import first_mismatch
 
-from .cases import NAMES, Pipe, formula_bubble, operations, peak_stash
+from . import programs
+from .cases import (
+    MICRO,
+    NAMES,
+    STEPS,
+    WIDTH,
+    Pipe,
+    formula_bubble,
+    operations,
+    peak_stash,
+)
 from .cases import replay as cases_replay
 
 RTOL, ATOL = 1e-9, 1e-12  # float64 sums in another order: about 1e-15 apart
@@ -31,14 +49,19 @@ def window(timeline: Any, rank: int, number: int, step: int) -> tuple[float, lis
     return events[starts[0]].begin, after[:end]
 
 
+LABEL = re.compile(r"(forward|backward) (0|[1-9][0-9]{0,8})")
+MESSAGE_BYTES = MICRO * WIDTH * 8  # one micro-batch's activation or gradient between stages, float64
+
+
+def parse_label(name: Any) -> tuple[str, int] | None:
+    """("F" or "B", micro-batch) of a label the Stage declares ("forward 3"), None for any other."""
+    found = LABEL.fullmatch(name) if isinstance(name, str) else None
+    return None if found is None else ("F" if found[1] == "forward" else "B", int(found[2]))
+
+
 def declared_operations(spans: list[Any]) -> list[tuple[str, int]]:
     """("F" or "B", micro-batch) of each forward and backward the Stage declared, in program order."""
-    ops = []
-    for span in spans:
-        if span.kind == "compute" and span.name.split(" ")[0] in ("forward", "backward"):
-            kind, micro = span.name.split(" ")
-            ops.append(("F" if kind == "forward" else "B", int(micro)))
-    return ops
+    return [op for span in spans if span.kind == "compute" and (op := parse_label(span.name)) is not None]
 
 
 class Step:
@@ -48,6 +71,7 @@ class Step:
         timeline = task.timeline()
         windows = [window(timeline, rank, number, step) for rank in range(p)]
         self.start = min(mark for mark, _ in windows)
+        self.events = [spans for _, spans in windows]  # every call of each stage, in program order
         self.compute = [[s for s in spans if s.kind == "compute"] for _, spans in windows]
         self.sent = [[s.peer for s in spans if s.kind == "send"] for _, spans in windows]  # world ranks
         self.collectives = [[s.name for s in spans if s.kind in ("coll", "icoll")] for _, spans in windows]
@@ -87,13 +111,24 @@ def gradient_message(pipe: Pipe, values: dict[int, Any], expected: list[list[dic
     for k, want_step in enumerate(expected):
         pairs = []
         for s, want in enumerate(want_step):
-            got = values[s]["grads"][k]
+            got = returned(values, s, "grads", k)
+            if not isinstance(got, dict):
+                return (f"{pipe.label()}, step {k}: stage {s} handed back no gradients for this step (the harness "
+                        f"returns a dict of every parameter's .grad; got {type(got).__name__})")
             for name, w in want.items():
                 g = got.get(name)
                 if isinstance(g, str) or g is None:
-                    return (f"{pipe.label()}, step {k}: stage {s}'s {g or name + ' is missing'}: no backward reached "
-                            "this stage's parameters")
-                pairs.append((s, name, np.asarray(g), w))
+                    what = f"{name} is missing" if g is None else f"{name}.grad is None"
+                    return (f"{pipe.label()}, step {k}: stage {s}'s {what}: no backward reached this stage's "
+                            "parameters")
+                try:
+                    array = np.asarray(g, dtype=np.float64)
+                except (TypeError, ValueError, OverflowError):
+                    return f"{pipe.label()}, step {k}: stage {s}'s {name}.grad is not an array of numbers"
+                if array.shape != w.shape:
+                    return (f"{pipe.label()}, step {k}: stage {s}'s {name}.grad has shape {array.shape}, the "
+                            f"parameter's is {w.shape}")
+                pairs.append((s, name, array, w))
         wrong = [(s, n, g, w, bad) for s, n, g, w in pairs if (bad := first_mismatch(g, w, rtol=RTOL, atol=ATOL))]
         if not wrong:
             continue
@@ -102,6 +137,44 @@ def gradient_message(pipe: Pipe, values: dict[int, Any], expected: list[list[dic
                 f"{pipe.batch} samples (the mean loss); first at stage {s}, {name}: {bad.describe()}")
         return head + symptom(pipe, pairs, step_of(k))
     return None
+
+
+def returned(values: Any, stage: int, key: str, step: int) -> Any:
+    """What stage ``stage``'s train() returned under ``key`` for training step ``step``, None if
+    that is not there (a rank's return value is the learner process's: anything may come back)."""
+    try:
+        got = values[stage][key]
+        return got[step] if isinstance(got, (list, tuple)) else None
+    except (LookupError, TypeError):
+        return None
+
+
+def batch_losses(pipe: Pipe, values: Any) -> list[float] | None:
+    """The batch's loss per step, the mean of the last stage's micro-batch losses, None if unreadable."""
+    try:
+        return [float(sum(float(v) for v in returned(values, pipe.p - 1, "losses", k) if v is not None)) / pipe.m
+                for k in range(STEPS)]
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def one_process(pipe: Pipe) -> tuple[list[list[dict[str, np.ndarray]]], list[float]]:
+    """STEPS SGD steps on the whole batch, the mean loss over all m x MICRO samples: each stage's
+    gradients per step, and the batch's loss per step (what the pipeline must give: the checker's,
+    from the whole case, which no rank holds)."""
+    modules = [programs.stage_module(pipe, s) for s in range(pipe.p)]
+    grads, losses = [], []
+    for _ in range(STEPS):
+        x, labels = programs.inputs(pipe), programs.targets(pipe)
+        for module in modules:
+            x = module(x)
+        loss = F.cross_entropy(x, labels)
+        loss.backward()
+        grads.append([programs.grads_of(module) for module in modules])
+        losses.append(loss.item())
+        for module in modules:
+            programs.sgd(module)
+    return grads, losses
 
 
 def symptom(pipe: Pipe, pairs: list[tuple[int, str, np.ndarray, np.ndarray]], step: Step) -> str:
@@ -178,6 +251,119 @@ def messages_message(pipe: Pipe, step: Step) -> str | None:
     return None
 
 
+def traffic_message(pipe: Pipe, step: Step) -> str | None:
+    """What the gradients need besides being right: the messages that carried the other stages'
+    part, m each way between neighbours, each one micro-batch's activation or gradient in bytes.
+    (No stage holds the other stages' weights or data: right gradients came through these.)"""
+    if message := messages_message(pipe, step):
+        return message
+    for s in range(pipe.p):
+        for span in step.events[s]:
+            if span.kind == "send" and span.nbytes != MESSAGE_BYTES:
+                return (f"{pipe.label()}: stage {s} sent {span.nbytes} bytes to stage {span.peer}; a micro-batch's "
+                        f"activation or gradient is MICRO x WIDTH = {MICRO} x {WIDTH} float64, {MESSAGE_BYTES} bytes")
+    return None
+
+
+def task_traffic_message(task: Any, pipes: list[Pipe]) -> str | None:
+    """Over the whole task, each stage sent exactly what its pipelines' steps account for (m each way
+    per step and pipeline, one micro-batch's bytes each), so that nothing travelled outside a step,
+    and called no collective but the harness's Barrier before each step."""
+    p, total = pipes[0].p, STEPS * sum(pipe.m for pipe in pipes)
+    for s in range(p):
+        counts = task.counts(s)
+        want = {n: total for n in (s - 1, s + 1) if 0 <= n < p}
+        got = {n: c for n, c in counts.sent_msgs.items() if c}
+        sent = {n: b for n, b in counts.sent_bytes.items() if b}
+        if got != want or sent != {n: c * MESSAGE_BYTES for n, c in want.items()}:
+            said = ", ".join(f"{c} messages ({sent.get(n, 0)} bytes) to stage {n}" for n, c in sorted(got.items()))
+            return (f"over the whole task, stage {s} sent {said or 'nothing'}; its {len(pipes)} pipelines' steps "
+                    f"account for {total} to each neighbouring stage, {MESSAGE_BYTES} bytes each (every message "
+                    "an activation or a gradient of a step)")
+        others = [op for op in counts.collectives_used() if op != "Barrier"]
+        if others or counts.calls.get("Barrier", 0) != STEPS * len(pipes):
+            return (f"over the whole task, stage {s} called {', '.join(others) or 'Barrier'} besides the harness's "
+                    "Barrier before each step: activations and gradients go point to point")
+    return None
+
+
+def _ops_text(ops: list[tuple[str, int]]) -> str:
+    return " ".join(f"{kind}{i}" for kind, i in ops) or "nothing"
+
+
+def declared_message(pipe: Pipe, step: Step, times: bool = True) -> str | None:
+    """None when every stage's compute spans are the ones the harness's Stage declares for this
+    case, each where the messages allow it; else what differs.
+
+    The Stage declares "forward i" and "backward i" with the case's stage times, once per micro-batch
+    and stage; a forward on stage s > 0 needs the activation stage s-1 sent (its k-th forward comes
+    after its k-th activation in), a backward the gradient stage s+1 sent and its own forward, and a
+    stage sends its k-th activation after its k-th forward, its k-th gradient after its k-th
+    backward. ``times``: compare the seconds too (not under a fault plan, which may slow a rank).
+    A run that declared nothing at all is left to the schedule's own checks, which say so."""
+    if not any(step.compute):
+        return None
+    head = f"{pipe.label()}: the declared compute differs from the harness's: "
+    every = sorted((kind, i) for kind in "FB" for i in range(pipe.m))
+    for s in range(pipe.p):
+        for span in step.compute[s]:
+            op = parse_label(span.name)
+            if op is None or op[1] >= pipe.m:
+                return (head + f"stage {s} declared {str(span.name)[:60]!r}, which its Stage never declares (it "
+                        f"declares \"forward i\" and \"backward i\" for micro-batches i = 0 to m - 1 = {pipe.m - 1})")
+            want = (pipe.forward_s if op[0] == "F" else pipe.backward_s)[s]
+            if times and not abs(span.seconds - want) <= 1e-6 * want:
+                return (head + f"stage {s} declared {span.name} for {span.seconds * 1e3:.4g} ms, where its Stage "
+                        f"declares {want * 1e3:.4g} ms ({'forward' if op[0] == 'F' else 'backward'} of this stage)")
+        if sorted(step.ops[s]) != every:
+            missing = [f"{k}{i}" for k, i in every if (k, i) not in step.ops[s]]
+            twice = sorted({f"{k}{i}" for k, i in step.ops[s] if step.ops[s].count((k, i)) > 1})
+            return (head + f"stage {s} declared {_ops_text(step.ops[s])}"
+                    + (f"; missing {' '.join(missing)}" if missing else "")
+                    + (f"; twice {' '.join(twice)}" if twice else "")
+                    + ": its Stage declares one forward and one backward of each micro-batch")
+        if message := _order_message(pipe, step, s):
+            return head + message
+    return None
+
+
+def _order_message(pipe: Pipe, step: Step, s: int) -> str | None:
+    """Where stage ``s``'s declared operations come before the messages they need, or its sends
+    before the operations that computed them (see declared_message)."""
+    received = {s - 1: 0, s + 1: 0}
+    sent = {s - 1: 0, s + 1: 0}
+    forwards, backwards, forwarded = 0, 0, set()
+    for span in step.events[s]:
+        if span.kind == "wait":
+            for key in span.received:
+                if key[1] in received:
+                    received[key[1]] += 1
+        elif span.kind == "send" and span.peer in sent:
+            sent[span.peer] += 1
+            done, what = (forwards, "forward") if span.peer == s + 1 else (backwards, "backward")
+            if sent[span.peer] > done:
+                return (f"stage {s} sent message {sent[span.peer]} to stage {span.peer} after only {done} "
+                        f"{what}(s): each activation (gradient) it sends comes out of a {what}")
+        elif span.kind == "compute" and (op := parse_label(span.name)) is not None:
+            kind, i = op
+            if kind == "F":
+                forwards += 1
+                forwarded.add(i)
+                if s > 0 and received[s - 1] < forwards:
+                    return (f"stage {s} declared forward {i}, its forward number {forwards}, having received "
+                            f"{received[s - 1]} activation(s) from stage {s - 1}: a forward needs the previous "
+                            "stage's activation")
+            else:
+                backwards += 1
+                if i not in forwarded:
+                    return f"stage {s} declared backward {i} before forward {i}: a backward needs its stashed activation"
+                if s < pipe.p - 1 and received[s + 1] < backwards:
+                    return (f"stage {s} declared backward {i}, its backward number {backwards}, having received "
+                            f"{received[s + 1]} gradient(s) from stage {s + 1}: a backward needs the next stage's "
+                            "gradient")
+    return None
+
+
 def stash_message(pipe: Pipe, step: Step) -> str | None:
     """GPipe holds all m activations at its peak on every stage; 1F1B at most p on any."""
     for s, top in enumerate(step.peaks):
@@ -211,6 +397,8 @@ def schedule_svg(summary: dict) -> str:
     stage, replayed here with its stage times (forward blue, backward orange, idle grey)."""
     if not isinstance(summary, dict) or not all(isinstance(summary.get(k), (int, float)) for k in ("p", "m", "forward_ms")):
         return ""
+    if not (summary["p"] in range(1, 65) and summary["m"] in range(1, 257) and 0 < summary["forward_ms"] < 1e6):
+        return ""  # rank 0's numbers, from the learner's process: only a pipeline worth drawing is drawn
     p, m, f = int(summary["p"]), int(summary["m"]), float(summary["forward_ms"]) * 1e-3
     panels = []
     for name in ("gpipe", "1f1b"):

@@ -1,5 +1,5 @@
-"""What runs on the ranks of problem 12, and the same model on one process (the expected values,
-computed in the supervisor).
+"""What runs on the ranks of problem 12 (the same model on one process, the expected values, is
+judging.one_process, in the checker only).
 
 The model is a small MLP cut into four stages, one per rank, trained for real in float64:
 6 features -> 8 -> 8 -> 8 -> 3 classes, tanh between, cross-entropy at the end. The harness's
@@ -7,6 +7,9 @@ Stage runs the learner's stage for one micro-batch at a time, keeps what autogra
 backward (the stashed activation) and declares each forward and backward on the virtual clock
 with the case's hidden stage times, labelled "forward i" / "backward i": the checks read the
 schedule, the bubble and the stash from those spans, never from what a rank says.
+
+Each rank holds its stage's view of the case (cases.Pipe.for_rank): its own layers' start, the
+features on stage 0, the labels on the last stage; what the others hold comes only in messages.
 """
 
 from typing import Any
@@ -26,30 +29,33 @@ from .cases import (
     STEPS,
     WIDTH,
     Pipe,
+    features,
     formula_bubble,
     peak_stash,
 )
 
 
-def stage_module(stage: int, p: int, seed: int) -> nn.Module:
-    """Stage ``stage`` of ``p``: a linear layer, and tanh on every stage but the last."""
+def stage_module(pipe: Pipe, stage: int) -> nn.Module:
+    """Stage ``stage`` of ``pipe.p``: a linear layer, and tanh on every stage but the last."""
+    p = pipe.p
     fan_in = FEATURES if stage == 0 else WIDTH
     layer = nn.Linear(fan_in, CLASSES if stage == p - 1 else WIDTH, dtype=torch.float64)
-    rng = np.random.default_rng([seed, stage])  # the same start on the rank and in the checker
+    rng = np.random.default_rng([pipe.weights_key(stage)])  # the same start on the rank and in the checker
     with torch.no_grad():
         for param in layer.parameters():
             param.copy_(torch.from_numpy(rng.normal(0.0, 0.6, tuple(param.shape))))
     return layer if stage == p - 1 else nn.Sequential(layer, nn.Tanh())
 
 
-def data(pipe: Pipe, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of m x MICRO samples (features, labels); micro-batch i is rows i*MICRO...
+def inputs(pipe: Pipe) -> torch.Tensor:
+    """The batch's m x MICRO samples' features (stage 0's); micro-batch i is rows i*MICRO...
     The same batch every step, so the steps' losses show the descent."""
-    rng = np.random.default_rng([pipe.seed, 100])
-    x = rng.standard_normal((pipe.batch, FEATURES))
-    teacher = np.random.default_rng([pipe.seed, 99]).standard_normal((FEATURES, CLASSES))
-    labels = np.argmax(x @ teacher + 0.3 * rng.standard_normal((pipe.batch, CLASSES)), axis=1)
-    return torch.from_numpy(x), torch.from_numpy(labels)
+    return torch.from_numpy(features(pipe.inputs_key(), pipe.batch))
+
+
+def targets(pipe: Pipe) -> torch.Tensor:
+    """The batch's classes (the last stage's)."""
+    return torch.tensor(pipe.labels(), dtype=torch.int64)
 
 
 class Stage:
@@ -65,7 +71,8 @@ class Stage:
         self.output_shape = (MICRO, WIDTH) if self.index < self.count - 1 else ()
         self.module = module
         self._comm, self._pipe = comm, pipe
-        self._x, self._labels = data(pipe, step)
+        self._x = inputs(pipe) if self.index == 0 else None
+        self._labels = targets(pipe) if self.index == self.count - 1 else None
         self._stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro -> (input, output)
         self.losses: dict[int, float] = {}
 
@@ -138,7 +145,7 @@ def train(comm: Any, solution: Any, pipe: Pipe, number: int) -> dict[str, Any]:
     """STEPS steps of the learner's schedule, SGD between them; a phase mark around each step.
 
     Returns this stage's gradients per step and (last stage) the micro-batches' losses per step."""
-    module = stage_module(comm.Get_rank(), pipe.p, pipe.seed)
+    module = stage_module(pipe, comm.Get_rank())
     grads, losses = [], []
     for step in range(STEPS):
         stage = Stage(comm, pipe, step, module)
@@ -155,27 +162,6 @@ def train(comm: Any, solution: Any, pipe: Pipe, number: int) -> dict[str, Any]:
 def run_cases(comm: Any, solution: Any, pipes: list[Pipe]) -> list[dict[str, Any]]:
     torch.set_num_threads(1)  # the ranks share the cores, as torchrun's OMP_NUM_THREADS=1
     return [train(comm, solution, pipe, number) for number, pipe in enumerate(pipes)]
-
-
-# == the same on one process: the expected values ===================================================
-
-
-def one_process(pipe: Pipe) -> tuple[list[list[dict[str, np.ndarray]]], list[float]]:
-    """STEPS SGD steps on the whole batch, the mean loss over all m x MICRO samples: each stage's
-    gradients per step, and the batch's loss per step."""
-    modules = [stage_module(s, pipe.p, pipe.seed) for s in range(pipe.p)]
-    grads, losses = [], []
-    for step in range(STEPS):
-        x, labels = data(pipe, step)
-        for module in modules:
-            x = module(x)
-        loss = F.cross_entropy(x, labels)
-        loss.backward()
-        grads.append([grads_of(module) for module in modules])
-        losses.append(loss.item())
-        for module in modules:
-            sgd(module)
-    return grads, losses
 
 
 # == the free run ===================================================================================
@@ -226,7 +212,7 @@ def main(comm, solution, m="8", schedule="both", forward_ms="1"):
                                "formula": round(formula_bubble(p, int(m)), 4)}
     for name in [GPIPE, ONE_F_ONE_B] if schedule == "both" else [schedule]:
         pipe = free_pipe(p, name, m, forward_ms)
-        stage = Timed(comm, pipe, 0, stage_module(rank, p, pipe.seed))
+        stage = Timed(comm, pipe, 0, stage_module(pipe, rank))
         comm.Barrier()
         comm.mark(name)
         schedule_of(solution, pipe)(comm, stage)
