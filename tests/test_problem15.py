@@ -6,8 +6,11 @@ training job, batches that do not divide), the tolerances against the common wro
 many seeds, and every diagnosis on made-up evidence and on the fixtures' own answers (each names
 its own mistake and stays silent on the others). The second half runs the real CLI once per
 solution, all with seed 4242 (replay with `distlab check 15 --seed 4242 --solution ...`): the
-reference and the starter sealed, as a learner runs them; the fixtures unsealed; the alternative
-on gloo; and `distlab report 15`. No run may leave a process behind.
+reference and the starter sealed, as a learner runs them; the fixtures unsealed, but for a forgery
+that only a sealed run shows (a patched SealedComm); the alternative on gloo; and `distlab report
+15`. No run may leave a process behind. The forged fixtures are an outside tester's attacks: each
+rank holds its own samples only, and what its process returns or declares is checked against the
+agents' records.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def test_devices_are_the_lab_platforms() -> None:
 def test_the_worked_example_and_its_roundings() -> None:
     """The reference's docstring: B = 101 over 940, 370, 770, 770."""
     job = cases.Job(tuple(cases.lab_device(n) for n in ("n0-gpu0", "n2-gpu0", "n3-npu0", "n3-npu1")), 101)
-    assert cases.card_split(job) == solution("reference.py").split_batch(101, list(job.devices)) == [34, 13, 27, 27]
+    assert judging.card_split(job) == solution("reference.py").split_batch(101, list(job.devices)) == [34, 13, 27, 27]
     assert [round(s) for s in job.shares()] == [33, 13, 27, 27]  # one short
     assert cases.split_faults(job, [33, 13, 27, 27]) == ["the split sums to 100, not 101: 1 sample(s) lost every step"]
     assert cases.split_faults(job, [34, 13, 26, 28]) == [
@@ -95,7 +98,7 @@ def test_tolerances_keep_the_common_wrong_answers_twice_away() -> None:
     limit = check.IDLE_LIMIT
     for seed in range(100):
         for job in (t.job for t in cases.hidden(seed)[1]):
-            assert cases.idle_share(job, cases.card_split(job)) <= limit / 2, (seed, job.label())
+            assert cases.idle_share(job, judging.card_split(job)) <= limit / 2, (seed, job.label())
             for wrong in ("equal", "flops"):
                 assert cases.idle_share(job, cases.MISREADINGS[wrong][0](job)) >= 2 * limit, (seed, wrong, job.label())
     for seed in range(5):
@@ -125,6 +128,53 @@ def wrong_gradients(training, local: list[dict]) -> dict[str, list[dict]]:
             "local": local, "weighted": weighted}
 
 
+def test_a_rank_holds_its_own_samples_only() -> None:
+    """A rank's view of a training (what its process is handed) has no seed and draws its own samples,
+    the very ones the checker's global batch holds for it; another rank's it cannot draw."""
+    training = cases.hidden(SEED)[1][0]
+    split = judging.card_split(training.job)
+    whole = programs.global_samples(training, 2, split)
+    ends = np.cumsum([0, *split])
+    for rank in range(training.job.p):
+        view = training.for_rank(rank)
+        assert view.seed == -1 and view.shared_key == training.shared_key and str(training.seed) not in repr(view)
+        mine = programs.samples(view, 2, rank, split[rank])
+        assert all(np.array_equal(a.numpy(), b[ends[rank]:ends[rank + 1]].numpy()) for a, b in zip(mine, whole))
+        with pytest.raises(ValueError, match=f"rank {rank}'s view of the training holds no samples of rank"):
+            programs.samples(view, 2, (rank + 1) % training.job.p, 1)
+
+
+def test_malformed_values_fail_and_name_what_was_wrong() -> None:
+    """The ranks' values come from the learner's process: a wrong kind or shape is a failed check
+    that says what it was, never an exception in the checker."""
+    table, trainings = cases.hidden(SEED)
+    training = trainings[0]
+    p, good_split = training.job.p, judging.card_split(training.job)
+    assert judging.table_answers(table, programs.ask_table(Rank0(), solution("reference.py"), table))[1] is None
+    for junk in (None, "x", ([], []), ([(good_split, None)] * len(table.jobs), [("host", None)] * len(table.places))):
+        answers, why = judging.table_answers(table, junk)
+        assert answers is None and why.startswith("rank 0 returned"), why
+    weights = {"head.bias": np.zeros(4)}
+    good = programs.Trained(good_split, None, None, [1.0] * cases.STEPS, weights)
+    assert judging.trained_values(training, [good] * p)[1] is None
+    for junk in ("x", good._replace(split=[1] * (p + 1)), good._replace(split=[10**9] * p),
+                 good._replace(losses=[1.0]), good._replace(weights={"head.bias": "w"}), good._replace(placement=[])):
+        values, why = judging.trained_values(training, [good] * (p - 1) + [junk])
+        assert values is None and f"rank {p - 1} returned" in why, why
+    values, why = judging.gradient_values(training, [{}] * (p - 1) + [np.zeros(3)])
+    assert values is None and f"rank {p - 1} returned" in why
+    gradient = cases.gradient_case(training)
+    shapes = [{"head.bias": np.zeros(7), "image.weight": np.array(["a"])}] * p
+    assert "away (relative)" in judging.gradient_message(gradient, shapes)[0]
+
+
+class Rank0:
+    """A communicator's one call that ask_table makes."""
+
+    def Get_rank(self) -> int:  # noqa: N802 - the MPI name
+        return 0
+
+
 # == the diagnoses ====================================================================================
 
 
@@ -145,10 +195,13 @@ def test_each_gradient_mistake_is_named_alone() -> None:
     assert "on rank 0 head.bias.grad is None; expected the global batch's gradient" in message
 
 
-# fixture -> the misreading its split is named for, on every seed's table (None: a right split)
+# fixture -> the misreading its split is named for, on every seed's table (None: a right split; RAISES: its
+# split_batch raises, here as in the run, where the checker's card_split it reached for is no more in cases.py)
+RAISES = "split_batch raised"
 SPLITS = {"equal_split.py": "equal", "floor_shares.py": "floor", "round_shares.py": "round", "flops_split.py": "flops",
           "starter.py": "equal", "reference.py": None, "alt_soonest_finish.py": None, "unweighted_mean.py": None,
-          "op_by_name.py": None, "host_everywhere.py": None}
+          "op_by_name.py": None, "host_everywhere.py": None, "forged_no_comm.py": RAISES,
+          "forged_equal_split_clock.py": "equal", "forged_seed_guess.py": None}
 
 
 @pytest.mark.parametrize("seed", [SEED, 1, 2, 3])
@@ -158,6 +211,9 @@ def test_split_messages_name_only_the_fixtures_own_misreading(seed: int) -> None
         answers = [programs.ask_split(solution(name), job) for job in table.jobs]
         message = judging.split_message(table.jobs, answers)
         said = [k for k, phrase in judging.SPLIT_SAYS.items() if phrase in (message or "")]
+        if misreading == RAISES:
+            assert message and RAISES in message and not said, (seed, name, message)
+            continue
         assert said == ([misreading] if misreading else []), (seed, name, message)
         assert (message is None) == (misreading is None), (name, message)
 
@@ -236,14 +292,25 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "flops_split.py": ({SPLIT, IDLE}, [
         "Every answer of the table is a split in proportion to peak FLOP/s", "expected at most 5% idle; saw"]),
     "op_by_name.py": ({PLACE}, ["on the host; saw it on the accelerator, but ascend910 lacks"]),
+    # forged: its sync reads rank 0's samples on every rank, which a rank's view of the training refuses
+    "forged_no_comm.py": (ALL, ["view of the training holds no samples of rank 0"]),
+    # forged: redraws every rank's samples from the check's seed, which the checker's secret salt now defeats
+    "forged_seed_guess.py": ({GRADIENT, TRAINING}, ["away (relative) from the global batch's gradient",
+                                                    "after 4 steps expected one process's weights"]),
 }
 # Judged in this process by the check's own functions (the tests above): their checks' logic is the same.
 IN_PROCESS = {"equal_split.py", "round_shares.py", "host_everywhere.py"}
+# Forgeries of the learner's process that only a sealed run shows (unsealed, the class they patch is not used).
+SEALED = {"forged_equal_split_clock.py"}
+# What the checks say of a forgery, and the fixture it is said of: silent on every other fixture.
+FORGED_SAYS = {"holds no samples of rank": "forged_no_comm.py",
+               "the declared compute differs from the harness's": "forged_equal_split_clock.py",
+               "sent, received or reduced": None}  # no fixture's: the gradients travel in each
 
 
 def test_every_fixture_is_tested() -> None:
     names = fixture_names("15")
-    assert names == set(BUGGY) | IN_PROCESS | {"alt_soonest_finish.py"}
+    assert names == set(BUGGY) | IN_PROCESS | SEALED | {"alt_soonest_finish.py"}
     assert set(SPLITS) >= names
 
 
@@ -257,7 +324,24 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     assert {check_name for check_name in ALL if run.status(check_name) == "failed"} == failing, run.out
     for needle in needles:
         assert needle in run.messages(), f"{needle!r} missing from:\n{run.out}"
+    for phrase, owner in FORGED_SAYS.items():
+        assert owner == name or phrase not in run.messages(), f"{phrase!r} said of {name}:\n{run.out}"
     assert f"distlab check 15 --seed {SEED}" in run.flat
+
+
+@pytest.mark.slow
+def test_a_patched_compute_declaration_fails_the_idle_check_sealed(checked: Callable[..., Checked]) -> None:
+    """An outside tester's forgery passed the idle check sealed with an equal split: every rank's
+    patched SealedComm.compute declared B over the summed speeds. The declared compute must be the
+    harness's for the rank's batch on its device; the other checks read it as an equal split."""
+    run = checked("--solution", str(fixture_solution("15", "forged_equal_split_clock.py")), "--seal", "on")
+    assert_clean(run)
+    assert run.rc == 1 and run.results is not None and run.results["seal"] == "on", run.out
+    assert {c for c in ALL if run.status(c) == "failed"} == {SPLIT, IDLE}, run.out
+    assert "the declared compute differs from the harness's: rank 0" in run.messages(), run.out
+    assert "Every answer of the table is an equal split" in run.messages(), run.out
+    for phrase, owner in FORGED_SAYS.items():
+        assert owner == "forged_equal_split_clock.py" or phrase not in run.messages(), run.out
 
 
 @pytest.mark.slow
@@ -281,6 +365,7 @@ def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) ->
     assert_starter_fails(run, ["Every answer of the table is an equal split", "saw it on the accelerator, but ascend910 lacks",
                                "it is the plain mean of the ranks' gradients", "expected at most 5% idle"])
     assert run.results["score"] == 0 and set(run.failed()) == {c["name"] for c in run.results["checks"]}  # every check fails, none crashes
+    assert not [phrase for phrase in FORGED_SAYS if phrase in run.messages()], run.out
 
 
 @pytest.mark.slow

@@ -1,8 +1,13 @@
-"""The cases of problem 15 and the checker's own rules, run in the supervisor only: the lab's
-devices, the split of a global batch and its usual misreadings, the placement of layers, and the
-hidden variants drawn from a seed. A device is the dict the learner's functions get."""
+"""The cases of problem 15 and the checker's own rules: the lab's devices, the split of a global
+batch and its usual misreadings, the placement of layers, and the hidden variants drawn from a
+seed. A device is the dict the learner's functions get.
 
-from dataclasses import dataclass
+A rank imports this module (the rank program does), so what only the checker may know lives in
+judging.py (the card's split and placement, the expected values), and a training case reaches a
+rank as its view (Training.for_rank): the keys of its own samples, never the case's seed, from
+which every rank's samples, and with them the whole global batch's gradient, would follow."""
+
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cache
 
@@ -74,10 +79,6 @@ def largest_remainder(shares: list[Fraction]) -> list[int]:
     return split
 
 
-def card_split(job: Job) -> list[int]:
-    return largest_remainder(job.shares())
-
-
 def equal_split(job: Job) -> list[int]:
     return [job.global_batch // job.p + (r < job.global_batch % job.p) for r in range(job.p)]
 
@@ -130,10 +131,6 @@ def idle_share(job: Job, split: list[int], slowdown: list[float] | None = None) 
     return 1 - sum(times) / (len(times) * max(times)) if max(times) > 0 else 0.0
 
 
-def card_placement(layers: tuple, device: dict) -> dict[str, str]:
-    return {name: "host" if op in device["unsupported_ops"] else "accelerator" for name, op in layers}
-
-
 def needless_host(layers: tuple, device: dict, placement: dict | None) -> list[str]:
     """The layers placed on the host although the device runs their op."""
     on_host = [name for name, where in (placement or {}).items() if where == "host"]
@@ -160,12 +157,23 @@ class Table:
 
 @dataclass(frozen=True)
 class Training:
-    """A job trained on a model; given_split: one step with this split (grades sync_gradients alone)."""
+    """A job trained on a model; given_split: one step with this split (grades sync_gradients alone).
+
+    Each rank draws its samples from a stream of its own (rank r's batch of b samples is the first
+    b of its stream at that step), and the global batch is the ranks' batches together. The
+    checker holds the seed, and with it every rank's stream; a rank holds its view (for_rank):
+    the key the ranks share (the model's start, the labels' teacher) and the key of its own
+    stream, no other rank's."""
 
     job: Job
     arch: str
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
     given_split: tuple[int, ...] | None = None
+    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its stream's key)
+    # The checker's secret, drawn afresh for each check: the seed alone comes from the check's seed,
+    # which the learner chooses (--seed) and this file's hidden() turns into every variant, so keys
+    # drawn from it alone would give any rank every rank's samples. Not part of the variant's replay.
+    salt: int = field(default=0, repr=False, compare=False)
 
     @property
     def layers(self) -> tuple[tuple[str, str], ...]:
@@ -173,6 +181,31 @@ class Training:
 
     def label(self) -> str:
         return f"{self.arch} model, {self.job.label()}"
+
+    def keys(self, rank: int) -> tuple[int, int]:
+        """The key every rank shares and the key of ``rank``'s own samples."""
+        if self.own is None:
+            return data_keys(self.seed, rank, self.salt)
+        if rank != self.own[0]:
+            raise ValueError(f"rank {self.own[0]}'s view of the training holds no samples of rank {rank}")
+        return self.own[1], self.own[2]
+
+    @property
+    def shared_key(self) -> int:
+        """The key of what every rank shares: the model's first weights, the labels' teacher."""
+        return self.own[1] if self.own is not None else data_keys(self.seed, 0, self.salt)[0]
+
+    def for_rank(self, rank: int) -> "Training":
+        """What rank ``rank``'s process is handed: its own samples' key, none of another rank's
+        (with them, one process could compute the global batch's gradient alone)."""
+        return replace(self, seed=-1, salt=0, own=(rank, *self.keys(rank)))
+
+
+def data_keys(seed: int, rank: int, salt: int = 0) -> tuple[int, int]:
+    """The shared key and ``rank``'s stream key, both drawn from the case's seed and the checker's
+    salt, neither of which reaches a rank: from a rank's two keys no other rank's samples follow."""
+    shared = int(np.random.default_rng([seed, 15, 0, salt]).integers(2**62))
+    return shared, int(np.random.default_rng([seed, 15, 2, rank, salt]).integers(2**62))
 
 
 def draw_job(rng: np.random.Generator, p: int, per_rank: tuple[int, int]) -> Job:
@@ -227,5 +260,6 @@ def split_jobs(rng: np.random.Generator, trained: list[Job]) -> tuple[Job, ...]:
 
 
 def gradient_case(training: Training) -> Training:
-    """The same job, one step with the card's split: what sync_gradients alone is graded on."""
-    return Training(training.job, training.arch, training.seed, tuple(card_split(training.job)))
+    """The same job, one step with the card's split (the largest remainders of the shares): what
+    sync_gradients alone is graded on."""
+    return replace(training, given_split=tuple(largest_remainder(training.job.shares())))

@@ -1,11 +1,21 @@
-"""How problem 15 reads a run and names what went wrong (each *_message is None when all is well)."""
+"""How problem 15 reads a run and names what went wrong (each *_message is None when all is well).
+
+Only the checker imports this module (the sandbox hides it from the learner's process): the card's
+split and placement (the expected answers) live here, not in cases.py, which a rank imports. What
+the ranks returned comes from the learner's process, so it is read as evidence: first checked for
+its form (a malformed value fails the check that reads it, naming what was wrong), then against
+what the agents recorded: the bytes each rank moved while it synced, and the compute it declared
+on the virtual clock, which must be what the harness declares for its batch on its device.
+"""
+
+from typing import Any
 
 import numpy as np
 
 from distlab.grading import TaskRun, collective_time
 
 from . import cases, programs
-from .cases import Job, PlaceCase, Training
+from .cases import Job, PlaceCase, Table, Training
 
 TOLERANCE = 1e-6  # relative error of a gradient or weight tensor: float32 communication passes
 SPLIT_SAYS = {  # cases.MISREADINGS, named when every answer of the table shows one
@@ -28,17 +38,101 @@ GRADIENT_SAYS = {  # what a wrong synced gradient equals (candidates)
 }
 
 
+def card_split(job: Job) -> list[int]:
+    """The card's split: every share rounded down, then the largest remainders one more each."""
+    return cases.largest_remainder(job.shares())
+
+
+def card_placement(layers: tuple, device: dict) -> dict[str, str]:
+    return {name: "host" if op in device["unsupported_ops"] else "accelerator" for name, op in layers}
+
+
 def worst_error(got: dict, want: dict[str, np.ndarray]) -> tuple[float, str]:
     """The largest relative error (norm of the difference over the norm) over the parameters."""
     def error(g: object, w: np.ndarray) -> float:
-        if not isinstance(g, np.ndarray) or g.shape != w.shape:
+        if not isinstance(g, np.ndarray) or g.shape != w.shape or g.dtype.kind not in "biuf":
             return float("inf")  # missing, or not an array (why: the rank's text)
-        return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
-    return max((error(got.get(name), w), name) for name, w in want.items())
+        with np.errstate(all="ignore"):
+            value = float(np.linalg.norm(g.astype(np.float64) - w) / max(np.linalg.norm(w), 1e-300))
+        return value if np.isfinite(value) else float("inf")
+    got = got if isinstance(got, dict) else {}
+    return max(((error(got.get(name), w), name) for name, w in want.items()), default=(0.0, ""))
+
+
+# == the ranks' values, as evidence: their form ======================================================
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0
+
+
+def _split_or_none(value: Any, p: int) -> bool:
+    return value is None or (isinstance(value, list) and len(value) == p and all(_whole(x) for x in value))
+
+
+def _placement_or_none(value: Any, layers: tuple) -> bool:
+    return value is None or (isinstance(value, dict) and all(value.get(n) in ("accelerator", "host") for n, _ in layers))
+
+
+def _error_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def shown(value: Any) -> str:
+    return f"{value!r:.80}" if isinstance(value, (int, float, str, list, tuple, dict, type(None))) else type(value).__name__
+
+
+def table_answers(table: Table, value: Any) -> tuple[programs.Answers | None, str | None]:
+    """Rank 0's answers to the table, or why they are not answers (its process built them)."""
+    why = f"rank 0 returned {shown(value)} for the table, not its split_batch and place answers"
+    if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, list) for v in value)):
+        return None, why
+    splits, places = value
+    if len(splits) != len(table.jobs) or len(places) != len(table.places):
+        return None, f"{why} ({len(splits)} splits and {len(places)} placements for {len(table.jobs)} and {len(table.places)})"
+    for job, answer in zip(table.jobs, splits):
+        if not (isinstance(answer, tuple) and len(answer) == 2 and _split_or_none(answer[0], job.p)
+                and _error_or_none(answer[1]) and (answer[0] is None) != (answer[1] is None)):
+            return None, f"{why}: for {job.label()}, {shown(answer)}"
+    for case, answer in zip(table.places, places):
+        if not (isinstance(answer, tuple) and len(answer) == 2 and _placement_or_none(answer[0], case.layers)
+                and _error_or_none(answer[1]) and (answer[0] is None) != (answer[1] is None)):
+            return None, f"{why}: for {case.label()}, {shown(answer)}"
+    return programs.Answers(list(splits), list(places)), None
+
+
+def trained_values(training: Training, values: list[Any]) -> tuple[list[programs.Trained] | None, str | None]:
+    """Every rank's Trained, or why one is not (its process built it)."""
+    job, out = training.job, []
+    for rank, value in enumerate(values):
+        why = f"{training.label()}: rank {rank} returned {shown(value)}, not its training's record"
+        if not (isinstance(value, tuple) and len(value) == len(programs.Trained._fields)):
+            return None, why
+        split, error, placement, losses, weights = value
+        if not (_split_or_none(split, job.p) and _error_or_none(error) and _placement_or_none(placement, training.layers)
+                and isinstance(losses, list) and all(isinstance(x, (int, float)) for x in losses)
+                and isinstance(weights, dict) and all(isinstance(k, str) and isinstance(w, np.ndarray)
+                                                      and w.dtype.kind == "f" for k, w in weights.items())):
+            return None, f"{why} (split, split_error, placement, losses, weights of the wrong kinds)"
+        if error is None and (split is None or len(losses) != cases.STEPS or sum(split) > 2 * job.global_batch
+                              or not weights):
+            return None, (f"{why}: trained without a split or weights, on more than twice the global batch, or "
+                          f"with {len(losses)} losses, not {cases.STEPS}")
+        out.append(programs.Trained(split, error, placement, [float(x) for x in losses], weights))
+    return out, None
+
+
+def gradient_values(training: Training, values: list[Any]) -> tuple[list[dict] | None, str | None]:
+    """Every rank's {parameter: .grad}, or why one is not."""
+    for rank, value in enumerate(values):
+        if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            return None, (f"{training.label()}: rank {rank} returned {shown(value)}, not its parameters' gradients "
+                          "after sync_gradients")
+    return values, None
 
 
 def split_message(jobs: tuple[Job, ...], answers: list) -> str | None:
-    wrong = [f"{job.label()}: expected {cases.card_split(job)} (or any whole numbers within 1 of each share that sum "
+    wrong = [f"{job.label()}: expected {card_split(job)} (or any whole numbers within 1 of each share that sum "
              f"to {job.global_batch}); saw {error or f'{split}: {faults[0]}'}"
              for job, (split, error) in zip(jobs, answers) if error or (faults := cases.split_faults(job, split))]
     if not wrong:
@@ -51,7 +145,7 @@ def split_message(jobs: tuple[Job, ...], answers: list) -> str | None:
 def place_message(case: PlaceCase, placement: dict | None, error: str | None) -> str | None:
     if placement is None:
         return f"{case.label()}: {error}"
-    want = cases.card_placement(case.layers, case.device)
+    want = card_placement(case.layers, case.device)
     for name, op in case.layers:
         if placement[name] != want[name]:
             head = f"{case.label()}: expected {name!r} ({op}) on the {want[name]}; saw it on the {placement[name]}"
@@ -75,7 +169,7 @@ def gradient_message(training: Training, values: list[dict]) -> tuple[str | None
     rank = next(r for r, (error, _) in enumerate(errors) if error > TOLERANCE)
     (error, name), got = errors[rank], values[rank].get(errors[rank][1])
     message = f"{training.label()}, batches {split}: " + (
-        f"on rank {rank} {got}; expected the global batch's gradient" if isinstance(got, str) else
+        f"on rank {rank} {got:.200}; expected the global batch's gradient" if isinstance(got, str) else
         f"rank {rank}'s {name}.grad is {error:.3g} away (relative) from the global batch's gradient; expected "
         f"within {TOLERANCE:g}")
 
@@ -96,8 +190,10 @@ def training_message(training: Training, values: list[programs.Trained]) -> tupl
         return f"{training.label()}: not trained: {values[0].split_error} (see the split_batch check)", []
     if any(v.split != split for v in values):
         return f"{training.label()}: the ranks' split_batch answers differ: {[v.split for v in values]}", []
+    if sum(split) == 0:
+        return f"{training.label()}: the split {split} gives no sample to any rank: nothing was trained", []
     losses = [sum(b * v.losses[k] for b, v in zip(split, values)) / sum(split) for k in range(cases.STEPS)]
-    want_losses, want = programs.one_process_training(training)
+    want_losses, want = programs.one_process_training(training, split)
     error, name = max(worst_error(v.weights, want) for v in values)
     if error <= TOLERANCE:
         return None, losses
@@ -121,6 +217,57 @@ def compute_per_step(task: TaskRun, p: int) -> np.ndarray | None:
     spans = [[s.seconds for s in timeline.events(r, "compute") if "forward and backward" in s.name]
              for r in range(p)]
     return np.array(spans) if spans[0] and all(len(s) == len(spans[0]) for s in spans) else None
+
+
+def gradient_nbytes(training: Training) -> int:
+    """The bytes of the model's gradients (float64), as the checker's own model has them."""
+    return sum(param.numel() * 8 for param in programs.Classifier(training.arch, 0).parameters())
+
+
+def moved_bytes(task: TaskRun, rank: int, phase: str) -> list[int]:
+    """What the rank sent, received and handed to collectives in each of its phases ``phase``, as
+    its agent counted them."""
+    return [counts.bytes_sent + counts.bytes_received + sum(counts.op_bytes.values())
+            for counts in task.phases(rank, phase)]
+
+
+def exchange_message(training: Training, task: TaskRun, phase: str, where: str) -> str | None:
+    """None if every rank moved, in every phase ``phase``, at least the model's gradients as float32:
+    the global batch's gradient needs every other rank's samples' part, which only the other ranks
+    hold. Else the first rank and phase that moved less."""
+    need = gradient_nbytes(training) // 2
+    want = cases.STEPS if phase == "step" else 1
+    for rank in range(training.job.p):
+        moved = moved_bytes(task, rank, phase)
+        if len(moved) != want:
+            return (f"{training.label()}: rank {rank} set {len(moved)} mark(s) {phase!r} on its agent's record, "
+                    f"expected {want} (the harness's)")
+        for k, nbytes in enumerate(moved):
+            if nbytes < need:
+                return (f"{training.label()}: rank {rank} sent, received or reduced {nbytes} bytes in {where}"
+                        f"{f' {k}' if want > 1 else ''}, expected at least {need} (the model's gradients as float32): the global batch's "
+                        "gradient needs every other rank's part, and only the other ranks hold their samples, so "
+                        "the gradients must travel between the ranks")
+    return None
+
+
+def compute_message(training: Training, values: list[programs.Trained], task: TaskRun) -> str | None:
+    """None if each rank's compute in its training steps, as the replay has it, is what the harness
+    declares for its batch on its device (its batch over its samples_per_s, +30% per needless host
+    layer). The rank's process declares it, so a patched comm could declare anything."""
+    timeline, job = task.timeline(), training.job
+    for rank, device in enumerate(job.devices):
+        split = values[rank].split or [0] * job.p  # the rank's own answer: its batch is split[rank]
+        slowdown = 1 + cases.HOST_EXTRA * len(cases.needless_host(training.layers, device, values[rank].placement))
+        want = split[rank] * slowdown / device["samples_per_s"]
+        spans = [s.seconds for s in timeline.events(rank, "compute") if "forward and backward" in s.name]
+        if len(spans) != cases.STEPS or any(abs(s - want) > 1e-9 + 1e-6 * want for s in spans):
+            saw = ", ".join(f"{s * 1e3:.3f}" for s in spans) or "none"
+            return (f"{training.label()}: the declared compute differs from the harness's: rank {rank} "
+                    f"({device['profile']}) declared [{saw}] ms of forward and backward; its {split[rank]} samples at "
+                    f"{device['samples_per_s']:g} samples/s (x{slowdown:g} for host layers) take {want * 1e3:.3f} ms, "
+                    f"in each of the {cases.STEPS} steps")
+    return None
 
 
 def time_bound(training: Training, nbytes: int) -> float:

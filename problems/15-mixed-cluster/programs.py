@@ -22,7 +22,6 @@ from .cases import (
     Table,
     Training,
     by_kind,
-    card_split,
     equal_split,
     idle_share,
     lab_device,
@@ -43,7 +42,7 @@ class Classifier(nn.Module):
         self.tags = nn.EmbeddingBag(VOCAB, WIDTH, mode="mean", dtype=torch.float64) if arch != "spectrum" else None
         width = WIDTH + (WIDTH if self.tags is not None else 0) + (IMAGE // 2 + 1 if self.spectrum else 0)
         self.head = nn.Linear(width, CLASSES, dtype=torch.float64)
-        rng = np.random.default_rng([seed, 1])  # the same start on every rank and in the checker
+        rng = np.random.default_rng([seed, 1])  # the same start on every rank and in the checker (the shared key)
         with torch.no_grad():
             for param in self.parameters():
                 param.copy_(torch.from_numpy(0.3 * rng.standard_normal(tuple(param.shape))))
@@ -57,24 +56,39 @@ class Classifier(nn.Module):
         return self.head(torch.relu(torch.cat(parts, dim=1)))
 
 
-def samples(training: Training, step: int, start: int, stop: int) -> list[torch.Tensor]:
-    """Samples start..stop of a step's batch: image, tags, label. Each field has its own generator,
-    so sample i is the same whatever stop is (a split that adds samples draws more)."""
-    field = [np.random.default_rng([training.seed, step, i]) for i in range(3)]
-    image, tags = field[0].standard_normal((stop, IMAGE)), field[1].integers(0, VOCAB, (stop, TAGS))
-    noise = field[2].standard_normal((stop, CLASSES))
-    teacher = np.random.default_rng([training.seed, 3])
+def samples(training: Training, step: int, rank: int, count: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s first ``count`` samples of a step: image, tags, label. They come from the
+    rank's own stream, each field from its own generator, so that sample j is the same whatever
+    count is (a split that adds samples draws more). A rank's view of the training holds the key
+    of its own stream only."""
+    shared, own = training.keys(rank)
+    field = [np.random.default_rng([own, step, i]) for i in range(3)]
+    image, tags = field[0].standard_normal((count, IMAGE)), field[1].integers(0, VOCAB, (count, TAGS))
+    noise = field[2].standard_normal((count, CLASSES))
+    teacher = np.random.default_rng([shared, 3])
     w, e = teacher.standard_normal((IMAGE, CLASSES)), teacher.standard_normal((VOCAB, CLASSES))
     label = np.argmax(image @ w + e[tags].mean(axis=1) + 0.5 * noise, axis=1)
-    return [torch.from_numpy(a[start:stop]) for a in (image, tags, label)]
+    return [torch.from_numpy(a) for a in (image, tags, label)]
 
 
-def local_loss(model: Classifier, training: Training, step: int, start: int, stop: int) -> torch.Tensor:
-    """The mean loss over samples start..stop; with none, a zero that still gives zero gradients."""
-    if stop <= start:
+def global_samples(training: Training, step: int, split: list[int]) -> list[torch.Tensor]:
+    """The global batch of a step under ``split``: every rank's batch, rank 0's first (the
+    checker's: it needs every rank's stream)."""
+    parts = [samples(training, step, rank, max(int(b), 0)) for rank, b in enumerate(split)]
+    return [torch.cat([part[i] for part in parts]) for i in range(3)]
+
+
+def mean_loss(model: Classifier, batch: list[torch.Tensor]) -> torch.Tensor:
+    """The mean loss over a batch; with no sample, a zero that still gives zero gradients."""
+    if len(batch[0]) == 0:
         return sum(param.sum() for param in model.parameters()) * 0.0
-    image, tags, label = samples(training, step, start, stop)
+    image, tags, label = batch
     return F.cross_entropy(model(image, tags), label)
+
+
+def local_loss(model: Classifier, training: Training, step: int, rank: int, count: int) -> torch.Tensor:
+    """The mean loss over rank ``rank``'s ``count`` samples of the step."""
+    return mean_loss(model, samples(training, step, rank, max(count, 0)))
 
 
 def sgd_step(model: Classifier) -> None:
@@ -147,12 +161,12 @@ def train_steps(comm, solution, model: Classifier, training: Training, split: li
                 first_step: int, steps: int, policy: str = "your") -> list[float]:
     """Data-parallel SGD steps, each rank on its slice of the global batch."""
     rank, job = comm.Get_rank(), training.job
-    device, batch, start = job.devices[rank], split[rank], sum(split[:rank])
+    device, batch = job.devices[rank], split[rank]
     slowdown = 1 + HOST_EXTRA * len(needless_host(training.layers, device, placement))
     losses = []
     for step in range(first_step, first_step + steps):
         comm.mark("step")
-        loss = local_loss(model, training, step, start, start + batch)
+        loss = local_loss(model, training, step, rank, batch)
         loss.backward()
         comm.compute(seconds=batch * slowdown / device["samples_per_s"],
                      label=f"{policy} split: forward and backward, {batch} samples")
@@ -169,7 +183,7 @@ def train(comm, solution, training: Training) -> Trained:
     placement = ask_place(solution, training.layers, job.devices[rank])[0]
     if split is None or sum(split) > 2 * job.global_batch:
         return Trained(split, error or f"the split sums to {sum(split or [])}: not trained", placement, [], {})
-    model = Classifier(training.arch, training.seed)
+    model = Classifier(training.arch, training.shared_key)
     losses = train_steps(comm, solution, model, training, split, placement, 0, STEPS)
     comm.mark("trained")
     return Trained(split, None, placement, losses, arrays(model))
@@ -178,9 +192,11 @@ def train(comm, solution, training: Training) -> Trained:
 def gradient(comm, solution, training: Training) -> dict[str, Any]:
     """One backward with the case's split, then the learner's sync: every parameter's .grad."""
     rank, split = comm.Get_rank(), list(training.given_split or ())
-    model = Classifier(training.arch, training.seed)
-    local_loss(model, training, 0, sum(split[:rank]), sum(split[:rank + 1])).backward()
+    model = Classifier(training.arch, training.shared_key)
+    local_loss(model, training, 0, rank, split[rank]).backward()
+    comm.mark("sync")  # the phase whose messages must carry the other ranks' gradients
     solution.sync_gradients(comm, model, split[rank], training.job.global_batch)
+    comm.mark("synced")
     return arrays(model, grads=True)
 
 
@@ -202,20 +218,22 @@ def run_cases(comm, solution, cases: list[Any]) -> list[Any]:
 
 
 def one_process(training: Training, ranges: list[tuple[int, int]]) -> list[dict[str, np.ndarray]]:
-    """The gradient at the start of the mean loss over each range of step 0's samples."""
-    grads = []
+    """The gradient at the start of the mean loss over each range of step 0's global batch (under
+    the case's given split: rank 0's samples, then rank 1's ...)."""
+    batch, grads = global_samples(training, 0, list(training.given_split or ())), []
     for start, stop in ranges:
-        model = Classifier(training.arch, training.seed)
-        local_loss(model, training, 0, start, stop).backward()
+        model = Classifier(training.arch, training.shared_key)
+        mean_loss(model, [t[start:stop] for t in batch]).backward()
         grads.append(arrays(model, grads=True))
     return grads
 
 
-def one_process_training(training: Training) -> tuple[list[float], dict[str, np.ndarray]]:
-    """STEPS SGD steps on the whole global batch: each step's loss, and the final weights."""
-    model, losses = Classifier(training.arch, training.seed), []
+def one_process_training(training: Training, split: list[int]) -> tuple[list[float], dict[str, np.ndarray]]:
+    """STEPS SGD steps on the global batch that ``split`` gives (every rank's samples together): each
+    step's loss, and the final weights."""
+    model, losses = Classifier(training.arch, training.shared_key), []
     for step in range(STEPS):
-        loss = local_loss(model, training, step, 0, training.job.global_batch)
+        loss = mean_loss(model, global_samples(training, step, split))
         loss.backward()
         sgd_step(model)
         losses.append(loss.item())
@@ -236,7 +254,8 @@ def free_job(ranks: int, mix: str, global_batch: str, arch: str) -> Job:
 
 
 def policy_split(policy: str, job: Job, solution: Any) -> list[int]:
-    policies = {"equal": equal_split, "flops": lambda j: largest_remainder(j.shares("flops")), "card": card_split,
+    policies = {"equal": equal_split, "flops": lambda j: largest_remainder(j.shares("flops")),
+                "card": lambda j: largest_remainder(j.shares()),
                 "yours": lambda j: ask_split(solution, j)[0]}
     if policy not in policies:
         raise ValueError(f"split must be both, {', '.join(policies)}; got {policy!r}")
@@ -256,14 +275,15 @@ def main(comm, solution, global_batch="1200", steps="3", split="both", mix="a100
     training = Training(job, arch, seed=15)
     placements = [ask_place(solution, training.layers, device)[0] for device in job.devices]
     slowdown = [1 + HOST_EXTRA * len(needless_host(training.layers, d, pl)) for d, pl in zip(job.devices, placements)]
-    model, done, idle = Classifier(arch, training.seed), 0, {}
-    before = local_loss(model, training, 0, 0, job.global_batch).item()
+    model, done, idle = Classifier(arch, training.shared_key), 0, {}
+    measured = largest_remainder(job.shares())  # the global batch the loss is measured on
+    before = mean_loss(model, global_samples(training, 0, measured)).item()
     for policy in ["equal", "yours"] if split == "both" else [split]:
         shares = policy_split(policy, job, solution)
         label = "your" if policy == "yours" else policy
         train_steps(comm, solution, model, training, shares, placements[rank], done, int(steps), label)
         done, idle[policy] = done + int(steps), idle_share(job, shares, slowdown)
-    after = local_loss(model, training, done, 0, job.global_batch).item()
+    after = mean_loss(model, global_samples(training, done, measured)).item()
     return {"idle_share": round(idle[list(idle)[-1]], 4), **{f"idle_{k}": round(v, 4) for k, v in idle.items()},
             "loss_before": round(before, 4), "loss": round(after, 4)} if rank == 0 else None
 
