@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import PROBLEMS
 
+from distlab.grading import Counts
 from distlab.runtime.jobspec import problem_package
 
 PACKAGE = problem_package(PROBLEMS / "03-ring-allreduce")
@@ -222,3 +223,28 @@ def test_wrong_volumes_land_twice_the_slack_over_the_bound_on_every_seed() -> No
                 margins[name] = max(margins.get(name, 0.0), (volume - bound) / slack)
         for name, margin in margins.items():
             assert margin >= 2, f"seed {seed}: {name} only {margin:.2f} slacks over the bound"
+
+
+def test_a_rank_is_handed_its_own_input_and_nothing_it_was_made_from() -> None:
+    """An outside tester passed 12/12 with the checker's sum taken off the rank program's frame,
+    then with the inputs' 32-byte generator keys smuggled inside junk ring chunks: a rank's view
+    (Case.for_rank, made by its agent) holds its input itself, no seed and no key."""
+    whole = case(4, 1000)
+    view = whole.for_rank(2)
+    assert view.seed == -1 and np.array_equal(view.input(2), whole.input(2))
+    with pytest.raises(ValueError, match="holds no input of rank 1"):
+        view.input(1)
+    assert np.array_equal(whole.expected(), sum(whole.for_rank(r).input(r) for r in range(4)))
+
+
+def test_a_float_sum_needs_the_values_it_did_not_have_in_messages() -> None:
+    """Right results with fewer bytes received than the values a rank lacked did not come from them
+    (random floats do not compress); a built-in collective's bytes count as received."""
+    c = case(4, 1000)
+    fed = Counts(recv_bytes={1: 8000})
+    short = Counts(recv_bytes={1: 24})
+    builtin = Counts(calls={"Allreduce": 1}, op_bytes={"Allreduce": 8000})
+    assert judging.unfed(c, (fed, fed, builtin, fed)) is None
+    message = judging.unfed(c, (fed, short, fed, fed))
+    assert message is not None and "rank 1 received 24 bytes" in message and "did not come from them" in message
+    assert judging.unfed(case(4, 1000, op="MAX"), (short,) * 4) is None  # a max may need less: not judged

@@ -8,7 +8,7 @@ import numpy as np
 from distlab import grading
 from distlab.grading import CheckContext, Checklist, Run, Task, faults
 
-from .judging import byte_bound, diagnose
+from .judging import byte_bound, diagnose, unfed
 from .programs import Case, Timed, draw, run_cases
 
 CHECKS = Checklist()
@@ -29,6 +29,9 @@ def results_match(t: CheckContext, every_case: Run) -> None:
           "int64; SUM and MAX; n = 0, 1, < p, not divisible by p, ~1 MiB")
     for result in every_case.cases():
         if wrong := diagnose(result):
+            t.fail(wrong)
+    for case, counts in case_counts(every_case):
+        if wrong := unfed(case, counts):
             t.fail(wrong)
     t.metric("cases", len(every_case.cases()))
     t.say(f"{len(every_case.cases())} cases agree on every rank")
@@ -78,6 +81,8 @@ def time_within_ring_bound(t: CheckContext, every_case: Run) -> None:
         case = result.case
         t.expect(diagnose(result) is None, "a correct result before its time is graded",
                  f"{case.label()}: a rank holds a wrong result (see the first check)")
+        if wrong := unfed(case, tuple(result.task.phases(rank, "case")[0] for rank in range(case.p))):
+            t.fail(wrong)
         measured, bound = t.measured_time(result.task), ring_bound(t, case.p, case.n * 8)
         t.say(f"p = {case.p}, n = {case.n} float64 on {t.platform.name}: "
               f"{measured * 1e3:.3f} ms {t.clock}, bound {bound * 1e3:.3f} ms ({measured / bound:.3f}x)")
@@ -110,7 +115,7 @@ def one_slow_rank(t: CheckContext) -> Run:
 @CHECKS.check("no deadlock when one rank is slow", points=2)
 def survives_slow_rank(t: CheckContext, one_slow_rank: Run) -> None:
     (result,) = one_slow_rank.cases()
-    if wrong := diagnose(result):
+    if wrong := diagnose(result) or unfed(*case_counts(one_slow_rank)[0]):
         t.fail(wrong)
     t.metric("wall_s", round(one_slow_rank.wall_s, 3))
     t.say(f"finished correctly in {one_slow_rank.wall_s:.2f} s of wall time")

@@ -124,3 +124,18 @@ def spread_missing(case: Case, results: list[CaseResult], want: np.ndarray) -> b
     if case.op == "MAX" and all(np.array_equal(g[~right], row[~right]) for g, row, right in zip(got, rows, ok)):
         return False
     return all(segments(case, rank, g, indices)[0][~right].all() for rank, (g, right) in enumerate(zip(got, ok)))
+
+
+def unfed(case: Case, counts: tuple[grading.Counts, ...]) -> str | None:
+    """A rank whose float sum cannot have come from messages: it received fewer bytes than the n
+    values it did not have (random floats do not compress), or None. The inputs reach a rank in
+    messages only: its program is handed its own (Case.for_rank)."""
+    if case.p == 1 or case.n == 0 or case.op != "SUM" or case.dtype == "int64":
+        return None
+    floor = case.n * np.dtype(case.dtype).itemsize
+    for rank, count in enumerate(counts):
+        received = count.bytes_received + sum(v for op, v in count.op_bytes.items() if op in grading.COLLECTIVES)
+        if received < floor:
+            return (f"{case.label()}: rank {rank} received {received} bytes, but its sum needs the other "
+                    f"ranks' {case.n} values, at least {floor} bytes of messages: the result did not come from them")
+    return None

@@ -3,7 +3,7 @@ expected result) and the learner's allreduce run on them. Hidden variants, from 
 values, the lengths past p, the large length, which rank returns its whole buffer."""
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import NamedTuple
 
@@ -23,12 +23,24 @@ class Case:
     seed: int
     shape: str  # which edge this length probes
     full_rank: int  # the rank whose whole result comes back (others send a sample)
+    own: tuple[int, np.ndarray] | None = field(default=None, compare=False)  # a rank's view: (its rank, its input)
 
     def label(self) -> str:
         return f"p = {self.p}, n = {self.n} ({self.shape}), {self.dtype}, {self.op}"
 
+    def for_rank(self, rank: int) -> "Case":
+        """What rank ``rank``'s program is handed: its own input, made by its agent, and nothing it
+        was made from. With the seed, one process could compute every rank's input and the sum;
+        with a short key, a rank could smuggle it to the others inside a few bytes of a message."""
+        return replace(self, seed=-1, own=(rank, self.input(rank)))
+
     def input(self, rank: int) -> np.ndarray:
         """Rank ``rank``'s input: the same array in the rank and in the checker."""
+        if self.own is not None:
+            if rank != self.own[0]:
+                raise ValueError(f"rank {self.own[0]}'s view of the case holds no input of rank {rank}: "
+                                 "the other ranks' inputs reach it in messages only")
+            return self.own[1].copy()
         rng = np.random.default_rng([self.seed, rank])
         values = rng.integers(-1000, 1000, size=self.n) if self.dtype == "int64" else rng.standard_normal(self.n)
         return values.astype(self.dtype)
