@@ -209,6 +209,29 @@ def test_a_big_ping_shows_the_slow_link_and_a_tiny_one_does_not() -> None:
                     assert slow < 1.3  # latency alone: the slow link hides among the others
 
 
+def test_a_rank_is_handed_only_its_own_part_of_the_variant() -> None:
+    """The straggler and the slow link are the answer: they stay with the checker (the agents apply
+    them as faults); a rank's process gets its own compute row and the job's shape, nothing more."""
+    for seed in range(5):
+        for v in all_variants(seed):
+            for rank in range(v.p):
+                part = v.for_rank(rank)
+                assert type(part) is cases.Part and (part.rank, part.compute) == (rank, v.compute[rank])
+                assert (part.p, part.steps, part.grad_elems, part.probed) == (v.p, v.steps, v.grad_elems, v.probed)
+                text = repr(part)
+                assert "straggler" not in text and "slow" not in text and v.name not in text
+                factor = v.factor if rank == v.straggler else 1.0
+                assert v.declared(rank) == tuple(x * factor for x in v.compute[rank])
+
+
+def test_readers_of_the_answer_never_raise_on_what_the_learner_returns() -> None:
+    assert judging.finite(0.5) == 0.5 and judging.finite(10**400) is None
+    assert judging.finite(float("nan")) is None and judging.finite("x") is None
+    assert judging.shown("a" * 500).endswith("...") and len(judging.shown("a" * 500)) == 120
+    assert judging.pings_of({"pings": "junk"}).shape == (0,)
+    assert judging.pings_of({"pings": [[10**400]]}).shape == (0,)
+
+
 def test_phase_times_read_the_marks() -> None:
     marks = [("step", 0.0), ("sync", 1.0), ("step", 1.5), ("sync", 2.0), ("trained", 4.0)]
     assert judging.phase_times(marks, 2) == ([1.0, 0.5], [0.5, 2.0], 4.0)
@@ -302,6 +325,8 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "unsynced_pings.py": ("diagnose() names exactly the slow links",
                           ["a false positive", "were both ends of each ping ready"]),
     "chatty_probes.py": ("probes add at most 3%", ["3% over the", "extra communication calls during training"]),
+    # Read the fault plan off run_variant's frame: a rank holds only its Part, so it names nothing.
+    "forged_fault_plan.py": ("diagnose() names exactly the stragglers", ["expected stragglers", "was not named"]),
 }
 
 
@@ -315,6 +340,7 @@ NAMES_ITS_BUG = {
     "only pings of many bytes see it": "tiny_pings.py",
     "were both ends of each ping ready": "unsynced_pings.py",
     "extra communication calls during training: keep the numbers": "chatty_probes.py",
+    "your pings are all zero": "forged_fault_plan.py",
 }
 
 

@@ -58,6 +58,32 @@ class Variant:
                                             groups=[[end] for end in self.slow_link]))
         return faults.plan(*entries, seed=seed, where=f"08 {self.name}") if entries else None
 
+    def for_rank(self, rank: int) -> Part:
+        """What rank ``rank``'s process is handed (runtime/rank/views.py): its own declared compute
+        and the job's shape, never the name, the straggler or the slow link. Those are facts about
+        the whole run that diagnose() must find: the agents apply them as faults (a straggler's
+        rank computes longer, the slow cable moves bytes slower), and only the checker knows them."""
+        return Part(self.p, self.steps, self.grad_elems, rank, self.compute[rank], self.probed, self.exchange)
+
+    def declared(self, rank: int) -> tuple[float, ...]:
+        """The compute seconds rank ``rank`` declares per step as the replay times them: the
+        harness's, times the straggler's factor on the straggler (its `slow` fault)."""
+        factor = self.factor if rank == self.straggler else 1.0
+        return tuple(seconds * factor for seconds in self.compute[rank])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a Variant: all its harness code needs to behave (run_variant)."""
+
+    p: int
+    steps: int
+    grad_elems: int
+    rank: int
+    compute: tuple[float, ...]  # this rank's declared seconds per step (a straggler's agent slows them)
+    probed: bool = True
+    exchange: str = "direct"
+
 
 @dataclass(frozen=True)
 class Hidden:

@@ -46,6 +46,9 @@ def every_variant(t: CheckContext) -> Run:
 @CHECKS.run
 def hidden_runs(t: CheckContext, every_variant: Run) -> list[HiddenRun]:
     """The probed variants, each with its truth from the replay and rank 0's answer."""
+    for result in every_variant.cases():  # the truth is read from the marks, set in the learner's process
+        if message := judging.marks_message(result.task, result.case) or judging.result_message(result):
+            t.fail(message)
     return [judging.hidden_run(result) for result in every_variant.cases() if result.case.probed]
 
 
@@ -60,7 +63,7 @@ def probes_match_replay(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
         for phase, got, want in (("compute", spans[..., 1] - spans[..., 0], truth.compute),
                                  ("sync", spans[..., 3] - spans[..., 2], truth.sync)):
             error = np.abs(got - want)
-            bad = error > SPAN_TOLERANCE * np.abs(want) + 1e-7
+            bad = ~(error <= SPAN_TOLERANCE * np.abs(want) + 1e-7)  # NaN is off too
             worst = max(worst, float(np.max(error / np.maximum(np.abs(want), 1e-9))))
             if bad.any():
                 rank, step = (int(x) for x in np.argwhere(bad)[0])
@@ -82,8 +85,9 @@ def ratio_matches_replay(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
     for case in hidden_runs:
         v, want = case.variant, case.truth.ratio
         got = judging.answer(t, case, "sync_compute_ratio")
-        if not isinstance(got, (int, float)) or isinstance(got, bool) or not np.isfinite(got):
-            t.fail(f"{v.label()}: 'sync_compute_ratio' must be a number; saw {got!r}")
+        if not isinstance(got, (int, float)) or isinstance(got, bool) or judging.finite(got) is None:
+            t.fail(f"{v.label()}: 'sync_compute_ratio' must be a number; saw {judging.shown(got)}")
+        got = judging.finite(got)
         off = abs(got - want) / want
         worst = max(worst, off)
         if off > RATIO_TOLERANCE:
@@ -111,7 +115,7 @@ def stragglers_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
             t.fail(f"{seen}rank {missed[0]} computes {ratio[missed[0]]:.2f}x the median rank and "
                    "was not named")
         if extra:
-            outside = [r for r in extra if r >= v.p]
+            outside = [r for r in extra if not 0 <= r < v.p]
             if outside:
                 t.fail(f"{seen}rank {outside[0]} is not in this run of {v.p} ranks")
             ends = set(v.slow_link or ())
@@ -134,7 +138,7 @@ def slow_links_exact(t: CheckContext, hidden_runs: list[HiddenRun]) -> None:
         got = judging.listed(t, case, "slow_links", "pairs (i, j)", lambda value: sorted(
             {(min(int(a), int(b)), max(int(a), int(b))) for a, b in value}))
         want = [v.slow_link] if v.slow_link is not None else []
-        rtt = np.asarray(case.rank0.report.get("pings", ()), dtype=np.float64)  # None: nan, not (p, p)
+        rtt = judging.pings_of(case.rank0.report)  # only for the hint: what cannot be read is no matrix
         missed = [pair for pair in want if pair not in got]
         extra = [pair for pair in got if pair not in want]
         seen = f"{v.label()}: expected slow links {want}; saw {got}: "
@@ -170,7 +174,10 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
         if case.rank0.trace_error:
             t.fail(f"{v.label()}: the trace is not JSON, so no viewer can load it: "
                    f"{case.rank0.trace_error} (use plain floats and ints)")
-        trace = json.loads(case.rank0.trace_json or "null")
+        try:
+            trace = json.loads(case.rank0.trace_json or "null")
+        except ValueError as exc:  # run_variant writes it with json.dumps: only a forged result fails here
+            t.fail(f"{v.label()}: the trace that came back is not JSON: {exc}")
         problems = validate_chrome_trace(trace)
         if problems:
             t.fail(f"{v.label()}: expected a trace in the Chrome trace event format; "
@@ -192,7 +199,7 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
         got_totals = sorted(sum(float(e.get("dur", 0)) for e in spans if e.get("name") == "compute")
                             for spans in tracks.values())
         for got, want in zip(got_totals, want_totals):
-            if abs(got - want) > SPAN_TOLERANCE * want + 0.1:
+            if not abs(got - want) <= SPAN_TOLERANCE * want + 0.1:  # NaN is off too
                 t.fail(f"{v.label()}: expected each track's 'compute' spans to add up to its rank's "
                        f"compute ({', '.join(f'{w / 1e3:.3f}' for w in want_totals)} ms); saw "
                        f"{', '.join(f'{g / 1e3:.3f}' for g in got_totals)} ms: ts and dur are in "
@@ -204,6 +211,9 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
 def probes_are_cheap(t: CheckContext, hidden_runs: list[HiddenRun], every_variant: Run) -> None:
     probed, twin = hidden_runs[0], every_variant.cases()[-1]  # the twin: variants[0] without probes
     judging.spans_of(t, probed)  # a probe that measures nothing costs nothing, and is of no use
+    for task_run, v in ((probed.task_run, probed.variant), (twin.task, twin.case)):
+        if message := judging.harness_message(task_run, v):  # the learner's process runs the harness
+            t.fail(message)
     bare = judging.truth_of(twin.task, twin.case)
     overhead = probed.truth.trained_s / bare.trained_s - 1
     extra_calls = judging.training_calls(probed.task_run) - judging.training_calls(twin.task)

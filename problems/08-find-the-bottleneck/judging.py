@@ -3,6 +3,7 @@ readers of rank 0's answer that fail the check, naming the variant, on a missing
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +45,35 @@ def phase_times(marks: list[tuple[str, float]], steps: int) -> tuple[list[float]
     return [syncs[k] - starts[k] for k in range(steps)], [ends[k] - syncs[k] for k in range(steps)], trained
 
 
+def marks_message(task_run: TaskRun, v: Variant) -> str | None:
+    """None if every rank's marks up to its first "trained" are the harness's ("step", "sync" per
+    step, then "trained"), the only ones the truth is read from; else what differs (the rank's
+    process sets them, so a patched comm or a probe could set others)."""
+    timeline, want = task_run.timeline(), ["step", "sync"] * v.steps + ["trained"]
+    for rank in range(v.p):
+        names = [name for name, _ in timeline.marks(rank)]
+        got = names[: names.index("trained") + 1] if "trained" in names else names
+        if got != want:
+            shown = ", ".join(map(repr, got[:8])) + (", ..." if len(got) > 8 else "")
+            return (f"{v.label()}: rank {rank}'s marks differ from the harness's: [{shown or 'none'}] up to its "
+                    f"\"trained\" mark, where the harness sets 'step' and 'sync' in each of the {v.steps} steps, "
+                    "then 'trained', and nothing else (the probes must not set marks)")
+    return None
+
+
+def result_message(result: CaseRun[Variant]) -> str | None:
+    """None if rank 0 returned what run_variant returns (a RankResult with a JSON string or None
+    for the trace and a string for its error); the rank's process could return anything."""
+    rank0 = result.values[0] if result.values else None
+    if not isinstance(rank0, RankResult):
+        return f"{result.case.label()}: rank 0 returned {type(rank0).__name__}, not run_variant's RankResult"
+    if not isinstance(rank0.trace_json, (str, type(None))) or not isinstance(rank0.trace_error, str):
+        return (f"{result.case.label()}: rank 0's RankResult holds a {type(rank0.trace_json).__name__} trace_json "
+                f"and a {type(rank0.trace_error).__name__} trace_error, where run_variant sets a string (or None) "
+                "and a string")
+    return None
+
+
 def truth_of(task_run: TaskRun, v: Variant) -> Truth:
     timeline = task_run.timeline()
     compute, sync, trained = zip(*(phase_times(timeline.marks(rank), v.steps) for rank in range(v.p)))
@@ -54,6 +84,43 @@ def training_calls(task_run: TaskRun) -> int:
     """Communication calls of every rank before its "trained" mark: the task's, less diagnose()'s."""
     return sum(sum(task_run.counts(r).calls.values()) - sum(task_run.counts(r, "trained").calls.values())
                for r in range(task_run.spec.ranks))
+
+
+def exchange_bytes(v: Variant, rank: int, peer: int) -> int:
+    """Bytes the harness's direct exchange has rank send peer over the training: each step, the
+    peer's chunk of the gradient (reduce-scatter), then its own summed chunk (allgather)."""
+    chunk = 4 * np.diff(np.linspace(0, v.grad_elems, v.p + 1).astype(int))
+    return v.steps * int(chunk[peer] + chunk[rank])
+
+
+def harness_message(task_run: TaskRun, v: Variant) -> str | None:
+    """None if every rank's training, on its agent's record up to its "trained" mark, declared the
+    harness's compute (its own table, times the straggler's factor on the straggler) and sent each
+    peer at least the harness's exchange; else what differs. The rank's process declares both, so a
+    patched comm or exchange could make a run look cheaper (or its twin dearer) than it is."""
+    timeline = task_run.timeline()
+    for rank in range(v.p):
+        events = timeline.events(rank)
+        end = next((k for k, e in enumerate(events) if e.kind == "mark" and e.name == "trained"), len(events))
+        training = events[:end]
+        want = v.declared(rank)
+        spans = [e for e in training if e.kind == "compute"]
+        if len(spans) != len(want) or any(e.name != "forward+backward" or not abs(e.seconds - w) <= 1e-9 + 1e-6 * w
+                                          for e, w in zip(spans, want)):
+            saw = ", ".join(f"{str(e.name)[:30]!r} {e.seconds * 1e3:.4f}" for e in spans[:12]) or "none"
+            return (f"{v.label()}: the declared compute differs from the harness's: rank {rank} declared [{saw}] "
+                    f"ms before its \"trained\" mark; the harness declares 'forward+backward' "
+                    f"[{', '.join(f'{w * 1e3:.4f}' for w in want)}] ms, one per step")
+        sent: dict[int, int] = {}
+        for e in training:
+            if e.kind == "send" and e.peer is not None:
+                sent[e.peer] = sent.get(e.peer, 0) + e.nbytes
+        for peer in range(v.p):
+            if peer != rank and sent.get(peer, 0) < (need := exchange_bytes(v, rank, peer)):
+                return (f"{v.label()}: the gradient exchange differs from the harness's: rank {rank} sent rank "
+                        f"{peer} {sent.get(peer, 0)} bytes before its \"trained\" mark; the harness's direct "
+                        f"exchange sends it {need} over the {v.steps} steps")
+    return None
 
 
 @dataclass
@@ -86,13 +153,39 @@ def answer(t: CheckContext, case: HiddenRun, key: str) -> Any:
     return report[key]
 
 
+def finite(value: Any) -> float | None:
+    """value as a finite float, or None (NaN, infinite, too large, not a number)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """repr(value) cut to limit characters; never fails (an int of too many digits has no repr)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - the learner's value: its repr may refuse
+        text = f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def pings_of(report: dict[str, Any]) -> np.ndarray:
+    """The report's ping matrix as floats; an empty array where it cannot be read as one."""
+    try:
+        return np.asarray(report.get("pings", ()), dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return np.zeros(0)
+
+
 def listed(t: CheckContext, case: HiddenRun, key: str, what: str, read: Callable[[Any], list[Any]]) -> list[Any]:
     """The answer under key through read (to a sorted list); the check fails where read cannot."""
     value = answer(t, case, key)
     try:
         return read(value)
-    except (TypeError, ValueError):
-        t.fail(f"{case.variant.label()}: {key!r} must be a list of {what}; saw {value!r}")
+    except (TypeError, ValueError, OverflowError):
+        t.fail(f"{case.variant.label()}: {key!r} must be a list of {what}; saw {shown(value)}")
 
 
 def spans_of(t: CheckContext, case: HiddenRun) -> np.ndarray:
@@ -100,7 +193,7 @@ def spans_of(t: CheckContext, case: HiddenRun) -> np.ndarray:
     raw = answer(t, case, "spans")
     try:
         spans = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         t.fail(f"{v.label()}: 'spans' is not an array of numbers; saw {type(raw).__name__}")
     want = (v.p, v.steps, 4)
     if spans.shape != want:
@@ -114,6 +207,10 @@ def spans_of(t: CheckContext, case: HiddenRun) -> np.ndarray:
         t.fail(f"{v.label()}: expected rank 0 to hold spans of shape {want} (ranks, steps, "
                f"[compute start, compute end, sync start, sync end]); saw {spans.shape}"
                + "".join(f"; {w}" for w in why))
+    if not np.isfinite(spans).all():
+        rank, step, k = (int(x) for x in np.argwhere(~np.isfinite(spans))[0])
+        t.fail(f"{v.label()}: 'spans' holds {spans[rank, step, k]} at rank {rank}, step {step}, column {k}: "
+               "expected times on the virtual clock (comm.now())")
     return spans
 
 

@@ -1,6 +1,10 @@
 """What runs on every rank of problem 08: the training job with the learner's probes, then their
 diagnose(). Its marks "step", "sync" and "trained" bracket exactly the phases the probes wrap, so
-the replay can tell the truth; only plain data (RankResult) comes back to the supervisor."""
+the replay can tell the truth; only plain data (RankResult) comes back to the supervisor.
+
+A rank is handed its Part of the variant (cases.Variant.for_rank): its own compute and the job's
+shape. Which rank straggles and which cable is slow stay with the checker: the agents apply them
+as faults, so this process (the learner's too) can only measure them."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import numpy as np
 
 from distlab import Request
 
-from .cases import Variant, compute_table
+from .cases import Part, Variant, compute_table
 
 
 @dataclass
@@ -94,17 +98,19 @@ def plain(value: Any, depth: int = 0) -> Any:
         return repr(value)
 
 
-def run_variant(comm: Any, solution: Any, v: Variant) -> RankResult:
-    """One variant: steps of compute and gradient exchange with the learner's probes around each
-    phase, then their diagnose() (collective)."""
+def run_variant(comm: Any, solution: Any, v: Part) -> RankResult:
+    """One variant, as this rank's Part of it: steps of compute and gradient exchange with the
+    learner's probes around each phase, then their diagnose() (collective)."""
     rank = comm.Get_rank()
+    if v.rank != rank:
+        raise ValueError(f"rank {rank} was handed rank {v.rank}'s part of the variant")
     grad = np.zeros(v.grad_elems, dtype=np.float32)
     probes = solution.Probes(comm) if v.probed else Unprobed()
     for step in range(v.steps):
         comm.mark("step")
         grad[:] = 1.0 / (rank + step + 1)  # this step's gradient (its values do not matter here)
         probes.start("compute")
-        comm.compute(seconds=v.compute[rank][step], label="forward+backward")
+        comm.compute(seconds=v.compute[step], label="forward+backward")
         probes.stop("compute")
         comm.mark("sync")
         probes.start("sync")
@@ -132,8 +138,8 @@ def main(comm: Any, solution: Any, steps: str = "12", straggler: str = "-1", fac
     base, _ = compute_table(p, int(steps), float(compute_ms) * 1e-3, np.random.default_rng(8))
     table = tuple(tuple(float(factor) * x for x in row) if r == int(straggler) else row
                   for r, row in enumerate(base))
-    result = run_variant(comm, solution, Variant("free run", p, int(steps), int(grad_kib) * 256,
-                                                 table, exchange="ring"))
+    free = Variant("free run", p, int(steps), int(grad_kib) * 256, table, exchange="ring")
+    result = run_variant(comm, solution, free.for_rank(rank))
     if rank != 0:
         return None
     report = result.report if isinstance(result.report, dict) else {}
