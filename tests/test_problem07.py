@@ -296,6 +296,26 @@ def test_sum_tolerances_keep_float32_rounding_and_averages_twice_away() -> None:
                     assert np.abs(want / case.p - want).max() >= 2 * atol, seed
 
 
+def test_a_rank_holds_only_its_own_data() -> None:
+    """A rank is handed Case.for_rank(rank): no seed, its own batches (the same as the checker's), no other's;
+    the checker's answers live in judging.py, not in what the rank imports."""
+    case = small_case(p=3, big=False)
+    view = case.for_rank(1)
+    assert view.spec.seed == -1 and view.p == case.p and view.threshold == case.threshold
+    for step in (0, 1):
+        mine, want = cases.make_batch(view.spec, 0, step, 1), cases.make_batch(case.spec, 0, step, 1)
+        assert all(np.array_equal(a, b) for a, b in zip(mine, want))
+    assert all(np.array_equal(a, b) for a, b in zip(cases.flat_params(cases.init_params(view.spec)),
+                                                     cases.flat_params(cases.init_params(case.spec))))
+    assert cases.step_shapes(view.spec) == cases.step_shapes(case.spec)
+    for other in (0, 2):
+        with pytest.raises(ValueError, match="holds no data of rank"):
+            cases.make_batch(view.spec, 0, 0, other)
+    timed = cases.Timed(case, True).for_rank(2)
+    assert timed.case.spec.seed == -1 and timed.case.spec.own is not None and timed.case.spec.own[0] == 2
+    assert not hasattr(cases, "per_tensor_sums") and not hasattr(cases, "single_process_training")
+
+
 def test_plan_is_a_pure_function_of_the_seed() -> None:
     plan = cases.plan_for
     a, b, c = plan(1), plan(1), plan(2)
@@ -345,6 +365,19 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
         ["buffers of 4 x the threshold", "compared with a number of elements instead of bytes"],
         {"results equal": "passed", "buffer memory bounded": "failed"},
     ),
+    # forged (an outside tester's attacks): each must fail on the agents' evidence, not the rank's testimony
+    "forged_recording_bypass.py": (
+        ["which the harness's RecordingComm never noted", "the fusion must not stop the allocation probe"],
+        {"results equal": "passed", "collectives per step": "passed", "buffer memory bounded": "failed"},
+    ),
+    "forged_untraced_copies.py": (
+        ["which the harness's RecordingComm never noted", "the buffer was built where tracemalloc does not look"],
+        {"results equal": "passed", "collectives per step": "passed", "buffer memory bounded": "failed"},
+    ),
+    "forged_local_recompute.py": (
+        ["view of the case holds no data of rank"],
+        {"results equal": "failed", "training": "failed", "buffer memory bounded": "failed"},
+    ),
 }
 
 
@@ -355,6 +388,9 @@ REAL_BUG = {
     "per_tensor.py": "one collective per tensor",
     "unbounded_buffer.py": BUFFER_BUGS["unbounded_buffer.py"],
     "threshold_elements.py": BUFFER_BUGS["threshold_elements.py"],
+    "forged_recording_bypass.py": "the fusion must not stop the allocation probe",
+    "forged_untraced_copies.py": "the buffer was built where tracemalloc does not look",
+    "forged_local_recompute.py": "view of the case holds no data of rank",
 }
 
 

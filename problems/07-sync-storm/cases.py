@@ -1,12 +1,16 @@
 """Problem 07's cases: the click-through-rate model (per feature field a float32 embedding table, a float64 wide
 weight vector and int64 hit counts: hundreds of small gradient tensors per step), whose gradients the ranks and
 the checker compute alike from seeded generators; a ``Case`` (one model on p ranks with one threshold, and its
-budgets) and a ``Plan`` (every case of a session: the hidden variants)."""
+budgets) and a ``Plan`` (every case of a session: the hidden variants).
+
+A rank is handed ``Case.for_rank(rank)``: the model's shared key (its initial parameters, the teacher) and the
+key of its own batches, never the seed they come from, so no rank can compute another rank's gradients: the sums
+it ends with must have come through its collectives (which the checker reads from the agents' records)."""
 
 import functools
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,14 +32,38 @@ class ModelSpec:
     """The model and data of one case; the same numbers in every rank and in the checker. float64 brings the
     wide weights and loss statistics, int64 the per-row hit counts and data fingerprints."""
 
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
     vocab: tuple[int, ...]  # rows of each field's tables
     dim: int  # embedding width
     dtypes: tuple[str, ...]  # dtypes a step's gradients carry; float32 always
+    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its batch key)
+
+    def keys(self, rank: int) -> tuple[int, int]:
+        """The keys of ``rank``'s data: the shared one (parameters, teacher) and its batches'."""
+        if self.own is None:
+            return data_keys(self.seed, rank)
+        if rank != self.own[0]:
+            raise ValueError(f"rank {self.own[0]}'s view of the case holds no data of rank {rank}")
+        return self.own[1], self.own[2]
+
+    @property
+    def shared(self) -> int:
+        return self.keys(0 if self.own is None else self.own[0])[0]
+
+    def for_rank(self, rank: int) -> "ModelSpec":
+        """What rank ``rank``'s process is handed: its own batches' key, none of another rank's."""
+        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+
+
+def data_keys(seed: int, rank: int) -> tuple[int, int]:
+    """The key every rank shares and the key of ``rank``'s batches, both drawn from the case's seed, which never
+    reaches a rank: from a rank's two keys no other rank's batches follow."""
+    shared = int(np.random.default_rng([seed, 7, 0]).integers(2**62))
+    return shared, int(np.random.default_rng([seed, 7, 2, rank]).integers(2**62))
 
 
 def init_params(spec: ModelSpec) -> dict[str, Any]:
-    rng = np.random.default_rng([spec.seed, 0])
+    rng = np.random.default_rng([spec.shared, 0])
     return {
         "emb": [(0.1 * rng.standard_normal((v, spec.dim)) / math.sqrt(len(spec.vocab))).astype(np.float32)
                 for v in spec.vocab],
@@ -48,10 +76,11 @@ def init_params(spec: ModelSpec) -> dict[str, Any]:
 def make_batch(spec: ModelSpec, stream: int, step: int, rank: int, n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
     """Feature ids (n, fields), skewed towards low ids as real traffic is, and 0/1 labels drawn from a hidden
     teacher. ``stream`` 0 is training data, 1 held-out data."""
-    rng = np.random.default_rng([spec.seed, 2, stream, step, rank])
+    shared, own = spec.keys(rank)
+    rng = np.random.default_rng([own, stream, step])
     vocab = np.array(spec.vocab)
     ids = (vocab * rng.random((n, len(vocab))) ** 2).astype(np.int64)
-    teacher = np.random.default_rng([spec.seed, 1])
+    teacher = np.random.default_rng([shared, 1])
     weights = [teacher.standard_normal(v) for v in spec.vocab]
     logit = sum(w[ids[:, f]] for f, w in enumerate(weights)) * (2.0 / math.sqrt(len(vocab)))
     return ids, (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float64)
@@ -132,7 +161,8 @@ def digest(arrays: list[np.ndarray]) -> int:
 @functools.lru_cache(maxsize=64)
 def step_shapes(spec: ModelSpec) -> dict[str, tuple[str, int]]:
     """name -> (dtype, bytes) of each tensor of a step, in add order (every step has these)."""
-    grads = gradients(spec, init_params(spec), *make_batch(spec, 0, 0, 0))
+    rank = 0 if spec.own is None else spec.own[0]  # the shapes are every rank's
+    grads = gradients(spec, init_params(spec), *make_batch(spec, 0, 0, rank))
     return {name: (str(g.dtype), g.nbytes) for name, g in grads.items()}
 
 
@@ -146,6 +176,10 @@ class Case:
     threshold: int
     steps: int = STEPS
     probe: bool = False  # trace the fusion's allocations with tracemalloc (on MPI: see check.py)
+
+    def for_rank(self, rank: int) -> "Case":
+        """Rank ``rank``'s view: its own data only (with every rank's, one process could sum alone)."""
+        return replace(self, spec=self.spec.for_rank(rank))
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (a handful of frozen cases per session)
     def label(self) -> str:
@@ -183,6 +217,9 @@ class Timed:
 
     case: Case
     fused: bool
+
+    def for_rank(self, rank: int) -> "Timed":
+        return replace(self, case=self.case.for_rank(rank))
 
 
 def make_case(p: int, rng: np.random.Generator, dtypes: tuple[str, ...], big_table: bool) -> Case:

@@ -1,9 +1,18 @@
 """How problem 07 judges the sums: the expected values, computed here (every rank's gradients summed tensor by
 tensor, as one Allreduce per tensor would; the model trained on the global batch in one process), and
 ``diagnose_sums``, which names what is wrong the way a reviewer would (a float32 buffer, a partial buffer never
-sent, an average)."""
+sent, an average).
+
+Nothing a rank returns is taken on trust: the learner's code shares the process that produced it. A result is
+first checked for its form (``malformed``), the sums against the per-tensor sums recomputed here (no rank holds
+another rank's data, so right sums must have come through the collectives), and then the collectives
+themselves, as the agents recorded them, must have carried every byte of every step (``unreduced``). The size
+of every buffer is read from the agents' records too (``buffers_seen``), not from the harness's RecordingComm,
+which the learner's code can go around or rewrite."""
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +46,8 @@ def first_step(case: Case) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
 
 def right(got: np.ndarray, want: np.ndarray) -> bool:
     """Ints exact; floats up to summation order (float64 far tighter than float32)."""
-    return got.dtype == want.dtype and bool(agreement(got, want, **tolerance(want)).all())
+    return (isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+            and bool(agreement(got, want, **tolerance(want)).all()))
 
 
 def tolerance(want: np.ndarray) -> dict[str, float]:
@@ -52,13 +62,107 @@ def collectives(counts: Counts) -> tuple[int, str]:
 
 
 def first_wrong(results: list[CaseRun]) -> str | None:
-    """The first wrong sum of any training case (the results check's message), or None."""
+    """The first wrong sum of any training case (the results check's message), or None: a result of the wrong
+    form, a wrong sum, then sums that no collective carried (right values are not enough)."""
+    for result in results:
+        for rank, value in enumerate(result.values):
+            if message := malformed(result.case, rank, value):
+                return message
     for result in results:
         per_rank, want = first_step(result.case)
         for rank, value in enumerate(result.values):
             made = collectives(result.task.counts(rank, "step"))[0]
             if message := diagnose_sums(result.case, rank, value.first_sums, want, per_rank[rank], made):
                 return message
+    return unreduced(results)
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer))
+
+
+def malformed(case: Case, rank: int, value: Any) -> str | None:
+    """What is wrong with the form of what a rank returned (the harness's CaseResult), or None."""
+    head = f"{case.label()}: rank {rank} returned"
+    names = ("first_sums", "allreduces", "peaks", "probe_stopped", "final", "final_digest")
+    if not all(hasattr(value, name) for name in names):
+        return f"{head} a {type(value).__name__}, not the harness's CaseResult"
+    arrays = value.first_sums
+    if not isinstance(arrays, list) or not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in arrays):
+        return f"{head} step 0's sums as something other than a list of numeric NumPy arrays"
+    if not isinstance(value.peaks, list) or len(value.peaks) != case.steps or not all(map(is_int, value.peaks)):
+        return f"{head} {value.peaks!r:.80} as its allocation peaks, not one integer per step ({case.steps})"
+    if (not is_int(value.final_digest) or not isinstance(value.allreduces, list)
+            or not isinstance(value.probe_stopped, (bool, np.bool_))):
+        return f"{head} a parameter digest or Allreduce record of the wrong type"
+    if rank == 0:
+        want = model.flat_params(model.init_params(case.spec))
+        final = value.final
+        if (not isinstance(final, list) or len(final) != len(want)
+                or not all(isinstance(g, np.ndarray) and g.shape == w.shape and g.dtype == w.dtype
+                           for g, w in zip(final, want))):
+            return f"{head} final parameters that are not the model's {len(want)} arrays (shapes and dtypes)"
+    return None
+
+
+def carried(counts: Counts) -> int:
+    """The buffer bytes of a phase's collectives, as the rank's agent counted them."""
+    return sum(int(counts.op_bytes.get(op, 0)) for op in counts.collectives_used())
+
+
+def unreduced(results: list[CaseRun]) -> str | None:
+    """The first step of any rank whose collectives carried fewer bytes than its gradients (every tensor must be
+    reduced, whatever values the rank returns), as a message, or None."""
+    for result in results:
+        case = result.case
+        total = sum(case.nbytes_by_dtype().values())
+        for rank in range(case.p):
+            steps = result.task.phases(rank, "step")
+            if len(steps) != case.steps:
+                return (f"{case.label()}: rank {rank} ran {len(steps)} training step(s), not the harness's "
+                        f"{case.steps}")
+            for s, step in enumerate(steps):
+                if (sent := carried(step)) < total:
+                    calls = collectives(step)[1] or "no collective at all"
+                    return (f"{case.label()}, step {s}: rank {rank}'s collectives carried {sent} bytes ({calls}), "
+                            f"fewer than the step's {total} bytes of gradients: every tensor must be reduced "
+                            "across the ranks by a collective, whatever values it ends with")
+    return None
+
+
+def timed_wrong(case: Case, rank: int, sample: Any) -> str | None:
+    """What is wrong with a rank's sample of the timed fused step (the first 4 elements of every tensor)."""
+    want = first_step(case)[1]
+    if not isinstance(sample, list) or len(sample) != len(want):
+        return f"{case.label()}: rank {rank} returned no sample of its {len(want)} tensors from the timed step"
+    for i, (g, w) in enumerate(zip(sample, want)):
+        if not right(g, w[:4]):
+            return f"{case.label()}: rank {rank}'s tensor #{i} is wrong in the timed step"
+    return None
+
+
+def timed_evidence(case: Case, fused: Any, base: Any) -> str | None:
+    """What the agents recorded of the timed tasks, checked against what they must hold, as a message, or None:
+    the fused step's collectives carry every byte; the baseline is one Allreduce per tensor and nothing else;
+    neither declares any compute (the harness declares none)."""
+    total = sum(case.nbytes_by_dtype().values())
+    for task, what in ((fused, "the timed fused step"), (base, "the timed per-tensor baseline")):
+        for rank in range(case.p):
+            spans = task.timeline().events(rank, "compute")
+            if spans:
+                return (f"the declared compute differs from the harness's: in {what}, rank {rank} declared "
+                        f"{len(spans)} compute span(s) ({spans[0].name!r}, {spans[0].seconds:.3g} s); the harness "
+                        "declares none")
+            counts = task.counts(rank)
+            if task is fused and (sent := carried(counts)) < total:
+                calls = collectives(counts)[1] or "no collective at all"
+                return (f"{case.label()}, {what}: rank {rank}'s collectives carried {sent} bytes ({calls}), fewer "
+                        f"than the step's {total} bytes of gradients: every tensor must be reduced")
+            if task is base and (collectives(counts) != (case.tensors, f"Allreduce x{case.tensors}")
+                                 or carried(counts) != total or counts.messages_sent):
+                return (f"{case.label()}, {what}: rank {rank} made {collectives(counts)[1] or 'no collective'} "
+                        f"({carried(counts)} bytes, {counts.messages_sent} messages), not one Allreduce per tensor "
+                        f"({case.tensors}, {total} bytes): the harness's baseline was altered")
     return None
 
 
@@ -148,14 +252,103 @@ def human(nbytes: float) -> str:
     return f"{nbytes / 1024:.1f} KiB" if nbytes >= 1024 else f"{int(nbytes)} B"
 
 
-def too_big_buffer(results: list[CaseRun]) -> str | None:
-    """A buffer past threshold + its largest tensor, as a message, or None: of all such buffers, the first whose
-    cause the evidence names alone (why_too_big), else the first."""
-    found = []
+Buffers = list[list[list[tuple[str, int]]]]  # per rank, per step: (dtype, bytes) of each Allreduce
+
+
+def agent_sizes(task: Any, rank: int) -> list[list[int]]:
+    """Per "step" phase of the rank, the bytes of each Allreduce (or Iallreduce) as its agent traced it."""
+    steps: list[list[int]] = []
+    inside = False
+    for span in task.timeline().events(rank):
+        if span.kind == "mark":
+            inside = span.name == "step"
+            if inside:
+                steps.append([])
+        elif inside and span.kind in ("coll", "icoll") and span.name == "Allreduce":
+            steps[-1].append(int(span.nbytes))
+    return steps
+
+
+def buffers_seen(result: CaseRun) -> Buffers:
+    """Every Allreduce of every step of every rank as (dtype, bytes), the bytes as the agent traced them. The
+    dtype is the harness's note (RecordingComm's) where its notes of the step agree with the agent's sizes and
+    put each dtype's bytes of the step in buffers of that dtype; else (the comm under the harness's was called,
+    or the notes rewritten) it is inferred from the size: the dtype of all of whose bytes it is, else the most
+    lenient one."""
+    case, by_dtype = result.case, result.case.nbytes_by_dtype()
+    out: Buffers = []
+    for rank, value in enumerate(result.values):
+        noted = value.allreduces if isinstance(getattr(value, "allreduces", None), list) else []
+        steps = []
+        for s, sizes in enumerate(agent_sizes(result.task, rank)):
+            calls = noted[s] if s < len(noted) and isinstance(noted[s], list) else []
+            if notes_agree(calls, sizes, by_dtype):
+                steps.append([(str(d), int(n)) for d, n in calls])
+            else:
+                steps.append([(inferred_dtype(case, n), n) for n in sizes])
+        out.append(steps)
+    return out
+
+
+def notes_agree(calls: list, sizes: list[int], by_dtype: dict[str, int]) -> bool:
+    if not all(isinstance(c, tuple) and len(c) == 2 and c[0] in by_dtype and is_int(c[1]) for c in calls):
+        return False
+    if [int(n) for _, n in calls] != sizes or any(n % np.dtype(d).itemsize for d, n in calls):
+        return False
+    return all(sum(n for dd, n in calls if dd == d) == b for d, b in by_dtype.items())
+
+
+def inferred_dtype(case: Case, nbytes: int) -> str:
+    by_dtype = case.nbytes_by_dtype()
+    whole = [d for d, b in by_dtype.items() if b == nbytes]
+    fits = [d for d, b in by_dtype.items() if nbytes % np.dtype(d).itemsize == 0] or list(by_dtype)
+    return whole[0] if whole else max(fits, key=lambda d: case.largest(d))
+
+
+def unnoted_buffer(results: list[CaseRun]) -> str | None:
+    """A buffer past threshold + its largest tensor that the harness's RecordingComm did not note as the agent
+    traced it (the fusion reduced through the comm under it, or the notes were rewritten), as a message, or
+    None. Where the allocation probe ran and saw less than that buffer, the message says so: the buffer was
+    built where tracemalloc does not look."""
     for result in results:
         case, by_dtype = result.case, result.case.nbytes_by_dtype()
         for rank, value in enumerate(result.values):
-            for s, calls in enumerate(value.allreduces):
+            noted = value.allreduces if isinstance(getattr(value, "allreduces", None), list) else []
+            for s, sizes in enumerate(agent_sizes(result.task, rank)):
+                calls = noted[s] if s < len(noted) and isinstance(noted[s], list) else []
+                if notes_agree(calls, sizes, by_dtype):
+                    continue
+                for nbytes in sizes:
+                    dtype = inferred_dtype(case, nbytes)
+                    if nbytes <= (limit := case.threshold + case.largest(dtype)):
+                        continue
+                    peaks = value.peaks if isinstance(value.peaks, list) else []
+                    peak = peaks[s] if s < len(peaks) and is_int(peaks[s]) else -1
+                    unseen = (f", while the allocation probe saw at most {peak} bytes allocated in the step: the "
+                              "buffer was built where tracemalloc does not look"
+                              if 0 <= peak < nbytes and not value.probe_stopped else "")
+                    return (f"{case.label()}, step {s}: rank {rank} reduced a buffer of {nbytes} bytes in one "
+                            f"Allreduce (as its agent traced it), past threshold + its largest tensor = {limit} "
+                            f"bytes, which the harness's RecordingComm never noted (it noted {len(calls)} of the "
+                            f"step's {len(sizes)} Allreduces){unseen}: reduce through the comm Fusion is given, and "
+                            "send a buffer as soon as it holds threshold_bytes")
+    return None
+
+
+def recorded(result: Any) -> Buffers:
+    """The harness's own notes (RecordingComm), as ``buffers_seen`` reads them: the unit tests' fake runs."""
+    return [value.allreduces for value in result.values]
+
+
+def too_big_buffer(results: list[CaseRun], seen: Callable[[Any], Buffers] = recorded) -> str | None:
+    """A buffer past threshold + its largest tensor, as a message, or None: of all such buffers, the first whose
+    cause the evidence names alone (why_too_big), else the first. ``seen``: each result's buffers (the check
+    passes ``buffers_seen``, the agents' record)."""
+    found = []
+    for result in results:
+        case, by_dtype = result.case, result.case.nbytes_by_dtype()
+        for rank, steps in enumerate(seen(result)):
+            for s, calls in enumerate(steps):
                 for dtype, nbytes in calls:
                     limit = case.threshold + case.largest(dtype) if dtype in by_dtype else 0
                     if nbytes > limit:

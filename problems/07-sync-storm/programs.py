@@ -1,6 +1,8 @@
 """What runs on every rank of problem 07, and the free run (``main``). The ranks report plain records (what a
 step summed, the dtype and size of each Allreduce, what it allocated); each training step is a "step" phase of
-the task, whose counters the checks read. Nothing here judges."""
+the task, whose counters the checks read. Nothing here judges, and nothing here is taken on trust: this runs in
+the learner's process, so the checker verifies what it returns against what the agents recorded (the
+collectives and their bytes) and what it recomputes (the sums, from every rank's data, which no rank holds)."""
 
 import tracemalloc
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ class CaseResult:
     first_sums: list[np.ndarray] = field(default_factory=list)  # the tensors after step 0's flush
     allreduces: list[list[tuple[str, int]]] = field(default_factory=list)  # per step: (dtype, bytes) of each
     peaks: list[int] = field(default_factory=list)  # per step: tracemalloc's peak; -1: not measured (gloo)
+    probe_stopped: bool = False  # tracemalloc was no longer tracing when a step's flush() returned
     sync_s: float = 0.0  # add() ... flush() of every step on the online clock (the free run's figure)
     final: list[np.ndarray] | None = None  # rank 0: the parameters after the last step
     final_digest: int = 0
@@ -77,6 +80,7 @@ def train(comm, solution, case: Case) -> tuple[dict[str, Any], CaseResult]:
             tracemalloc.start()
         try:
             add_all(fusion, tensors)
+            done.probe_stopped |= case.probe and not tracemalloc.is_tracing()
             done.peaks.append(tracemalloc.get_traced_memory()[1] if case.probe else -1)
         finally:
             tracemalloc.stop()  # a no-op when not tracing
