@@ -1,98 +1,18 @@
-"""The cases of problem 05, and the checker's own memory model and rule that they need. Hidden variants:
-random plan cases (off the memory limit, so floats cannot tip an answer); the MLP sizes and values."""
+"""The cases of problem 05, as the ranks import them: the plan cases' models and clusters, the MLP cases and
+their data. The rule that answers a plan case, the hidden plan cases' generator and the single-device MLP
+are the checker's (judging.py): a rank program imports this module, and the learner's code can read it.
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, NamedTuple
+An MLP case's seed never reaches a rank: each rank is handed the case's view (MlpCase.for_rank), which
+holds the key of what every rank shares (x, dL/dy, b2) and the key of its own shard of W1, b1 and W2,
+from which no other rank's shard follows. So no rank can compute the whole MLP alone."""
+
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 GIB = 2**30
-BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 master weights 4 + Adam m 4 + v 4
-STATE_WITHOUT_OPTIMIZER = 4  # fp16 weights + fp16 grads: what is left if Adam's state is forgotten
-WRONG_BYTES = (2, 4, 8, 12, 18, 20)  # the other bytes per parameter people count (judging.BYTES_SAY says why)
 Model, Devices, Layout = dict[str, Any], dict[str, int], dict[str, int]
-
-
-# == the memory model and the rule ================================================================
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-class Memory(NamedTuple):
-    """Bytes per device of one layout, exactly (Fractions), split as the card splits them."""
-
-    state: Fraction  # weights, gradients and optimizer state
-    activations: Fraction
-    total: Fraction
-
-
-def memory_per_device(model: Model, batch: int, dp: int, tp: int, pp: int,
-                      bytes_per_param: int = BYTES_PER_PARAM) -> Memory:
-    """The card's memory model: bytes_per_param * params / (tp * pp) of model state, plus
-    (batch / dp) * seq_len * (layers / pp) * hidden * (10 + 24 / tp) bytes of activations."""
-    state = Fraction(bytes_per_param * model["params"], tp * pp)
-    per_token_layer = model["hidden"] * (10 + Fraction(24, tp))
-    activations = Fraction(batch, dp) * model["seq_len"] * Fraction(model["layers"], pp) * per_token_layer
-    return Memory(state, activations, state + activations)
-
-
-def layout_faults(model: Model, devices: Devices, batch: int, layout: Layout) -> list[str]:
-    """Why ``layout`` is not a legal layout at all (empty when it is)."""
-    dp, tp, pp = layout["dp"], layout["tp"], layout["pp"]
-    if min(dp, tp, pp) < 1:
-        return [f"every degree must be at least 1, saw dp={dp}, tp={tp}, pp={pp}"]
-    count, per_node = devices["count"], devices["per_node"]
-    rules = [
-        (dp * tp * pp != count, f"dp * tp * pp = {dp * tp * pp}, but there are {count} devices"),
-        (per_node % tp, f"tp = {tp} does not divide the {per_node} devices of a node "
-                        "(a TP group must stay inside one node)"),
-        (model["layers"] % pp, f"pp = {pp} does not divide the {model['layers']} layers"),
-        (batch % dp, f"dp = {dp} does not divide the batch of {batch}"),
-    ]
-    return [fault for broken, fault in rules if broken]
-
-
-def legal_layouts(model: Model, devices: Devices, batch: int, tp_first: bool = True) -> Iterator[Layout]:
-    """The legal layouts, least model parallelism tp * pp first, then the widest tp (or narrowest)."""
-    n = devices["count"]
-    for mp in divisors(n):
-        for tp in (reversed(divisors(mp)) if tp_first else divisors(mp)):
-            layout = {"dp": n // mp, "tp": tp, "pp": mp // tp}
-            if not layout_faults(model, devices, batch, layout):
-                yield layout
-
-
-def best_plan(model: Model, devices: Devices, batch: int, bytes_per_param: int = BYTES_PER_PARAM,
-              activations: bool = True, tp_first: bool = True) -> Layout | None:
-    """The rule: the first legal layout that fits; the keyword arguments give the rule's usual
-    misreadings, for the diagnosis (another cost per parameter, no activations, PP before TP)."""
-    for layout in legal_layouts(model, devices, batch, tp_first):
-        m = memory_per_device(model, batch, **layout, bytes_per_param=bytes_per_param)
-        if (m.total if activations else m.state) <= devices["memory_bytes"]:
-            return layout
-    return None
-
-
-# The rule's usual misreadings, as best_plan's keyword arguments; every table of plan cases tells them apart.
-MISREADINGS: dict[str, dict[str, Any]] = {
-    **{f"{b} bytes": {"bytes_per_param": b} for b in WRONG_BYTES},
-    "no activations": {"activations": False},
-    "PP first": {"tp_first": False},
-}
-
-
-def tells_apart(table: list["PlanCase"]) -> bool:
-    """Whether the rule and each of its MISREADINGS give a different list of answers on ``table``: then the
-    answers of one of them fit no other, and the diagnosis can name it (judging.misreading_of)."""
-    def answers(**kwargs: Any) -> tuple[tuple[int, ...] | None, ...]:
-        return tuple(None if (a := best_plan(c.model, c.devices, c.batch, **kwargs)) is None else tuple(a.values())
-                     for c in table)
-    seen = [answers(), *(answers(**kwargs) for kwargs in MISREADINGS.values())]
-    return len(set(seen)) == len(seen)
 
 
 # == the plan cases ===============================================================================
@@ -122,8 +42,8 @@ class PlanCase:
                 f"{d['per_node']} x {d['memory_bytes'] / GIB:g} GiB, batch {self.batch}")
 
 
-# Each named case teaches one thing; the expected layouts are the rule's answers (the unit tests
-# pin them, so a change of the rule shows).
+# Each named case teaches one thing; the expected layouts are the rule's answers (judging.best_plan; the
+# unit tests pin them, so a change of the rule shows).
 NAMED_CASES = (
     PlanCase("a small model fits: pure DP", gpt("GPT-2 124M", 12, 768, 1024), cluster(8, 8, 16), 32),
     PlanCase("the optimizer state decides", gpt("GPT 1.3B", 24, 2048, 2048), cluster(8, 8, 24), 16),
@@ -138,49 +58,10 @@ NAMED_CASES = (
     PlanCase("one GPU per node: no TP possible", gpt("GPT 2.7B", 32, 2560, 1024), cluster(8, 1, 24), 8),
 )
 
-SHAPES = ((12, 768), (24, 1024), (24, 1536), (24, 2048), (32, 2560), (32, 4096), (40, 5120),
-          (48, 6144), (48, 7168), (64, 8192), (80, 8192), (96, 12288))
-
-
-def margin_ok(case: PlanCase, margin: float = 0.005) -> bool:
-    """No legal layout sits within ``margin`` of the memory limit, so float arithmetic is safe."""
-    limit = case.devices["memory_bytes"]
-    return all(abs(memory_per_device(case.model, case.batch, **layout, bytes_per_param=bpp).total / limit - 1)
-               >= margin for layout in legal_layouts(case.model, case.devices, case.batch)
-               for bpp in (BYTES_PER_PARAM, STATE_WITHOUT_OPTIMIZER))
-
-
-def random_plan_cases(rng: np.random.Generator, count: int = 24, named: tuple[PlanCase, ...] = ()) -> list[PlanCase]:
-    """Random models, clusters and batches; the answers spread over DP, TP, TP+PP and None. Drawn again until
-    the table (after the ``named`` cases) tells the misreadings apart."""
-    while not tells_apart([*named, *(cases := draw_plan_cases(rng, count))]):
-        pass
-    return cases
-
-
-def draw_plan_cases(rng: np.random.Generator, count: int) -> list[PlanCase]:
-    cases: list[PlanCase] = []
-    while len(cases) < count:
-        layers, hidden = SHAPES[int(rng.integers(len(SHAPES)))]
-        if rng.random() < 0.3:  # an odd layer count, so that not every pp divides it
-            layers = int(layers + rng.choice([-2, 2, 6]))
-        seq = int(rng.choice([512, 1024, 2048, 4096]))
-        model = gpt(f"random model #{len(cases) + 1}", layers, hidden, seq)
-        per_node, nodes = int(rng.choice([1, 2, 4, 8, 8])), int(rng.choice([1, 1, 2, 4, 8]))
-        devices = cluster(per_node * nodes, per_node, int(rng.choice([16, 24, 32, 40, 48, 80, 96, 141])))
-        batch = int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]))
-        case = PlanCase(f"hidden case {len(cases) + 1}", model, devices, batch)
-        # Keep a few "nothing fits", most cases where some layout fits.
-        if margin_ok(case) and (best_plan(model, devices, batch) is not None or rng.random() >= 0.8):
-            cases.append(case)
-    return cases
-
-
-def plan_cases(seed: int) -> list[PlanCase]:
-    return list(NAMED_CASES) + random_plan_cases(np.random.default_rng([seed, 51]), named=NAMED_CASES)
-
-
 # == the tensor-parallel MLP cases ================================================================
+
+
+Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # W1, b1, W2, b2 of one block
 
 
 @dataclass(frozen=True)
@@ -191,7 +72,8 @@ class MlpCase:
     hidden: int
     ffn: int
     blocks: int
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its shard's key)
 
     @property
     def activation_bytes(self) -> int:
@@ -207,19 +89,69 @@ class MlpCase:
         return (f"p = {self.p}, {self.blocks} block(s), x [{self.batch}, {self.seq}, {self.hidden}], "
                 f"ffn {self.ffn}")
 
+    def keys(self, rank: int) -> tuple[int, int]:
+        """The key of what every rank shares and the key of ``rank``'s shard of the weights."""
+        if self.own is None:
+            return mlp_keys(self.seed, rank)
+        if rank != self.own[0]:
+            raise ValueError(f"rank {self.own[0]}'s view of the case holds no weights of rank {rank}")
+        return self.own[1], self.own[2]
 
-Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # W1, b1, W2, b2 of one block
+    def for_rank(self, rank: int) -> "MlpCase":
+        """What rank ``rank``'s process is handed: the shared data and its own shard's key, none of
+        another rank's (with them, one process could compute the whole MLP alone)."""
+        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+
+    def inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """x and the upstream gradient dL/dy: the same on every rank."""
+        rng = np.random.default_rng([self.keys(self.own[0] if self.own else 0)[0], 0])
+        shape = (self.batch, self.seq, self.hidden)
+        return rng.standard_normal(shape), rng.standard_normal(shape)
+
+    def handed(self, rank: int) -> list[Weights]:
+        """What ParallelMLP receives on ``rank``, per block: W1 [ffn, h], b1 [ffn], W2 [h, ffn], b2 [h]
+        in their whole shapes, with only this rank's shard filled in (rows r*ffn/p .. (r+1)*ffn/p of W1
+        and b1, those columns of W2, the whole b2); the other ranks' parts are zero."""
+        n = self.ffn // self.p
+        cut = slice(rank * n, (rank + 1) * n)
+        out = []
+        for block in range(self.blocks):
+            w1, b1, w2 = shard_of(self, self.keys(rank)[1], block)
+            big = (np.zeros((self.ffn, self.hidden)), np.zeros(self.ffn), np.zeros((self.hidden, self.ffn)))
+            big[0][cut], big[1][cut], big[2][:, cut] = w1, b1, w2
+            out.append((*big, shared_bias(self, block)))
+        return out
+
+
+def mlp_keys(seed: int, rank: int) -> tuple[int, int]:
+    """The shared key and ``rank``'s shard key, both drawn from the case's seed (which no rank holds)."""
+    shared = int(np.random.default_rng([seed, 5, 0]).integers(2**62))
+    return shared, int(np.random.default_rng([seed, 5, 1, rank]).integers(2**62))
+
+
+def shard_of(case: MlpCase, own: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rank's shard of a block, from its key: W1's rows [ffn/p, h], b1's entries, W2's columns [h, ffn/p]."""
+    rng, h, n = np.random.default_rng([own, block]), case.hidden, case.ffn // case.p
+    return (rng.standard_normal((n, h)) / np.sqrt(h), 0.1 * rng.standard_normal(n),
+            rng.standard_normal((h, n)) / np.sqrt(case.ffn))
+
+
+def shared_bias(case: MlpCase, block: int) -> np.ndarray:
+    """b2 of a block, replicated on every rank; clearly non-zero: a bias added p times must show."""
+    shared = case.keys(case.own[0] if case.own else 0)[0]
+    return 0.5 * np.random.default_rng([shared, 1, block]).standard_normal(case.hidden)
 
 
 def mlp_inputs(case: MlpCase) -> tuple[np.ndarray, np.ndarray, list[Weights]]:
-    """x, the upstream gradient dL/dy, and (W1, b1, W2, b2) per block: the same on ranks and here."""
-    rng, h, ffn = np.random.default_rng(case.seed), case.hidden, case.ffn
-    # W1, b1, W2, b2; b2 clearly non-zero: a bias added p times must show.
-    blocks = [(rng.standard_normal((ffn, h)) / np.sqrt(h), 0.1 * rng.standard_normal(ffn),
-               rng.standard_normal((h, ffn)) / np.sqrt(ffn), 0.5 * rng.standard_normal(h))
-              for _ in range(case.blocks)]
-    shape = (case.batch, case.seq, h)
-    return rng.standard_normal(shape), rng.standard_normal(shape), blocks  # x, dL/dy
+    """x, dL/dy and the whole (W1, b1, W2, b2) per block, assembled from every rank's shard: the
+    checker's (a rank's view raises: it holds one shard's key)."""
+    if case.own is not None:
+        raise ValueError(f"rank {case.own[0]}'s view of the case holds only its own shard")
+    x, gout = case.inputs()
+    shards = [[shard_of(case, case.keys(rank)[1], block) for rank in range(case.p)] for block in range(case.blocks)]
+    return x, gout, [(np.concatenate([s[0] for s in parts]), np.concatenate([s[1] for s in parts]),
+                      np.concatenate([s[2] for s in parts], axis=1), shared_bias(case, block))
+                     for block, parts in enumerate(shards)]
 
 
 def mlp_cases(seed: int) -> list[list[MlpCase]]:

@@ -5,7 +5,17 @@ allreduce of tokens x hidden each way per block, and their time on the virtual c
 
 from collections import Counter
 
-from distlab.grading import CheckContext, Checklist, Run, RunFailed, Task
+from distlab.grading import (
+    COLLECTIVES,
+    POINT_TO_POINT,
+    CaseRun,
+    CheckContext,
+    Checklist,
+    Counts,
+    Run,
+    RunFailed,
+    Task,
+)
 
 from . import cases, judging, programs
 from .cases import MlpCase, PlanCase
@@ -17,7 +27,7 @@ CHECKS = Checklist()
 
 
 def plan_task(seed: int) -> Task:
-    return Task(ranks=1, cases=cases.plan_cases(seed), label="the plan cases")
+    return Task(ranks=1, cases=judging.plan_cases(seed), label="the plan cases")
 
 
 @CHECKS.run
@@ -46,6 +56,64 @@ def mlp_run(one_launch: Run, first: bool = False) -> Run:
     return one_launch
 
 
+def shaped(t: CheckContext, run: Run) -> Run:
+    """The run (one that finished: ``run.ok``), once every rank of every task returned one value per case,
+    as the harness's run_cases does (the learner's process returns them: a patched program must fail, not
+    crash the check)."""
+    for task_run in run.tasks:
+        for rank, value in enumerate(task_run.values):
+            if type(value) is not list or len(value) != len(task_run.spec.cases or ()):
+                t.fail(f"{task_run.spec.label}: rank {rank} returned a {type(value).__name__}, not one value "
+                       "per case as the harness's run_cases does")
+    return run
+
+
+def plan_answers(t: CheckContext, run: Run) -> tuple[list[PlanCase], list[programs.PlanAnswer]]:
+    results = shaped(t, run).cases(PlanCase)
+    for result in results:
+        if why := judging.malformed_plan(result.values[0]):
+            t.fail(f"{result.case.label}: rank 0 returned {why}")
+    return [result.case for result in results], [result.values[0] for result in results]
+
+
+def mlp_results(t: CheckContext, run: Run) -> list[CaseRun[MlpCase]]:
+    results = shaped(t, run).cases(MlpCase)
+    for result in results:
+        for rank, value in enumerate(result.values):
+            if why := judging.malformed_mlp(result.case, value):
+                t.fail(f"{result.case.label()}: rank {rank} returned {why}")
+    return results
+
+
+def phases(t: CheckContext, result: CaseRun[MlpCase]) -> list[dict[str, Counts]]:
+    """programs.phase_counts, or a failed check where a rank did not mark its phases as the harness does."""
+    try:
+        return programs.phase_counts(result)
+    except KeyError as exc:
+        t.fail(f"{result.case.label()}: {exc.args[0] if exc.args else exc}: the harness marks forward and "
+               "backward once per case")
+
+
+def outside_phases(t: CheckContext, run: Run) -> None:
+    """Fails where a rank communicated outside its cases' forward and backward (set-up, read back): what
+    the phases do not show could carry another rank's weights."""
+    for task_run in run.tasks[1:]:
+        results = [result for result in run.cases(MlpCase) if result.task is task_run]
+        for rank in range(task_run.spec.ranks):
+            inside: Counter[str] = Counter()
+            for result in results:
+                for counts in phases(t, result)[rank].values():
+                    inside.update(counts.calls)
+            total = task_run.counts(rank).calls
+            extra = {op: n - inside[op] for op, n in total.items()
+                     if n > inside[op] and (op in POINT_TO_POINT or op in COLLECTIVES)}
+            if extra:
+                said = ", ".join(f"{op} x{n}" for op, n in sorted(extra.items()))
+                t.fail(f"{task_run.spec.label}: rank {rank} called {said} outside forward and backward (in "
+                       "ParallelMLP's set-up or after backward): a TP block needs one Allreduce each way and "
+                       "nothing else")
+
+
 @CHECKS.check("plan picks the rule's layout on a table of cases", points=4)
 def plan_table(t: CheckContext, one_launch: Run) -> None:
     run = one_launch
@@ -55,8 +123,7 @@ def plan_table(t: CheckContext, one_launch: Run) -> None:
         # The MLP part failed (its checks say how); ask plan on its own, so this check still grades.
         t.say("the MLP run failed (see the checks below): asking plan on its own")
         run = t.launch(programs.run_cases, [plan_task(t.seed)])
-    results = run.cases(PlanCase)
-    table, answers = [result.case for result in results], [result.values[0] for result in results]
+    table, answers = plan_answers(t, run)
     if message := judging.diagnose_all_dp(table, answers):
         t.fail(message)
     wrong = judging.wrong_plans(table, answers)
@@ -65,7 +132,7 @@ def plan_table(t: CheckContext, one_launch: Run) -> None:
     if wrong:
         more = f" (and {len(wrong) - 1} more wrong case(s))" if len(wrong) > 1 else ""
         t.fail(wrong[0] + more)
-    kinds = Counter(judging.layout_kind(cases.best_plan(c.model, c.devices, c.batch)) for c in table)
+    kinds = Counter(judging.layout_kind(judging.best_plan(c.model, c.devices, c.batch)) for c in table)
     t.say(f"all {len(table)} agree ({kinds['DP']} pure DP, {kinds['TP']} with TP, {kinds['PP']} with PP, "
           f"{kinds['none']} with nothing that fits)")
 
@@ -74,10 +141,11 @@ def plan_table(t: CheckContext, one_launch: Run) -> None:
 def mlp_matches(t: CheckContext, one_launch: Run) -> None:
     t.say("p = 2, 3, 4; one block, then a stack of 2-3; float64; output, dL/dx and the "
           "gradient shards of W1, b1, W2, b2 against torch on one device")
-    results = mlp_run(one_launch, first=True).cases(MlpCase)
+    results = mlp_results(t, mlp_run(one_launch, first=True))
     for result in results:
-        want = programs.single_device(result.case)
-        for diagnose in (judging.diagnose_output, judging.diagnose_input_grad, judging.diagnose_weight_grads):
+        want = judging.single_device(result.case)
+        for diagnose in (judging.diagnose_grad_shapes, judging.diagnose_output, judging.diagnose_input_grad,
+                         judging.diagnose_weight_grads):
             if message := diagnose(result.case, result.values, want):
                 t.fail(message)
     t.metric("cases", len(results))
@@ -87,7 +155,7 @@ def mlp_matches(t: CheckContext, one_launch: Run) -> None:
 @CHECKS.check("each rank keeps 1/p of the weights (within 1%)", points=2)
 def weights_split(t: CheckContext, one_launch: Run) -> None:
     worst_ratio = 0.0
-    for result in mlp_run(one_launch).cases(MlpCase):
+    for result in mlp_results(t, mlp_run(one_launch)):
         case = result.case
         share = case.whole_params / case.p
         for rank, value in enumerate(result.values):
@@ -105,10 +173,11 @@ def weights_split(t: CheckContext, one_launch: Run) -> None:
 
 @CHECKS.check("one allreduce of tokens x hidden values in forward, one in backward, per block", points=2)
 def one_allreduce_each_way(t: CheckContext, one_launch: Run) -> None:
-    for result in mlp_run(one_launch).cases(MlpCase):
+    run = mlp_run(one_launch)
+    for result in mlp_results(t, run):
         case = result.case
-        for rank, phases in enumerate(programs.phase_counts(result)):
-            for phase, counts in phases.items():
+        for rank, by_phase in enumerate(phases(t, result)):
+            for phase, counts in by_phase.items():
                 head = f"{case.label()}: rank {rank}, {phase}"
                 if wrong := judging.wrong_calls(head, phase, counts, case.blocks):
                     t.fail(wrong)
@@ -117,22 +186,24 @@ def one_allreduce_each_way(t: CheckContext, one_launch: Run) -> None:
                          f"{case.blocks} x {case.activation_bytes} bytes (tokens x hidden float64 per block)",
                          f"{head} allreduced {moved} bytes: the allreduce carries the "
                          "activations (or their gradient), not the weights")
+    outside_phases(t, run)
     t.say("one forward and one backward allreduce of tokens x hidden per block, on every rank")
 
 
 @CHECKS.check("TP communication time within 5% of two ring allreduces per block", points=2)
 def tp_time(t: CheckContext, one_launch: Run) -> None:
     worst_ratio, run = 0.0, mlp_run(one_launch)
+    every = mlp_results(t, run)
     for task_run in run.tasks[1:]:  # one per rank count
-        results = [result for result in run.cases(MlpCase) if result.task is task_run]
+        results = [result for result in every if result.task is task_run]
         p = results[0].case.p
         for result in results:
             case = result.case
-            for rank, phases in enumerate(programs.phase_counts(result)):
-                t.expect(not any(judging.wrong_calls("", *phase, case.blocks) for phase in phases.items()),
+            for rank, by_phase in enumerate(phases(t, result)):
+                t.expect(not any(judging.wrong_calls("", *phase, case.blocks) for phase in by_phase.items()),
                          "one allreduce each way per block before the time is graded",
-                         f"{case.label()}: rank {rank} made {judging.allreduce_calls(phases['forward'])} in "
-                         f"forward and {judging.allreduce_calls(phases['backward'])} in backward (see the check above)")
+                         f"{case.label()}: rank {rank} made {judging.allreduce_calls(by_phase['forward'])} in "
+                         f"forward and {judging.allreduce_calls(by_phase['backward'])} in backward (see the check above)")
         bound = sum(2 * r.case.blocks * judging.ring_time(t, p, r.case.activation_bytes) for r in results)
         measured = t.measured_time(task_run)
         t.say(f"p = {p}: {measured * 1e6:.1f} us {t.clock} for {sum(2 * r.case.blocks for r in results)} "

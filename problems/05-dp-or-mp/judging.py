@@ -1,17 +1,166 @@
-"""How problem 05 names what went wrong (each diagnose_* gives the first difference, or None)."""
+"""Problem 05's checker side: the memory model and the rule that answer a plan case, the hidden plan
+cases (drawn with the rule), the MLP on one device (the expected values), and how each wrong answer is
+named (each diagnose_* gives the first difference, or None). Here, not in cases.py: the learner's
+process imports cases.py (the rank program does) and can read it; it cannot read this file."""
 
 import math
+from collections.abc import Iterator
 from fractions import Fraction
 from itertools import product
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, Counts, cost
 
 from . import cases
-from .cases import Layout, MlpCase, PlanCase, best_plan
-from .programs import GRAD_NAMES, Expected, MlpResult, PlanAnswer
+from .cases import (
+    NAMED_CASES,
+    Devices,
+    Layout,
+    MlpCase,
+    Model,
+    PlanCase,
+    Weights,
+    cluster,
+    gpt,
+    mlp_inputs,
+)
+from .programs import GRAD_NAMES, MlpResult, PlanAnswer, one_device
+
+BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 master weights 4 + Adam m 4 + v 4
+STATE_WITHOUT_OPTIMIZER = 4  # fp16 weights + fp16 grads: what is left if Adam's state is forgotten
+WRONG_BYTES = (2, 4, 8, 12, 18, 20)  # the other bytes per parameter people count (BYTES_SAY says why)
+
+
+# == the memory model and the rule ================================================================
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class Memory(NamedTuple):
+    """Bytes per device of one layout, exactly (Fractions), split as the card splits them."""
+
+    state: Fraction  # weights, gradients and optimizer state
+    activations: Fraction
+    total: Fraction
+
+
+def memory_per_device(model: Model, batch: int, dp: int, tp: int, pp: int,
+                      bytes_per_param: int = BYTES_PER_PARAM) -> Memory:
+    """The card's memory model: bytes_per_param * params / (tp * pp) of model state, plus
+    (batch / dp) * seq_len * (layers / pp) * hidden * (10 + 24 / tp) bytes of activations."""
+    state = Fraction(bytes_per_param * model["params"], tp * pp)
+    per_token_layer = model["hidden"] * (10 + Fraction(24, tp))
+    activations = Fraction(batch, dp) * model["seq_len"] * Fraction(model["layers"], pp) * per_token_layer
+    return Memory(state, activations, state + activations)
+
+
+def layout_faults(model: Model, devices: Devices, batch: int, layout: Layout) -> list[str]:
+    """Why ``layout`` is not a legal layout at all (empty when it is)."""
+    dp, tp, pp = layout["dp"], layout["tp"], layout["pp"]
+    if min(dp, tp, pp) < 1:
+        return [f"every degree must be at least 1, saw dp={dp}, tp={tp}, pp={pp}"]
+    count, per_node = devices["count"], devices["per_node"]
+    rules = [
+        (dp * tp * pp != count, f"dp * tp * pp = {dp * tp * pp}, but there are {count} devices"),
+        (per_node % tp, f"tp = {tp} does not divide the {per_node} devices of a node "
+                        "(a TP group must stay inside one node)"),
+        (model["layers"] % pp, f"pp = {pp} does not divide the {model['layers']} layers"),
+        (batch % dp, f"dp = {dp} does not divide the batch of {batch}"),
+    ]
+    return [fault for broken, fault in rules if broken]
+
+
+def legal_layouts(model: Model, devices: Devices, batch: int, tp_first: bool = True) -> Iterator[Layout]:
+    """The legal layouts, least model parallelism tp * pp first, then the widest tp (or narrowest)."""
+    n = devices["count"]
+    for mp in divisors(n):
+        for tp in (reversed(divisors(mp)) if tp_first else divisors(mp)):
+            layout = {"dp": n // mp, "tp": tp, "pp": mp // tp}
+            if not layout_faults(model, devices, batch, layout):
+                yield layout
+
+
+def best_plan(model: Model, devices: Devices, batch: int, bytes_per_param: int = BYTES_PER_PARAM,
+              activations: bool = True, tp_first: bool = True) -> Layout | None:
+    """The rule: the first legal layout that fits; the keyword arguments give the rule's usual
+    misreadings, for the diagnosis (another cost per parameter, no activations, PP before TP)."""
+    for layout in legal_layouts(model, devices, batch, tp_first):
+        m = memory_per_device(model, batch, **layout, bytes_per_param=bytes_per_param)
+        if (m.total if activations else m.state) <= devices["memory_bytes"]:
+            return layout
+    return None
+
+
+# The rule's usual misreadings, as best_plan's keyword arguments; every table of plan cases tells them apart.
+MISREADINGS: dict[str, dict[str, Any]] = {
+    **{f"{b} bytes": {"bytes_per_param": b} for b in WRONG_BYTES},
+    "no activations": {"activations": False},
+    "PP first": {"tp_first": False},
+}
+
+
+def tells_apart(table: list["PlanCase"]) -> bool:
+    """Whether the rule and each of its MISREADINGS give a different list of answers on ``table``: then the
+    answers of one of them fit no other, and the diagnosis can name it (judging.misreading_of)."""
+    def answers(**kwargs: Any) -> tuple[tuple[int, ...] | None, ...]:
+        return tuple(None if (a := best_plan(c.model, c.devices, c.batch, **kwargs)) is None else tuple(a.values())
+                     for c in table)
+    seen = [answers(), *(answers(**kwargs) for kwargs in MISREADINGS.values())]
+    return len(set(seen)) == len(seen)
+
+
+# == the hidden plan cases ========================================================================
+
+
+SHAPES = ((12, 768), (24, 1024), (24, 1536), (24, 2048), (32, 2560), (32, 4096), (40, 5120),
+          (48, 6144), (48, 7168), (64, 8192), (80, 8192), (96, 12288))
+
+
+def margin_ok(case: PlanCase, margin: float = 0.005) -> bool:
+    """No legal layout sits within ``margin`` of the memory limit, so float arithmetic is safe."""
+    limit = case.devices["memory_bytes"]
+    return all(abs(memory_per_device(case.model, case.batch, **layout, bytes_per_param=bpp).total / limit - 1)
+               >= margin for layout in legal_layouts(case.model, case.devices, case.batch)
+               for bpp in (BYTES_PER_PARAM, STATE_WITHOUT_OPTIMIZER))
+
+
+def random_plan_cases(rng: np.random.Generator, count: int = 24, named: tuple[PlanCase, ...] = ()) -> list[PlanCase]:
+    """Random models, clusters and batches; the answers spread over DP, TP, TP+PP and None. Drawn again until
+    the table (after the ``named`` cases) tells the misreadings apart."""
+    while not tells_apart([*named, *(cases := draw_plan_cases(rng, count))]):
+        pass
+    return cases
+
+
+def draw_plan_cases(rng: np.random.Generator, count: int) -> list[PlanCase]:
+    cases: list[PlanCase] = []
+    while len(cases) < count:
+        layers, hidden = SHAPES[int(rng.integers(len(SHAPES)))]
+        if rng.random() < 0.3:  # an odd layer count, so that not every pp divides it
+            layers = int(layers + rng.choice([-2, 2, 6]))
+        seq = int(rng.choice([512, 1024, 2048, 4096]))
+        model = gpt(f"random model #{len(cases) + 1}", layers, hidden, seq)
+        per_node, nodes = int(rng.choice([1, 2, 4, 8, 8])), int(rng.choice([1, 1, 2, 4, 8]))
+        devices = cluster(per_node * nodes, per_node, int(rng.choice([16, 24, 32, 40, 48, 80, 96, 141])))
+        batch = int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]))
+        case = PlanCase(f"hidden case {len(cases) + 1}", model, devices, batch)
+        # Keep a few "nothing fits", most cases where some layout fits.
+        if margin_ok(case) and (best_plan(model, devices, batch) is not None or rng.random() >= 0.8):
+            cases.append(case)
+    return cases
+
+
+def plan_cases(seed: int) -> list[PlanCase]:
+    return list(NAMED_CASES) + random_plan_cases(np.random.default_rng([seed, 51]), named=NAMED_CASES)
+
+
+# == the diagnoses ================================================================================
+
+
 
 RTOL, ATOL = 1e-7, 1e-9  # float64 all through: only the order of the sums differs
 TWICE = "a gradient that was already whole was allreduced again"
@@ -35,7 +184,7 @@ def layout_kind(layout: Layout | None) -> str:
 Bounds = tuple[Fraction, Fraction | None]  # lo < bytes per parameter <= hi; hi None: no upper bound
 
 # What a memory model of so many bytes per parameter leaves out or adds (16 = 2 + 2 + 4 + 4 + 4); the plan
-# cases tell these counts apart (cases.MISREADINGS).
+# cases tell these counts apart (MISREADINGS).
 BYTES_SAY = {
     2: "fp16 weights only: the gradients (2) and Adam's state (12) are missing",
     4: "fp16 weights and gradients only: the optimizer state is missing (fp32 master weights and Adam's "
@@ -54,8 +203,8 @@ def implied_bytes(case: PlanCase, layout: Layout | None, activations: bool = Tru
     """The bytes per parameter at which the rule answers ``layout`` for ``case`` (every legal layout before
     it does not fit, it does), or None if no value gives it (an illegal layout, or one out of order)."""
     low, limit = Fraction(0), case.devices["memory_bytes"]
-    for legal in cases.legal_layouts(case.model, case.devices, case.batch):
-        m = cases.memory_per_device(case.model, case.batch, **legal, bytes_per_param=1)
+    for legal in legal_layouts(case.model, case.devices, case.batch):
+        m = memory_per_device(case.model, case.batch, **legal, bytes_per_param=1)
         edge = (limit - (m.activations if activations else 0)) / m.state  # fits iff bytes <= edge
         if legal == layout:
             return (low, edge) if edge > low else None
@@ -87,7 +236,7 @@ def wrong_bytes(bounds: Bounds) -> str | None:
     """The bytes per parameter the answers imply, and what that count leaves out, as a message; None unless
     a count people use (BYTES_SAY) other than 16 gives every answer."""
     common = [k for k in BYTES_SAY if holds(bounds, k)]
-    if not common or holds(bounds, cases.BYTES_PER_PARAM):
+    if not common or holds(bounds, BYTES_PER_PARAM):
         return None
     low, high = (f"{math.floor(x * 100) / 100:.2f}" if x is not None else "" for x in bounds)  # rounded down
     shown = f"more than {low} and at most {high}" if high else f"more than {low}"
@@ -111,7 +260,7 @@ def misreading_of(table: list[PlanCase], answers: list[PlanAnswer]) -> str | Non
     said = []
     if (bounds := bytes_fitting(table, answers)) and (wrong := wrong_bytes(bounds)):
         said.append(wrong)
-    if holds(bytes_fitting(table, answers, activations=False), cases.BYTES_PER_PARAM):
+    if holds(bytes_fitting(table, answers, activations=False), BYTES_PER_PARAM):
         said.append(NO_ACTIVATIONS)
     if all(a.layout == best_plan(c.model, c.devices, c.batch, tp_first=False)
            for c, a in zip(table, answers) if not (a.error or a.other is not None)):
@@ -134,11 +283,11 @@ def diagnose_plan(case: PlanCase, answer: PlanAnswer, misreading: str | None = N
         return None
     head = f"{head}; saw {show(got)}"
     if got is None:  # and want is not: got == want returned above
-        m = cases.memory_per_device(case.model, case.batch, **want)
+        m = memory_per_device(case.model, case.batch, **want)
         return f"{head}, but {show(want)} fits: it needs {gib(m.total)} of {gib(case.devices['memory_bytes'])}"
-    if faults := cases.layout_faults(case.model, case.devices, case.batch, got):
+    if faults := layout_faults(case.model, case.devices, case.batch, got):
         return f"{head}, which is not a legal layout: {'; '.join(faults)}"
-    m, limit = cases.memory_per_device(case.model, case.batch, **got), case.devices["memory_bytes"]
+    m, limit = memory_per_device(case.model, case.batch, **got), case.devices["memory_bytes"]
     need = (f"{show(got)} needs {gib(m.total)} per device ({gib(m.state)} of weights, gradients and "
             f"Adam state at 16 bytes per parameter, {gib(m.activations)} of activations) and a "
             f"device has {gib(limit)}")
@@ -176,6 +325,54 @@ def diagnose_all_dp(table: list[PlanCase], answers: list[PlanAnswer]) -> str | N
 
 
 # == the tensor-parallel MLP: values ==============================================================
+
+
+class Expected(NamedTuple):
+    out: np.ndarray
+    x_grad: np.ndarray
+    grads: list[dict[str, np.ndarray]]  # whole gradients per block
+    weights: list[Weights]
+
+
+def single_device(case: MlpCase) -> Expected:
+    """The same blocks on one device, with the whole weights (every rank's shard, which only the
+    checker holds), forward and backward, as nn.Linear and nn.GELU compute them."""
+    x0, gout, weights = mlp_inputs(case)
+    out, x_grad, grads = one_device(x0, gout, weights)
+    return Expected(out, x_grad, grads, weights)
+
+
+def malformed_plan(value: Any) -> str | None:
+    """Why a rank's value is not what ask_plan returns (a PlanAnswer of plain data), or None."""
+    if type(value) is not PlanAnswer:
+        return f"a {type(value).__name__}, not the harness's PlanAnswer"
+    layout, other, error = value
+    if layout is not None and not (type(layout) is dict and set(layout) == {"dp", "tp", "pp"}
+                                   and all(type(v) is int for v in layout.values())):
+        return f"a PlanAnswer whose layout is {str(layout)[:80]}, not {{dp, tp, pp}} of ints"
+    if any(v is not None and type(v) is not str for v in (other, error)):
+        return "a PlanAnswer whose other or error is not a string"
+    return None
+
+
+def malformed_mlp(case: MlpCase, value: Any) -> str | None:
+    """Why a rank's value is not what run_mlp returns (an MlpResult of plain data), or None."""
+    if type(value) is not MlpResult:
+        return f"a {type(value).__name__}, not the harness's MlpResult"
+
+    def plain(v: Any) -> bool:
+        return type(v) is str or (type(v) is np.ndarray and v.dtype == np.float64)
+
+    if not (plain(value.out) and plain(value.x_grad)):
+        return "an MlpResult whose output or x.grad is neither a float64 array nor a string"
+    if (type(value.grads) is not list or len(value.grads) != case.blocks
+            or any(type(g) is not dict or set(g) != set(GRAD_NAMES) or not all(map(plain, g.values()))
+                   for g in value.grads)):
+        return f"an MlpResult whose gradients are not {case.blocks} dict(s) of {', '.join(GRAD_NAMES)}"
+    if (type(value.param_counts) is not list or len(value.param_counts) != case.blocks
+            or any(type(n) is not int for n in value.param_counts)):
+        return f"an MlpResult whose parameter counts are not {case.blocks} int(s)"
+    return None
 
 
 SPLIT = {  # what rank r of p keeps, for the messages
@@ -251,6 +448,16 @@ def diagnose_input_grad(case: MlpCase, results: list[MlpResult], want: Expected)
     if all(close(g, case.p * want.x_grad) for g in grads):
         return f"{head}: it is p = {case.p} times too large on every rank: {TWICE}"
     return first_wrong_rank(head, grads, want.x_grad)
+
+
+def diagnose_grad_shapes(case: MlpCase, results: list[MlpResult], want: Expected) -> str | None:
+    """The first gradient shard of the wrong shape (the split, read before any value)."""
+    for block, name, (rank, r) in product(range(case.blocks), GRAD_NAMES, enumerate(results)):
+        got, mine = r.grads[block][name], shard(name, want.grads[block][name], rank, case.p)
+        if not isinstance(got, str) and got.shape != mine.shape:
+            return (f"{case.label()}: block {block}, rank {rank}, {name}.grad has shape {got.shape}, "
+                    f"expected {mine.shape}: {SPLIT[name]}")
+    return None
 
 
 def diagnose_weight_grads(case: MlpCase, results: list[MlpResult], want: Expected) -> str | None:

@@ -1,4 +1,5 @@
-"""What runs on the ranks of problem 05, and the same MLP on one device (the expected values)."""
+"""What runs on the ranks of problem 05. A rank's MLP case is its view (cases.MlpCase.for_rank): x, dL/dy
+and its own shard of the weights; the expected values are the checker's (judging.single_device)."""
 
 import traceback
 from contextlib import suppress
@@ -86,8 +87,11 @@ def _grad(block: Any, name: str) -> np.ndarray | str:
 
 
 def run_mlp(comm, solution, case: MlpCase) -> MlpResult:
-    """Blocks of the learner's ParallelMLP, forward then backward, each marked for the counters."""
-    x0, gout, weights = mlp_inputs(case)
+    """Blocks of the learner's ParallelMLP, forward then backward, each marked for the counters. ``case``
+    is this rank's view: ParallelMLP gets the weights in their whole shapes with only this rank's shard
+    filled in (cases.MlpCase.handed)."""
+    x0, gout = case.inputs()
+    weights = case.handed(comm.Get_rank())
     blocks = [solution.ParallelMLP(comm, *(torch.from_numpy(w.copy()) for w in ws)) for ws in weights]
     x = torch.from_numpy(x0.copy()).requires_grad_(True)
     comm.mark("forward")  # phase_counts reads each rank's counters in "forward" and "backward"
@@ -108,23 +112,17 @@ def phase_counts(result: CaseRun[MlpCase]) -> list[dict[str, Counts]]:
             for rank in range(result.ranks)]
 
 
-class Expected(NamedTuple):
-    out: np.ndarray
-    x_grad: np.ndarray
-    grads: list[dict[str, np.ndarray]]  # whole gradients per block
-    weights: list[Weights]
-
-
-def single_device(case: MlpCase) -> Expected:
-    """The same blocks on one device, forward and backward, as nn.Linear and nn.GELU compute them."""
+def one_device(x0: np.ndarray, gout: np.ndarray, weights: list[Weights]
+               ) -> tuple[np.ndarray, np.ndarray, list[dict[str, np.ndarray]]]:
+    """Whole blocks on one device, forward and backward, as nn.Linear and nn.GELU compute them: the
+    output, dL/dx and the whole gradients per block (the checker's judging.single_device, the free run)."""
     torch.set_num_threads(1)  # as in the ranks (run_cases)
-    x0, gout, weights = mlp_inputs(case)
     params = [[torch.from_numpy(w.copy()).requires_grad_(True) for w in ws] for ws in weights]
     x = torch.from_numpy(x0.copy()).requires_grad_(True)
     out = reduce(lambda y, w: F.linear(F.gelu(F.linear(y, w[0], w[1])), w[2], w[3]), params, x)
     (out * torch.from_numpy(gout)).sum().backward()
     grads = [{name: t.grad.numpy() for name, t in zip(GRAD_NAMES, w)} for w in params]  # type: ignore[union-attr]
-    return Expected(out.detach().numpy(), x.grad.numpy(), grads, weights)  # type: ignore[union-attr]
+    return out.detach().numpy(), x.grad.numpy(), grads  # type: ignore[union-attr]
 
 
 # == the free run =================================================================================
@@ -138,9 +136,10 @@ def main(comm, solution, hidden="512", tokens="256", blocks="2"):
     h, n, k, ffn = int(hidden), int(tokens), int(blocks), 4 * int(hidden)
     if ffn % p:
         return f"ffn = 4 * hidden = {ffn} must be a multiple of the {p} ranks" if rank == 0 else None
-    case = MlpCase(p, 1, n, h, ffn, k, 12345)
+    case = MlpCase(p, 1, n, h, ffn, k, 12345)  # a free run: no hidden case, every rank may know the seed
     x0, gout, weights = mlp_inputs(case)
-    mlp = [solution.ParallelMLP(comm, *(torch.from_numpy(w.astype(np.float32)) for w in ws)) for ws in weights]
+    mlp = [solution.ParallelMLP(comm, *(torch.from_numpy(w.astype(np.float32)) for w in ws))
+           for ws in case.handed(rank)]
     out = torch.from_numpy(x0.astype(np.float32)).requires_grad_(True)
     flops = 2 * 2 * n * h * ffn / p  # two matmuls per block, this rank's share
     comm.mark("forward")
@@ -152,9 +151,9 @@ def main(comm, solution, hidden="512", tokens="256", blocks="2"):
     (out * torch.from_numpy(gout.astype(np.float32))).sum().backward()
     if rank != 0:
         return None
-    want = single_device(case)
-    err = float(np.max(np.abs(out.detach().numpy() - want.out)))
-    verdict = "matches" if err < 1e-3 * max(1.0, float(np.max(np.abs(want.out)))) else "DIFFERS FROM"
+    want, _, _ = one_device(x0, gout, weights)
+    err = float(np.max(np.abs(out.detach().numpy() - want)))
+    verdict = "matches" if err < 1e-3 * max(1.0, float(np.max(np.abs(want)))) else "DIFFERS FROM"
     tp_mib, dp_mib = 2 * n * h * 4 / 2**20, case.whole_params * 4 / 2**20  # float32 activations, gradients
     layout = solution.plan(dict(NAMED_CASES[2].model), dict(NAMED_CASES[2].devices), NAMED_CASES[2].batch)  # 7B
     return (f"p={p}, {k} block(s), hidden {h}, {n} tokens: output {verdict} one device (max err {err:.1e}); "
