@@ -144,6 +144,35 @@ def test_backward_work_is_declared_just_before_each_layers_gradients(cases: Modu
     assert log[first - 1] == ("backward", 2.0 * (sizes["fc2.weight"] + sizes["fc2.bias"]))
 
 
+def test_a_rank_is_handed_only_its_own_view_of_a_case(cases: ModuleType, judging: ModuleType) -> None:
+    """A rank's view holds the keys of its own weights and shard only: rank 0's weights and the
+    global batch follow from the whole case (the checker's), never from a rank's view."""
+    import torch
+
+    case = cases.Case("t", 3, (8, 16, 16, 4), 5, 10**9, 2, 0.1, 1e-6)
+    x, y = cases.global_batch(case, 1)
+    for rank in range(case.p):
+        view = case.for_rank(rank)
+        assert view.seed == -1 and view.own[0] == rank
+        xs, ys = cases.shard(view, rank, 1)
+        assert torch.equal(xs, x[rank * 8:(rank + 1) * 8]) and torch.equal(ys, y[rank * 8:(rank + 1) * 8])
+        for other in set(range(case.p)) - {rank}:
+            with pytest.raises(ValueError, match="holds neither the data nor the initial weights"):
+                cases.shard(view, other, 1)
+            with pytest.raises(ValueError):
+                cases.build_model(view, other)
+        with pytest.raises(ValueError):
+            cases.global_batch(view, 1)
+    # The declared backward work: one span per layer, twice its forward, and nothing else.
+    want = judging.declared_backward(case, 0)
+    assert len(want) == 3 and sum(want) == pytest.approx(2e-6 * sum(n for _, n, _ in cases.layout(case)))
+    ends = tuple(float(e) for e in np.cumsum(want))
+    honest = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (), 0.0)
+    assert judging.forged_compute(case, 0, 0, honest) is None
+    forged = judging.Window(0.0, 1.0, 2 * sum(want), ends[-1], (*want, sum(want)), (*ends, 1.0), (), 0.0)
+    assert "the declared compute differs from the harness's" in judging.forged_compute(case, 0, 0, forged)
+
+
 def test_cases_are_hidden_variants_of_the_seed(cases: ModuleType) -> None:
     class Ctx:
         def __init__(self, seed: int) -> None:
@@ -165,12 +194,12 @@ def test_cases_are_hidden_variants_of_the_seed(cases: ModuleType) -> None:
     assert any(side.side_used) and not all(side.side_used)
 
 
-def test_single_process_training_learns(cases: ModuleType, programs: ModuleType) -> None:
+def test_single_process_training_learns(cases: ModuleType, judging: ModuleType) -> None:
     case = cases.Case("t", 2, (8, 32, 32, 4), 11, 10**9, 40, 0.1, 0.0)
     model = cases.build_model(case, 0)
     x, y = cases.global_batch(case, 0)
     before = float(cases.loss_of(*model(x), y).detach())
-    trained = programs.single_process(case)
+    trained = judging.single_process(case)
     offset = 0
     for p in model.parameters():
         p.data.copy_(__import__("torch").from_numpy(trained[offset:offset + p.numel()]).view_as(p))
@@ -194,6 +223,11 @@ BUGGY: dict[str, list[str]] = {
     "ready_never_cleared.py": ["in step 1 rank 0 launched every bucket", "where in step 0 it waited for them",
                                "per-step state (each bucket's set of arrived gradients, a launch counter) was "
                                "never reset"],
+    # An outside tester's attacks: forged compute around post-backward allreduces; training rebuilt
+    # in one process from the whole case (a rank is now handed only its own view of it).
+    "forged_overlap.py": ["the declared compute differs from the harness's",
+                          "only the harness declares compute"],
+    "forged_no_exchange.py": ["view of the case holds neither the data nor the initial weights of rank"],
 }
 PASSING = ["alt_tensor_hooks_strict.py"]
 
@@ -208,6 +242,8 @@ NAMES_ITS_BUG = {
     "a bucket was launched twice": "duplicate_launch.py",
     "a bucket that never filled was never reduced": "unused_silent.py",
     "was never reset and carried over from the step before": "ready_never_cleared.py",
+    "only the harness declares compute": "forged_overlap.py",
+    "view of the case holds neither the data nor the initial weights": "forged_no_exchange.py",
 }
 
 

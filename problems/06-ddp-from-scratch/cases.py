@@ -1,7 +1,9 @@
 """Problem 06's cases: the model and data a case describes, the bucket rule, the hidden variants.
 
 A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that in backward, in
-proportion to their parameters), trained on synthetic regression batches sharded by rank. Every number of the variants
+proportion to their parameters), trained on synthetic regression batches sharded by rank. A rank is handed only its
+view of a case (``Case.for_rank``): the keys of its own initial weights and its own shard, never the case's seed, so
+rank 0's weights reach the others only by a broadcast and the global gradient only by the allreduces. Every number of the variants
 comes from the session seed in a fixed order of draws, so ``--seed`` replays a failure; each case's work per parameter
 makes backward compute about equal to its buckets' allreduce time on the platform.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -32,6 +35,23 @@ class Case:
     forward_s_per_param: float  # declared forward seconds per parameter; backward is twice that
     side_after: int | None = None  # a side head hangs after this layer (None: no side head)
     side_used: tuple[bool, ...] = ()  # per step: does the loss use the side head
+    own: tuple[int, int, int, int] | None = None  # a rank's view: (its rank, its init key, shared key, batch key)
+
+    def keys(self, rank: int) -> tuple[int, int, int]:
+        """The keys of ``rank``'s own things: its initial weights, what every rank shares (the
+        teacher), its batches. A rank's view (``for_rank``) holds its own keys only."""
+        if self.own is None:
+            return rank_keys(self.seed, rank)
+        if rank != self.own[0]:
+            raise ValueError(f"rank {self.own[0]}'s view of the case holds neither the data nor the initial "
+                             f"weights of rank {rank}: what another rank holds comes only by a message")
+        return self.own[1], self.own[2], self.own[3]
+
+    def for_rank(self, rank: int) -> Case:
+        """What rank ``rank``'s process is handed: the keys of its own initial weights and its own
+        shard, never the case's seed (with it, one process could rebuild rank 0's weights and the
+        whole global batch, and take every step alone)."""
+        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
 
     def uses_side(self, step: int) -> bool:
         return self.side_after is not None and self.side_used[step]
@@ -84,9 +104,17 @@ class Net(torch.nn.Module):
         return x, side_out
 
 
+def rank_keys(seed: int, rank: int) -> tuple[int, int, int]:
+    """The keys of ``rank``'s initial weights, of what every rank shares (the teacher) and of its
+    batches, drawn from the case's seed, which never reaches a rank: no key gives another's."""
+    init = int(np.random.default_rng([seed, 6, 1, rank]).integers(2**62))
+    shared = int(np.random.default_rng([seed, 6, 2]).integers(2**62))
+    return init, shared, int(np.random.default_rng([seed, 6, 3, rank]).integers(2**62))
+
+
 def build_model(case: Case, rank: int) -> Net:
     """Every rank starts from its own random weights; rank 0's are the single-process model's."""
-    torch.manual_seed(case.seed + 7919 * rank)
+    torch.manual_seed(case.keys(rank)[0])
     return Net(case.widths, case.side_after)
 
 
@@ -96,14 +124,26 @@ def layout(case: Case) -> list[tuple[str, int, int]]:
             for name, p in Net(case.widths, case.side_after).named_parameters()]
 
 
-def global_batch(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s batch over all ranks: rows [r*b, (r+1)*b) are rank r's shard."""
+@lru_cache(maxsize=64)
+def _teacher(shared: int, d_in: int, d_out: int) -> np.ndarray:
+    return np.random.default_rng([shared, 5]).standard_normal((d_in, d_out)) / math.sqrt(d_in)
+
+
+def shard(case: Case, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s PER_RANK_BATCH samples of step ``step`` (its own keys: any case, or its view)."""
+    _, shared, own = case.keys(rank)
     d_in, d_out = case.widths[0], case.widths[-1]
-    teacher = np.random.default_rng([case.seed, 5]).standard_normal((d_in, d_out)) / math.sqrt(d_in)
-    rng = np.random.default_rng([case.seed, 17, step])
-    x = rng.standard_normal((case.p * PER_RANK_BATCH, d_in))
-    y = np.tanh(x @ teacher) + 0.1 * rng.standard_normal((x.shape[0], d_out))
+    rng = np.random.default_rng([own, 17, step])
+    x = rng.standard_normal((PER_RANK_BATCH, d_in))
+    y = np.tanh(x @ _teacher(shared, d_in, d_out)) + 0.1 * rng.standard_normal((PER_RANK_BATCH, d_out))
     return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
+
+
+def global_batch(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s batch over all ranks: rows [r*b, (r+1)*b) are rank r's shard (the whole
+    case only: a rank's view holds no other rank's keys)."""
+    xs, ys = zip(*(shard(case, r, step) for r in range(case.p)))
+    return torch.cat(xs), torch.cat(ys)
 
 
 def loss_of(out: torch.Tensor, side_out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ def weights_match(t: CheckContext, trained: Run) -> None:
     t.say(f"{len(trained.tasks)} cases, {trained.tasks[0].case.steps} SGD steps each, {cases.PER_RANK_BATCH} "
           "samples per rank per step; expected weights computed here by one process on the global batch")
     for result in trained.cases():
-        problem = judging.diagnose_weights(result)
+        problem = judging.malformed(result) or judging.diagnose_weights(result) or judging.unexchanged(result)
         if problem:
             t.fail(problem)
         t.say(f"{result.case.label}: every rank matches (widths {list(result.case.widths)})")
@@ -41,17 +41,29 @@ def weights_match(t: CheckContext, trained: Run) -> None:
 @CHECKS.check("every rank starts from rank 0's weights and ends with the same weights", points=2)
 def replicas_agree(t: CheckContext, trained: Run) -> None:
     for result in trained.cases():
-        case, first, want = result.case, result.values[0], judging.start_weights(result.case)
-        for rank, res in enumerate(result.values):
-            t.expect(np.array_equal(res.start, want),
+        problem = judging.malformed(result)
+        if problem:
+            t.fail(problem)
+        case, want = result.case, judging.start_weights(result.case)
+        starts = [judging.weights(res, "start") for res in result.values]
+        finals = [judging.weights(res, "final") for res in result.values]
+        for rank, start in enumerate(starts):
+            t.expect(np.array_equal(start, want),
                      "every rank to hold rank 0's initial weights once DataParallel(...) returns",
                      f"{case.label}: rank {rank} still held different weights (largest difference "
-                     f"{float(np.max(np.abs(res.start - want))):.3g}): were they broadcast from rank 0?")
-        for rank, res in enumerate(result.values[1:], start=1):
-            t.expect(judging.close(res.final, first.final, rtol=1e-6, atol=1e-7),
+                     f"{float(np.max(np.abs(start - want))):.3g}): were they broadcast from rank 0?")
+        for rank, final in enumerate(finals[1:], start=1):
+            t.expect(judging.close(final, finals[0], rtol=1e-6, atol=1e-7),
                      f"rank {rank}'s weights after {case.steps} steps to equal rank 0's",
-                     f"{case.label}: they differ ({judging.worst_parameter(case, res.final, first.final)}): "
+                     f"{case.label}: they differ ({judging.worst_parameter(case, final, finals[0])}): "
                      "the replicas drifted apart")
+        # The weights are the learner process's word; the bytes the replay delivered are evidence.
+        timeline, total = result.task.timeline(), sum(case.backward_sizes())
+        for rank in range(1, result.ranks):
+            got = judging.received_before_training(timeline, rank)
+            t.expect(got >= total, f"rank {rank} to receive rank 0's {total} bytes of weights before its first step",
+                     f"{case.label}: it received {got} bytes while DataParallel(...) ran, so its start weights "
+                     "did not come from rank 0 (comm.Bcast them in the constructor)")
     t.say("every case: all ranks started from rank 0's weights and ended in agreement")
 
 
@@ -88,6 +100,10 @@ def overlap(t: CheckContext, trained: Run) -> None:
         backward = f"{case.label}, step {step}: backward computes {max(w.compute_s for w in ws) * 1e6:.1f} us"
         if comm_s <= 0:
             t.fail(f"{backward}, but no allreduce ran between loss.backward() and the end of finish_gradient_sync()")
+        for rank, w in enumerate(ws):
+            forged = judging.forged_compute(case, rank, step, w)
+            if forged:
+                t.fail(forged)
         exposed = max(w.end - w.begin - w.compute_s for w in ws)
         hidden = judging.hidden_fraction(exposed, comm_s)
         if hidden < worst:
@@ -123,6 +139,9 @@ def unused_parameter(t: CheckContext) -> None:
         t.say(f"a clear error: {result.message.splitlines()[0]}")
         t.metric("outcome", "error")
         return
+    malformed = judging.malformed(run.cases()[0])
+    if malformed:
+        t.fail(malformed)
     problem = judging.diagnose_weights(run.cases()[0])
     if problem:
         total = sum(case.backward_sizes())

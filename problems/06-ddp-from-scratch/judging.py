@@ -1,6 +1,8 @@
-"""How problem 06 judges: the expected weights and the symptom that explains a difference; the collective counts of
-each step's phase (mark "backward" to mark "synced"); how much of one step's communication hid behind backward on the
-virtual clock.
+"""How problem 06 judges: the expected weights (single-process SGD on the whole case, which no rank holds) and the
+symptom that explains a difference; the collective counts of each step's phase (mark "backward" to mark "synced");
+how much of one step's communication hid behind backward on the virtual clock. What the ranks returned is the learner
+process's word: it is checked against what the agents recorded (bytes delivered, allreduce bytes per step, and the
+declared compute, which must be exactly the harness model's backward work, each bucket after its layers' work).
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from distlab.grading import CaseRun, Counts, Span, first_mismatch
+from distlab.grading import CaseRun, Counts, Span, Timeline, first_mismatch
 
-from .cases import Case, build_model, layout
-from .programs import flat_weights, single_process
+from .cases import Case, Net, build_model, global_batch, layout, loss_of
+from .programs import flat_weights, sgd_step
 
 RTOL, ATOL = 2e-4, 2e-5  # float32 SGD: summation order differs between p ranks and one process
 HIDDEN_TARGET = 0.5  # the catalog's "at least half of the communication hidden"
@@ -21,6 +24,92 @@ HIDDEN_TARGET = 0.5  # the catalog's "at least half of the communication hidden"
 
 def start_weights(case: Case) -> np.ndarray:
     return flat_weights(build_model(case, 0))
+
+
+def single_process(case: Case, lr_scale: float = 1.0) -> np.ndarray:
+    """Rank 0's model trained by one process on every step's global batch, with plain SGD: what
+    every rank's weights must be (computed here, from the whole case, which no rank holds)."""
+    torch.set_num_threads(1)
+    model = build_model(case, 0)
+    for step in range(case.steps):
+        x, y = global_batch(case, step)
+        model.zero_grad(set_to_none=True)
+        loss_of(*model(x, use_side=case.uses_side(step)), y).backward()
+        sgd_step(model, case.lr * lr_scale)
+    return flat_weights(model)
+
+
+# -- what the learner's process returned, and what the agents recorded ----------------------------
+
+
+def malformed(result: CaseRun[Case]) -> str | None:
+    """None if every rank returned a RankResult whose weights are finite vectors of the model's
+    size; else what was wrong (the values come from the learner's process: evidence, not truth)."""
+    size = sum(n for _, n, _ in layout(result.case))
+    for rank, value in enumerate(result.values):
+        for field in ("start", "final"):
+            try:
+                got = np.asarray(getattr(value, field), dtype=np.float64)
+            except Exception as err:  # noqa: BLE001 - anything the learner's process sent
+                return (f"{result.case.label}: rank {rank} returned no usable {field} weights "
+                        f"({type(err).__name__}); train() returns a RankResult of flat weight vectors")
+            if got.shape != (size,) or not np.all(np.isfinite(got)):
+                return (f"{result.case.label}: rank {rank}'s {field} weights have shape {got.shape}"
+                        f"{'' if got.shape != (size,) else ' and values that are not finite'}, where the model "
+                        f"has {size} parameters")
+    return None
+
+
+def weights(value: object, field: str) -> np.ndarray:
+    """A RankResult's weights as float64 (after ``malformed`` said they are usable)."""
+    return np.asarray(getattr(value, field), dtype=np.float64)
+
+
+def received_before_training(timeline: Timeline, rank: int) -> int:
+    """Bytes the replay delivered to ``rank`` before its first mark (while DataParallel(...) ran)."""
+    marks = timeline.marks(rank)
+    first = marks[0][1] if marks else math.inf
+    return sum(m.nbytes for m in timeline.messages if m.dst == rank and m.src != rank and m.end <= first + 1e-12)
+
+
+def unexchanged(result: CaseRun[Case]) -> str | None:
+    """None if every rank's allreduces carried all the gradients' bytes in every step; else the
+    first step where one did not: right weights without them did not come from the ranks' gradients."""
+    case, total = result.case, sum(result.case.backward_sizes())
+    if case.p == 1:
+        return None
+    for rank in range(result.ranks):
+        steps = result.task.phases(rank, "backward")
+        if len(steps) < case.steps:
+            return f"{case.label}: rank {rank} marked only {len(steps)} of the {case.steps} steps' backward"
+        for step, count in enumerate(steps):
+            carried = count.op_bytes.get("Allreduce", 0)
+            if carried < total:
+                return (f"{case.label}: rank {rank}'s allreduces carried {carried} of the {total} bytes of gradients in "
+                        f"step {step}: the weights cannot have come from the gradients averaged over the ranks")
+    return None
+
+
+def declared_backward(case: Case, step: int) -> list[float]:
+    """The backward work the harness's model declares in ``step`` (sorted): one span per layer it
+    runs, twice the layer's forward, in proportion to its parameters (cases.Net._timed)."""
+    net = Net(case.widths, case.side_after)
+    layers = [getattr(net, f"fc{i}") for i in range(net.depth)] + ([net.side] if case.uses_side(step) else [])
+    return sorted(2 * (case.forward_s_per_param * sum(p.numel() for p in layer.parameters())) for layer in layers)
+
+
+def forged_compute(case: Case, rank: int, step: int, w: Window) -> str | None:
+    """None if the compute declared in a step's window is exactly the harness's backward work (one
+    span per layer, its seconds) and no bucket started before its layers' work; else how it differs.
+    Declared compute comes from the learner's process, so a span the harness's model did not declare
+    (or one it declared, changed or moved after the launches) is forged."""
+    want, got = declared_backward(case, step), sorted(w.spans)
+    if len(want) == len(got) and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(want, got)):
+        return launched_before_gradients(case, rank, step, w)
+    return (f"the declared compute differs from the harness's: {case.label}, step {step}, rank {rank} declared "
+            f"{len(got)} compute span(s) of {sum(got) * 1e6:.1f} us between loss.backward() and the end of "
+            f"finish_gradient_sync(), where the model's {len(want)} layer(s) declare {sum(want) * 1e6:.1f} us of "
+            "backward work; only the harness declares compute (a DataParallel never calls comm.compute)")
 
 
 def close(got: np.ndarray, want: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> bool:
@@ -47,7 +136,7 @@ def diagnose_weights(result: CaseRun[Case]) -> str | None:
     """None if every rank's final weights are single-process SGD's (computed here, never on the
     ranks that run the learner's code); else the known mistake that explains the difference."""
     case, results, want = result.case, result.values, single_process(result.case)
-    bad = [r for r, res in enumerate(results) if not close(res.final, want)]
+    bad = [r for r, res in enumerate(results) if not close(weights(res, "final"), want)]
     if not bad:
         return None
     rank = bad[0]
@@ -56,11 +145,11 @@ def diagnose_weights(result: CaseRun[Case]) -> str | None:
         return (f"{head} are not those of one process training on the global batch: no collective "
                 "ran in any step, so each rank followed its own shard's gradients only")
     start = start_weights(case)
-    diverged = [r for r, res in enumerate(results) if not np.array_equal(res.start, start)]
+    diverged = [r for r, res in enumerate(results) if not np.array_equal(weights(res, "start"), start)]
     if diverged:
         return (f"{head} are wrong: rank {diverged[0]} still held its own initial weights when "
                 "DataParallel(...) returned; broadcast rank 0's weights to every rank first")
-    got, total = results[rank].final, sum(case.backward_sizes())
+    got, total = weights(results[rank], "final"), sum(case.backward_sizes())
     for step, carried in enumerate(c.op_bytes.get("Allreduce", 0) for c in result.task.phases(rank, "backward")):
         if carried > total:
             return (f"{head} are wrong: its allreduces carried {carried} bytes in step {step}, more than the "
@@ -122,6 +211,8 @@ class Window:
     end: float  # mark "synced"
     compute_s: float  # declared backward work inside
     compute_end: float  # when the last backward work ended
+    spans: tuple[float, ...]  # the seconds of each compute span inside, whoever declared it
+    compute_ends: tuple[float, ...]  # when each of them ended
     launches: tuple[float, ...]  # when each allreduce was called
     blocked_in_backward: float  # in waits and blocking Allreduces, before compute_end
 
@@ -132,7 +223,9 @@ def window(begin: float, end: float, inside: list[Span]) -> Window:
     compute_end = compute[-1].end if compute else begin
     allreduces = [s for s in inside if s.kind in ("coll", "icoll") and s.name == "Allreduce"]
     blocked = [s for s in inside if s.kind == "wait" or (s.kind == "coll" and s.name == "Allreduce")]
-    return Window(begin, end, sum(s.seconds for s in compute), compute_end, tuple(s.begin for s in allreduces),
+    return Window(begin, end, sum(s.seconds for s in compute), compute_end, tuple(s.seconds for s in compute),
+                  tuple(s.end for s in compute),
+                  tuple(s.begin for s in allreduces),
                   sum(max(0.0, min(s.end, compute_end) - s.begin) for s in blocked))
 
 
@@ -178,3 +271,20 @@ def too_little_hidden(head: str, rank0: Window, exposed: float, comm_s: float, h
                 "or a Wait right after each launch), so backward stood still. Start each bucket with "
                 "comm.Iallreduce and wait for them all once, at the end of backward (finish_gradient_sync)")
     return seen
+
+
+def launched_before_gradients(case: Case, rank: int, step: int, w: Window) -> str | None:
+    """None if each bucket's allreduce started after the backward work of every layer whose
+    gradients it holds (a layer declares its work just before its gradients exist); else the first
+    that started earlier: its gradients did not exist yet, or the compute was declared out of place."""
+    names = [name.split(".")[0] for name, _, _ in reversed(layout(case))]
+    layers: set[str] = set()
+    for k, (bucket, launched) in enumerate(zip(case.buckets(), w.launches)):
+        layers |= {names[i] for i in bucket}
+        need = min(len(layers), len(w.compute_ends))
+        if need and launched < w.compute_ends[need - 1] - 1e-12:
+            return (f"an allreduce started before the gradients it carries existed: {case.label}, step {step}, "
+                    f"rank {rank} started allreduce {k} at {(launched - w.begin) * 1e6:.1f} us into backward, before the "
+                    f"backward work of the {len(layers)} layer(s) whose gradients bucket {k} holds had been declared "
+                    f"({(w.compute_ends[need - 1] - w.begin) * 1e6:.1f} us): a bucket starts once its gradients exist")
+    return None

@@ -1,7 +1,7 @@
-"""Problem 06's training loops: ``train``, what runs on every rank around the learner's DataParallel (each step's
-backward and gradient sync is the phase from mark "backward" to mark "synced"), and ``single_process``, rank 0's model
-trained by one process on the global batch: the supervisor's expected weights. They live side by side so that they read
-alike and share every helper.
+"""Problem 06's training loop: ``train``, what runs on every rank around the learner's DataParallel (each step's
+backward and gradient sync is the phase from mark "backward" to mark "synced"). Its single-process twin, the
+supervisor's expected weights, is judging.single_process: the learner's process never holds it (nor could it run it:
+a rank is handed only its own view of the case, Case.for_rank).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from distlab import MAX, SUM
 
-from .cases import PER_RANK_BATCH, Case, build_model, global_batch, loss_of
+from .cases import Case, build_model, loss_of, shard
 
 
 @dataclass
@@ -45,12 +45,11 @@ def train(comm, solution, case: Case) -> RankResult:
     model.comm, model.forward_s_per_param = comm, case.forward_s_per_param
     ddp = solution.DataParallel(comm, model, bucket_cap_bytes=case.cap_bytes)
     start, losses = flat_weights(model), []
-    shard = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
     for step in range(case.steps):
-        x, y = global_batch(case, step)
+        x, y = shard(case, rank, step)  # this rank's samples only: its view holds no other's
         comm.mark("step")
         model.zero_grad(set_to_none=True)  # as the optimizer does: a parameter left out has no grad
-        loss = loss_of(*model(x[shard], use_side=case.uses_side(step)), y[shard])
+        loss = loss_of(*model(x, use_side=case.uses_side(step)), y)
         comm.mark("backward")
         loss.backward()
         ddp.finish_gradient_sync()
@@ -58,18 +57,6 @@ def train(comm, solution, case: Case) -> RankResult:
         losses.append(float(loss.detach()))
         sgd_step(model, case.lr)
     return RankResult(start, flat_weights(model), losses)
-
-
-def single_process(case: Case, lr_scale: float = 1.0) -> np.ndarray:
-    """Rank 0's model trained by one process on every step's global batch, with plain SGD."""
-    torch.set_num_threads(1)
-    model = build_model(case, 0)
-    for step in range(case.steps):
-        x, y = global_batch(case, step)
-        model.zero_grad(set_to_none=True)
-        loss_of(*model(x, use_side=case.uses_side(step)), y).backward()
-        sgd_step(model, case.lr * lr_scale)
-    return flat_weights(model)
 
 
 def main(comm, solution, steps="40", cap_kib="64", width="128", lr="0.5"):
