@@ -70,6 +70,8 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
                               "Wait for every pull before batch.gradient reads w"], [BYTES, BALANCE]),
     "sum_never_reset.py": (MODEL, ["sums of the pushes and counts were never reset between steps",
                                    "set them to zero at the start of every step"], [BYTES, BALANCE]),
+    # sealed or not, a server's view holds no worker's examples: cases.sgd raises in the server
+    "forged_frames.py": (MODEL, ["'s view of the case holds no examples of rank"], []),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -81,6 +83,7 @@ NAMES_ITS_BUG = {
     "waited for each other's compute": "serial_server.py",
     "(a stale read)": "stale_pull.py",
     "were never reset between steps": "sum_never_reset.py",
+    "view of the case holds no examples": "forged_frames.py",
 }
 
 
@@ -312,6 +315,81 @@ def test_the_data_is_the_same_in_every_process() -> None:
     assert np.allclose(batch.gradient(w), X1.T @ (1 / (1 + np.exp(-(X1 @ w))) - y1))
     with pytest.raises(ValueError, match="the whole model"):
         batch.gradient(w[:10])
+
+
+def test_a_rank_is_handed_its_own_part_of_the_case_only() -> None:
+    """A server's view holds the initial weights, a worker's its own examples (the same arrays the
+    checker makes), neither the seed: no rank can compute the model without the others' messages."""
+    from distlab.runtime.rank.views import for_rank
+
+    case = small_case()
+    server, worker = for_rank(case, 1), for_rank([case], 3)[0]
+    assert server.seed == worker.seed == -1 and server == replace_seed(case) and "own" not in repr(server)
+    assert np.array_equal(cases.initial_weights(server), cases.initial_weights(case))
+    for got, want in zip(cases.worker_data(worker, 1), cases.worker_data(case, 1)):
+        assert np.array_equal(got, want)
+    for view, call in ((server, lambda v: cases.worker_data(v, 0)), (server, cases.sgd),
+                       (worker, lambda v: cases.worker_data(v, 0)), (worker, cases.initial_weights)):
+        with pytest.raises(ValueError, match="view of the case holds no"):
+            call(view)
+    assert isinstance(for_rank(cases.Timed(**vars_of(case)), 4), cases.Timed)
+
+
+def replace_seed(case: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(case, seed=-1)
+
+
+def vars_of(case: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(case, f.name) for f in fields(case)}
+
+
+def test_a_right_model_needs_the_workers_pushes_and_the_harness_compute() -> None:
+    """The shards are the learner's word: a right model passes only with every server having received
+    K slices of its keys from every worker, and each worker having declared K gradients of 4 n D flops."""
+    from types import SimpleNamespace
+
+    from distlab.grading import Counts
+    from distlab.grading.views import Span
+    from distlab.platforms import uniform
+
+    case = small_case()  # S = 2 (keys 0..150, 151..300), workers 2, 3, 4 with 20, 35, 9 examples, K = 4
+    layout, platform = [(0, 151), (151, 301)], uniform(5, 1e-6, 1e-9, flops=1e10)
+
+    def run(pushed: int, spans: dict[int, list[Any]]) -> Any:
+        counts = {s: Counts(recv_bytes=dict.fromkeys(case.worker_ranks, pushed * (hi - lo) * 8))
+                  for s, (lo, hi) in enumerate(layout)}
+        timeline = SimpleNamespace(events=lambda rank, kind=None: spans.get(rank, []))
+        return SimpleNamespace(case=case, values=[], task=SimpleNamespace(counts=counts.__getitem__,
+                                                                          timeline=lambda: timeline))
+
+    def gradient(n: int, name: str = "gradient", scale: float = 1.0) -> list[Any]:
+        return [Span("compute", k, k + scale * 4 * n * 301 / 1e10, name=name) for k in range(case.steps)]
+
+    honest = {w: gradient(n) for w, n in zip(case.worker_ranks, case.batches)}
+    assert judging.gradients_problem(run(case.steps, honest), layout) is None
+    assert judging.compute_problem(run(case.steps, honest), platform) is None
+    message = judging.gradients_problem(run(case.steps - 1, honest), layout)
+    assert message is not None and "server 0 received" in message and "cannot have come from" in message
+    for forged in ({**honest, 3: []}, {**honest, 3: gradient(35, "loss")}, {**honest, 3: gradient(35, scale=0.5)},
+                   {**honest, 3: gradient(35) + gradient(35)}):
+        message = judging.compute_problem(run(case.steps, forged), platform)
+        assert message is not None and "the declared compute differs from the harness's: worker rank 3" in message
+    # a learner's fault plan may slow a rank: then the spans' number and labels only
+    assert judging.compute_problem(run(case.steps, {**honest, 3: gradient(35, scale=2.0)}), platform, True) is None
+
+
+def test_a_forged_server_return_fails_without_crashing_the_check() -> None:
+    case = small_case()
+    good = (0, np.zeros(151))
+    for bad in ((0, np.zeros((151, 1))), (0, [0.0] * 151), ("0", np.zeros(151)), (True, np.zeros(151)),
+                {"lo": 0}, None, (0, np.zeros(151, dtype=object))):
+        layout, problem = judging.shard_layout(case, [good, bad])
+        assert layout == [] and problem is not None and "server 1 returned" in problem, bad
+    assert judging.shard_layout(case, [good])[1] is not None  # a server's value missing altogether
 
 
 def test_bytes_verdict_names_the_whole_gradient_push() -> None:

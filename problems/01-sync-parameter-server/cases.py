@@ -1,7 +1,8 @@
 """The cases of problem 01 and the model each must end with: gradient descent on the global batch.
-A case's seed alone makes its data and initial weights, so every process builds the same arrays."""
+A case's seed alone makes its data and initial weights, so the checker and every rank's agent build
+the same arrays; a rank's program is handed only its own part of them (Case.for_rank), never the seed."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -22,6 +23,9 @@ class Case:
     seed: int
     what: str  # which edge the case probes
     late: int | None = None  # the worker rank whose messages are held back (a fault plan)
+    # a rank's view (seed -1): (its rank, the initial weights for a server, a worker's X and y), made by
+    # its agent; nothing another rank holds, nothing the other ranks' data could be drawn from
+    own: tuple | None = field(default=None, compare=False, repr=False)
 
     def label(self) -> str:
         return (f"S = {self.servers}, W = {self.workers} ({self.what}), {self.keys} keys, "
@@ -30,6 +34,25 @@ class Case:
     @property
     def worker_ranks(self) -> list[int]:
         return list(range(self.servers, self.servers + self.workers))
+
+    def for_rank(self, rank: int) -> "Case":
+        """What rank ``rank``'s program is handed: a server the initial weights, a worker its own
+        examples, and neither the seed. With the seed (or every worker's examples) one process could
+        train the whole model alone and return the servers' shards with no gradient ever pushed."""
+        if rank < self.servers:
+            return replace(self, seed=-1, own=(rank, initial_weights(self), None, None))
+        return replace(self, seed=-1, own=(rank, None, *worker_data(self, rank - self.servers)))
+
+    def mine(self, what: str, rank: int) -> tuple:
+        """The view's own arrays, for ``what`` of ``rank``; raises if they are another rank's."""
+        assert self.own is not None
+        held = self.own[1:2] if what == "initial weights" else self.own[2:]
+        if rank != self.own[0] or any(a is None for a in held):
+            role = "server" if self.own[0] < self.servers else "worker"
+            raise ValueError(f"{role} rank {self.own[0]}'s view of the case holds no {what} of rank {rank}: a "
+                             "server is handed the initial weights, a worker its own examples; everything "
+                             "else reaches a rank in messages only")
+        return tuple(a.copy() for a in held)
 
 
 class Timed(Case):
@@ -65,10 +88,15 @@ def impressions(seed: int, stream: int, n: int, keys: int) -> tuple[np.ndarray, 
 
 
 def initial_weights(case: Case) -> np.ndarray:
+    if case.own is not None:  # a rank's view: a server's own copy
+        return case.mine("initial weights", case.own[0])[0]
     return np.random.default_rng([case.seed, 3]).normal(0.0, 0.05, size=case.keys)
 
 
 def worker_data(case: Case, index: int) -> tuple[np.ndarray, np.ndarray]:
+    if case.own is not None:  # a rank's view: only a worker's own examples
+        X, y = case.mine("examples", case.servers + index)
+        return X, y
     return impressions(case.seed, 10 + index, case.batches[index], case.keys)
 
 

@@ -3,7 +3,7 @@ case; in the last, one worker's messages leave 50 ms late, in real time too. Hid
 and W of three cases, the number of keys (never a multiple of S), the batch sizes (never all equal), K, the
 rate, the data, the initial weights, the late worker."""
 
-from distlab.grading import CheckContext, Checklist, Run, Task, faults
+from distlab.grading import CaseRun, CheckContext, Checklist, Run, Task, faults
 
 from . import cases, judging, programs
 from .judging import fmt, model_problem
@@ -12,6 +12,11 @@ BALANCE_LIMIT = 1.1  # largest shard at most 1.1x the smallest
 LATE_S = 0.05  # the late worker's messages leave 50 ms late, in real time and on the virtual clock
 
 CHECKS = Checklist()
+
+
+def wrong(t: CheckContext, run: CaseRun) -> str | None:
+    """What is wrong with a case's model, or with the agents' evidence that the workers trained it."""
+    return model_problem(run, t.platform, bool(t.learner_faults))
 
 
 @CHECKS.run
@@ -28,7 +33,7 @@ def every_case(t: CheckContext) -> Run:
 def model_matches(t: CheckContext, every_case: Run) -> None:
     main = every_case.cases()[0]
     t.say(f"{main.case.label()}, lr {main.case.lr}")
-    if problem := model_problem(main):
+    if problem := wrong(t, main):
         t.fail(problem)
     t.say(f"every key within rtol {cases.RTOL:g} of single-process gradient descent; {judging.latencies(t, main)}")
 
@@ -38,7 +43,7 @@ def every_pair(t: CheckContext, every_case: Run) -> None:
     more = every_case.cases()[1:-1]  # the edges, the hidden pair and the timed case
     t.say("(S, W) = " + ", ".join(f"({r.case.servers}, {r.case.workers})" for r in more))
     for run in more:
-        if problem := model_problem(run):
+        if problem := wrong(t, run):
             t.fail(problem)
     t.say(f"{len(more)} more cases agree with single-process gradient descent")
 
@@ -88,13 +93,14 @@ def late_worker(t: CheckContext, every_case: Run) -> None:
     rank = late.case.late
     t.say(f"{late.case.label()}; every message of worker rank {rank} leaves {LATE_S * 1e3:.0f} ms late, "
           "in real time too")
-    problem = model_problem(late)
+    problem = wrong(t, late)
     if problem is None:
         wall = late.task.wall_s()
         t.metric("late_case_wall_s", round(wall, 3))
         t.say(f"the model is right with rank {rank} late ({wall:.2f} s of wall time)")
         return
-    if "mixed two steps" not in problem and all(model_problem(r) is None for r in others):
+    evidence = "differs from the harness's" in problem or "cannot have come from" in problem
+    if "mixed two steps" not in problem and not evidence and all(wrong(t, r) is None for r in others):
         problem += ("; the same code is right when no worker is late, so a server took a message into the "
                     f"wrong step: {judging.IN_STEP}")
     t.fail(f"with worker rank {rank} late: {problem}")
@@ -104,7 +110,7 @@ def late_worker(t: CheckContext, every_case: Run) -> None:
 def time_per_step(t: CheckContext, every_case: Run) -> None:
     (run,) = every_case.cases(cases.Timed)
     case, b = run.case, judging.step_bound(run.case, t.platform, slowest=not t.on_card_setting)
-    if problem := model_problem(run):  # a right model before its time is graded
+    if problem := wrong(t, run):  # a right model before its time is graded
         t.fail(problem)
     measured = t.measured_time(run.task) / case.steps
     t.performance(measured * case.steps, b.bound * case.steps, run.task)

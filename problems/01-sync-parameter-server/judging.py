@@ -1,6 +1,7 @@
 """How problem 01 reads a run: the model the shards make, the mistake behind a wrong one, a server's
 order of pulls and pushes, a worker's bytes, the latencies, and the time of one step at best."""
 
+import math
 from collections import namedtuple
 from typing import Any
 
@@ -42,13 +43,25 @@ def tiling_problem(keys: int, layout: list[tuple[int, int]]) -> str | None:
 
 def shard_layout(case: Case, values: list[Any]) -> tuple[list[tuple[int, int]], str | None]:
     """Each server's key range [lo, hi), and what is wrong with them (None when they tile the keys)."""
-    for s, returned in enumerate(values[: case.servers]):
+    for s in range(case.servers):
+        returned = values[s] if s < len(values) else None
+        if not isinstance(returned, str) and not well_formed(returned):  # run_ps is in the learner's process
+            returned = f"{type(returned).__name__} {repr(returned)[:60]}"
         if isinstance(returned, str):  # what programs.run_ps makes of a return that broke the contract
             return [], (f"{case.label()}: server {s} returned {returned}; expected (lo, weights): its first key "
                         "and the final values of its keys")
-    layout = [(lo, lo + len(shard)) for lo, shard in values[: case.servers]]
+    layout = [(int(lo), int(lo) + len(shard)) for lo, shard in values[: case.servers]]
     problem = tiling_problem(case.keys, layout)
     return layout, None if problem is None else f"{case.label()}: {problem}"
+
+
+def well_formed(returned: Any) -> bool:
+    """Whether a server's value is what programs.run_ps hands back: (an int, a 1-d float64 array)."""
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        return False
+    lo, shard = returned
+    return (isinstance(lo, (int, np.integer)) and not isinstance(lo, bool) and isinstance(shard, np.ndarray)
+            and shard.ndim == 1 and shard.dtype == np.float64)
 
 
 def balance(sizes: list[int]) -> float:
@@ -101,15 +114,17 @@ def diagnose_model(case: Case, got: np.ndarray, layout: list[tuple[int, int]]) -
             f"key {bad.index}: expected {bad.expected:.9g}, saw {bad.seen:.9g}{where}"), False
 
 
-def model_problem(run: CaseRun) -> str | None:
-    """None if the servers' shards make up the expected model, else what is wrong."""
+def model_problem(run: CaseRun, platform: Any, learner_faults: bool = False) -> str | None:
+    """None if the servers' shards make up the expected model and the agents' record shows it came from
+    the workers' gradients (pushed to the servers, computed by batch.gradient), else what is wrong."""
     case = run.case
     layout, problem = shard_layout(case, run.values)
     if problem is not None:
         return problem
     got = np.concatenate([shard for _, shard in sorted(run.values[: case.servers], key=lambda v: v[0])])
     if close(got, cases.sgd(case)):
-        return None
+        # The shards are the learner's word; what the agents recorded is the evidence behind them.
+        return gradients_problem(run, layout) or compute_problem(run, platform, learner_faults)
     message, named = diagnose_model(case, got, layout)
     if named:
         return message
@@ -121,6 +136,44 @@ def model_problem(run: CaseRun) -> str | None:
         if (found := stale_read(run.task.timeline(), w, case.servers)) is not None:
             return f"{message}; {found}"
     return message
+
+
+def gradients_problem(run: CaseRun, layout: list[tuple[int, int]]) -> str | None:
+    """None if every server received, from every worker, at least K slices of its keys' gradient (the
+    bytes its agent counted), else what is missing: a right model with no gradients pushed was not
+    trained by the workers."""
+    case = run.case
+    for s, (lo, hi) in enumerate(layout):
+        want, received = case.steps * (hi - lo) * ITEMSIZE, run.task.counts(s).recv_bytes
+        for w in case.worker_ranks:
+            if (got := int(received.get(w, 0))) < want:
+                return (f"{case.label()}: server {s} received {got:,} bytes from worker rank {w} in {case.steps} "
+                        f"steps, less than {case.steps} pushes of the gradient slice of its {hi - lo} keys "
+                        f"({want:,} bytes): its shard cannot have come from the workers' gradients; each step, "
+                        "every worker pushes each server the slice of the server's keys")
+    return None
+
+
+def compute_problem(run: CaseRun, platform: Any, learner_faults: bool = False) -> str | None:
+    """None if each worker declared exactly the harness's work: one batch.gradient per step, 4 n D flops
+    on its device; else how it differs. Declared compute comes from the learner's process, so a span
+    the harness would not have declared (or none where it would) is forged. Under the learner's own
+    fault plan (a slowed rank) only the spans' number and labels are compared."""
+    case, timeline = run.case, run.task.timeline()
+    for n, w in zip(case.batches, case.worker_ranks):
+        want, spans = 4.0 * n * case.keys / platform.device_of(w).flops, timeline.events(w, "compute")
+        names = sorted({span.name for span in spans})
+        if (len(spans) == case.steps and names in ([], ["gradient"])
+                and (learner_faults or all(math.isclose(span.seconds, want, rel_tol=1e-6, abs_tol=1e-12)
+                                           for span in spans))):
+            continue
+        labels = ", ".join(repr(name[:30]) for name in names[:4]) or "none"
+        return (f"{case.label()}: the declared compute differs from the harness's: worker rank {w} declared "
+                f"{len(spans)} compute span(s) of {fmt(sum(span.seconds for span in spans))} in all (labels: "
+                f"{labels}), where batch.gradient declares {case.steps}, one per step, of {fmt(want)} each "
+                f"('gradient': 4 x {n} examples x {case.keys} keys flops); call batch.gradient(w) once per "
+                "step: only the harness declares compute")
+    return None
 
 
 def stale_read(timeline: Any, worker: int, servers: int) -> str | None:

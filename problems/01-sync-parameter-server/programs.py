@@ -33,7 +33,9 @@ class Batch:
 
 def run_ps(comm, solution, case: cases.Case) -> tuple[int, np.ndarray] | str | None:
     """Ranks 0 .. S-1 run the learner's server, the others its worker, for one case. A server hands back
-    (lo, its final weights), or in words what it returned when that broke the contract; a worker None."""
+    (lo, its final weights), or in words what it returned when that broke the contract; a worker None.
+    ``case`` is this rank's view (Case.for_rank): a server's holds the initial weights, a worker's its
+    own examples, none the seed: the gradients reach the servers in the workers' pushes only."""
     rank, servers, workers = comm.Get_rank(), list(range(case.servers)), case.worker_ranks
     if rank >= case.servers:
         batch = Batch(*cases.worker_data(case, rank - case.servers), comm=comm)
@@ -56,7 +58,7 @@ def main(comm, solution, servers="auto", keys="4096", batch="512", steps="30", l
         raise ValueError(f"need 1 <= servers < ranks; got servers={S} with {p} ranks")
     W, D, n = p - S, int(keys), int(batch)
     case = cases.Case(S, W, D, (n,) * W, int(steps), float(lr), int(seed), "free run")
-    result = run_ps(comm, solution, case)
+    result = run_ps(comm, solution, case.for_rank(rank))  # what a rank is handed in the check too
     comm.mark("gather")  # not the learner's: collect the shards on rank 0 for the report
     lo, values = result if isinstance(result, tuple) else (0, np.empty(0))  # a worker, or a broken return
     if 0 < rank < S:
