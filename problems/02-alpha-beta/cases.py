@@ -1,8 +1,10 @@
-"""Problem 02's model and cases: the textbook costs (the expectations), then the hidden cluster and
-the formula cases, drawn from the seed (the order of the draws is part of what a seed means)."""
+"""Problem 02's model and cases: the hidden cluster and the formula cases, drawn from the seed (the
+order of the draws is part of what a seed means). The rank program imports this file, so the learner
+process can read it: the textbook costs (the expected answers) live in judging.py, which it cannot."""
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -18,7 +20,7 @@ SPIKE_PROBABILITY = 0.05  # of each message, on the shared cluster
 Link = tuple[float, float]  # (alpha in seconds, beta in seconds per byte)
 
 
-# -- the textbook costs ---------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------
 
 
 lg = cost.rounds  # ceil(log2 p): the rounds of a binomial tree; log2 p exactly when p is a power of two
@@ -26,49 +28,6 @@ lg = cost.rounds  # ceil(log2 p): the rounds of a binomial tree; log2 p exactly 
 
 def is_power_of_two(p: int) -> bool:
     return p >= 1 and p & (p - 1) == 0
-
-
-def formula(algorithm: str, p: int, n: float, alpha: float, beta: float) -> float:
-    """Allreduce of n bytes over p ranks, every link alpha + n beta (the catalog's formulas)."""
-    if algorithm == "ring":
-        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
-    if algorithm == "recursive_doubling":
-        return lg(p) * (alpha + n * beta)
-    if algorithm == "binomial_tree":  # a reduce to the root, then a broadcast from it
-        return 2 * lg(p) * (alpha + n * beta)
-    if algorithm == "rabenseifner":  # recursive-halving reduce-scatter + recursive-doubling allgather
-        return 2 * lg(p) * alpha + 2 * (p - 1) / p * n * beta
-    raise ValueError(f"no formula for {algorithm!r}")
-
-
-def candidates(p: int) -> tuple[str, ...]:
-    """Recursive doubling and Rabenseifner, as modelled, need p to be a power of two."""
-    return ALGORITHMS if is_power_of_two(p) else ("ring", "binomial_tree")
-
-
-def fastest(p: int, n: float, alpha: float, beta: float) -> set[str]:
-    """Every candidate whose time ties with the minimum (relative 1e-9)."""
-    times = {a: formula(a, p, n, alpha, beta) for a in candidates(p)}
-    best = min(times.values())
-    return {a for a, t in times.items() if t <= best * (1 + FORMULA_RTOL) + 1e-300}
-
-
-def crossover(p: int, alpha: float, beta: float) -> float | None:
-    """The size (bytes) where the fastest algorithm turns from latency- to bandwidth-optimal, or None
-    (for p = 1, 2 and 3, one algorithm is fastest at every size)."""
-    # per n beta, what the latency-optimal one pays more; per alpha, what it pays less
-    if is_power_of_two(p):
-        extra_beta, saved_alpha = lg(p) - 2 * (p - 1) / p, lg(p)
-    else:
-        extra_beta, saved_alpha = 2 * lg(p) - 2 * (p - 1) / p, 2 * (p - 1) - 2 * lg(p)
-    if extra_beta <= 0 or saved_alpha <= 0:
-        return None
-    return saved_alpha * alpha / (extra_beta * beta)
-
-
-def ring_replay_time(links: list[Link], p: int, nbytes: int) -> float:
-    """The replay's ring Allreduce: 2(p-1) steps, each as long as the slowest link's alpha + n/p beta."""
-    return 2 * (p - 1) * max(alpha + nbytes / p * beta for alpha, beta in links)
 
 
 def fmt_s(seconds: float) -> str:
@@ -159,10 +118,11 @@ def hidden_cluster(seed: int) -> Cluster:
 
 @dataclass(frozen=True)
 class Measure:
-    """The learner's measure on every rank; rank 0 then predicts a ring of each size in ``ring``."""
+    """The learner's measure on every rank: the sizes to time, and nothing of the ring sizes the check
+    predicts later (those follow from the slowest link, and reach the learner only after measuring,
+    in the check's own launch: see RingPrediction)."""
 
     sizes: tuple[int, ...]
-    ring: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -192,9 +152,19 @@ class Case:
         return (f"{head}p = {self.p}, n = {fmt_bytes(self.n)}{note}, alpha = {fmt_s(self.alpha)}, "
                 f"beta = {self.beta:.3g} s/B")
 
+    def for_rank(self, rank: int) -> "Case":
+        """What the rank program is handed: the arguments of the call, not the checker's note (such as
+        "just below the crossover", which would tell choose its answer)."""
+        return replace(self, note="")
+
 
 class Choice(Case):
     """A case of choose (the other cases are of predict)."""
+
+
+class RingPrediction(Case):
+    """predict('ring', ...) at one of the built-in Allreduce's sizes, from the slowest link as the
+    checker reads it off every rank's fit (never a value the learner process hands over)."""
 
 
 def draw_predict_cases(rng: np.random.Generator) -> list[Case]:
@@ -224,8 +194,10 @@ def draw_predict_cases(rng: np.random.Generator) -> list[Case]:
     return [cases[i] for i in rng.permutation(len(cases))]
 
 
-def draw_choose_cases(rng: np.random.Generator) -> list[Choice]:
-    """Nine p, each with its alpha and beta: six sizes from 1 B to 1 GiB, one either side of the crossover."""
+def draw_choose_cases(rng: np.random.Generator, crossover: Callable[[int, float, float], float | None]
+                      ) -> list[Choice]:
+    """Nine p, each with its alpha and beta: six sizes from 1 B to 1 GiB, one either side of the crossover
+    (``crossover``: judging.crossover, which the checker passes in; the answers stay out of this file)."""
     ps = [int(p) for p in rng.choice([2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], size=5, replace=False)]
     ps += [int(p) for p in rng.choice([3, 5, 6, 7, 9, 12, 24, 48, 100, 1000], size=4, replace=False)]
     cases = []

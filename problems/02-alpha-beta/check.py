@@ -35,10 +35,9 @@ def on_cluster(t: CheckContext, cluster: Cluster) -> Run:
     p, queue = cluster.p, "other jobs share the switch: now and then a message waits in a queue"
     spike = faults.spike(latency_s=cluster.spike_s, probability=cases.SPIKE_PROBABILITY, note=queue)
     spikes = faults.plan(spike, seed=cluster.spike_seed, where=f"02 shared-cluster measurement (seed {t.seed})")
-    tasks = [Task(ranks=p, case=Measure(cluster.sizes, cluster.ring),
-                  label=f"measure on the quiet cluster (p = {p})"),
-             Task(ranks=p, case=Measure(cluster.sizes, ()), label=f"measure again on the quiet cluster (p = {p})"),
-             Task(ranks=p, case=Measure(cluster.sizes, ()), faults=spikes,
+    tasks = [Task(ranks=p, case=Measure(cluster.sizes), label=f"measure on the quiet cluster (p = {p})"),
+             Task(ranks=p, case=Measure(cluster.sizes), label=f"measure again on the quiet cluster (p = {p})"),
+             Task(ranks=p, case=Measure(cluster.sizes), faults=spikes,
                   label=f"measure on the shared cluster with latency spikes (p = {p})")]
     tasks += [Task(ranks=p, case=Allreduce(n), label=f"the built-in Allreduce of {fmt_bytes(n)}")
               for n in cluster.ring]
@@ -95,7 +94,7 @@ def fits_survive_spikes(t: CheckContext, cluster: Cluster, on_cluster: Run) -> N
 def formulas(t: CheckContext) -> Run:
     """Every predict case, then every choose case, on one rank."""
     rng = np.random.default_rng([t.seed, 3])
-    every_case = cases.draw_predict_cases(rng) + cases.draw_choose_cases(rng)
+    every_case = cases.draw_predict_cases(rng) + cases.draw_choose_cases(rng, judging.crossover)
     task = Task(ranks=1, cases=every_case, label="predict and choose on every case")
     return t.launch(programs.on_formulas, [task])
 
@@ -109,7 +108,7 @@ def predictions_match(t: CheckContext, formulas: Run) -> None:
     for case, got in [(result.case, result.values[0]) for result in predicted]:
         verdict = judge_prediction(case, got)
         if verdict:
-            want = cases.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
+            want = judging.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
             wrong.append((math.inf if isinstance(got, programs.Raised) or want == 0 else abs(got / want - 1),
                           verdict))
     if wrong:
@@ -134,31 +133,67 @@ def choices_match(t: CheckContext, formulas: Run) -> None:
         small, large = ("recursive_doubling", "rabenseifner") if cases.is_power_of_two(case.p) \
             else ("binomial_tree", "ring")
         t.say(f"p = {case.p} (alpha {fmt_s(case.alpha)}, {1 / case.beta / 1e9:.3g} GB/s): "
-              f"{small} up to {fmt_bytes(cases.crossover(case.p, case.alpha, case.beta))}, {large} above")
+              f"{small} up to {fmt_bytes(judging.crossover(case.p, case.alpha, case.beta))}, {large} above")
     t.metric("cases", len(choices))
 
 
+def slowest_fit(cluster: Cluster, on_cluster: Run) -> tuple[float, float] | None:
+    """The largest alpha and the largest beta over every rank's quiet fit, read here from what each
+    rank returned (None when some rank's value is unusable): the link a ring moves at."""
+    fits = on_cluster.cases(Measure)[0].values
+    if len(fits) != cluster.p or any(not isinstance(f, programs.Fitted) or f.problem for f in fits):
+        return None
+    return max(f.alpha for f in fits), max(f.beta for f in fits)
+
+
+@CHECKS.run
+def ring_predictions(t: CheckContext, cluster: Cluster, on_cluster: Run) -> Run | None:
+    """predict('ring', ...) at the built-in Allreduce's sizes, from the slowest fit: a launch of its own,
+    after the cluster's, so the learner process never holds those sizes while it can time the cluster."""
+    worst = slowest_fit(cluster, on_cluster)
+    if worst is None:  # the check says why: some rank's measure returned nothing usable
+        return None
+    alpha, beta = worst
+    task = Task(ranks=1, cases=[cases.RingPrediction("ring", cluster.p, n, alpha, beta) for n in cluster.ring],
+                label="predict the built-in ring from your slowest link")
+    return t.launch(programs.on_formulas, [task])
+
+
 @CHECKS.check("predicted ring time within 10% of the built-in Allreduce's virtual time", points=2)
-def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run) -> None:
-    p, quiet = cluster.p, on_cluster.cases(Measure)[0]
-    result: programs.Fitted = quiet.values[0]
-    bad = [r for r, fit in enumerate(quiet.values) if fit.problem]
-    if bad or result.worst is None or result.ring is None:
+def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run,
+                          ring_predictions: Run | None) -> None:
+    p, links = cluster.p, cluster.links
+    first, again = on_cluster.cases(Measure)[:2]
+    worst = slowest_fit(cluster, on_cluster)
+    if worst is None or ring_predictions is None:
+        bad = [r for r, fit in enumerate(first.values) if not isinstance(fit, programs.Fitted) or fit.problem]
         t.fail(f"measure returned no usable (alpha, beta) on rank {bad[0] if bad else '?'} "
                "(see the first check), so there is no ring to predict")
-    (alpha, beta), (true_alpha, true_beta) = result.worst, cluster.slowest
+    (alpha, beta), (true_alpha, true_beta) = worst, cluster.slowest
     t.say(f"your slowest link: alpha {fmt_s(alpha)}, beta {fmt_beta(beta)} "
           f"(hidden: {fmt_s(true_alpha)}, {fmt_beta(true_beta)})")
-    for k, (ring, got) in enumerate(zip(on_cluster.cases(Allreduce), result.ring)):
+    rings = on_cluster.cases(Allreduce)
+    for ring in rings:  # the replay of the built-in Allreduce itself, as the agents recorded it
+        nbytes = ring.case.nbytes
+        for r in range(p):
+            counts = ring.task.counts(r)
+            if counts.calls.get("Allreduce", 0) != 1 or counts.op_bytes.get("Allreduce", 0) != nbytes \
+                    or sum(counts.sent_msgs.values()):
+                t.fail(f"the built-in Allreduce of {fmt_bytes(nbytes)} did not run as the harness calls it "
+                       f"on rank {r} (one Allreduce of {nbytes} bytes, no other messages)")
+        if not ring.task.timeline().makespan > 0:
+            t.fail(f"the built-in Allreduce of {fmt_bytes(nbytes)} took no virtual time")
+    predicted = ring_predictions.cases()
+    for k, (ring, result) in enumerate(zip(rings, predicted)):
         # The hidden cluster exists only on the virtual clock, so its replay grades the
         # prediction even under --clock wall (this machine's wall time says nothing about it).
-        measured, nbytes = ring.task.timeline().makespan, ring.case.nbytes
+        measured, nbytes, got = ring.task.timeline().makespan, ring.case.nbytes, result.values[0]
         head = f"Allreduce of {fmt_bytes(nbytes)} ({'latency' if k == 0 else 'bandwidth'}-bound) on p = {p}"
         if isinstance(got, programs.Raised):
             t.fail(f"{head}: {got.text}")
         t.say(f"{head}: predicted {fmt_s(got)}, virtual {fmt_s(measured)} ({got / measured:.3f}x)")
         if k == 1 and t.clock == "virtual":
-            t.performance(measured, cases.ring_replay_time(cluster.links, p, nbytes), ring.task)
+            t.performance(measured, judging.ring_replay_time(cluster.links, p, nbytes), ring.task)
         if abs(got - measured) <= judging.RING_TOLERANCE * measured:
             continue
         if t.learner_faults:  # the fits carry your plan's delays, the built-in ring does not
@@ -166,7 +201,7 @@ def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run) ->
             continue
         base = (f"{head}: expected a prediction within 10% of the replay's {fmt_s(measured)}; predict('ring', "
                 f"{p}, {nbytes}, {alpha:.4g}, {beta:.4g}) returned {fmt_s(got)} ({got / measured:.2f}x)")
-        want = cases.formula("ring", p, nbytes, alpha, beta)
+        want = judging.formula("ring", p, nbytes, alpha, beta)
         if not close(got, want, 1e-6):
             t.fail(f"{base}; the ring formula gives {fmt_s(want)} from those values (see the predict check)")
         tolerance = judging.FIT_TOLERANCE
@@ -174,4 +209,11 @@ def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run) ->
             t.fail(f"{base}: the slowest link you measured is off (hidden: alpha {fmt_s(true_alpha)}, "
                    f"beta {fmt_beta(true_beta)}); see the first check")
         t.fail(base)
+    if not t.learner_faults:
+        # Within 10%, but the ring is predicted from the links measured: a prediction from links that
+        # are not the cluster's (a fit of some other timing, such as the built-in ring's) is not one.
+        for r, fit in enumerate(first.values):
+            if judge_link(r, p, fit, links, judging.exchange(first, r, p), again.values[r]):
+                t.fail(f"the ring is predicted from your slowest measured link, and {judging.link_name(r, p)} "
+                       "did not fit its hidden values (see the first check)")
     t.metric("ring_bytes", list(cluster.ring))

@@ -1,15 +1,66 @@
 """How problem 02 judges a fitted link, a prediction and a list of choices: None when all is well,
-else the message the learner reads, naming the symptom where it can be recognised."""
+else the message the learner reads, naming the symptom where it can be recognised.
+The textbook costs (formula, fastest, crossover) are here too: the expected answers, which the
+sandbox hides from the learner process (cases.py, which the rank program imports, is readable)."""
 
 import math
 from typing import Any
 
 from . import cases
-from .cases import ALGORITHMS, LATENCY_OPTIMAL, Case, Link, fmt_beta, fmt_s, formula
+from .cases import ALGORITHMS, LATENCY_OPTIMAL, Case, Link, fmt_beta, fmt_s
 from .programs import Fitted, Raised
 
 FIT_TOLERANCE = 0.05  # fitted alpha and beta, relative to the hidden link
 RING_TOLERANCE = 0.10  # predicted ring time, relative to the replay
+
+
+# -- the textbook costs: the expected answers (here, out of the learner process's reach) ----------
+
+
+def formula(algorithm: str, p: int, n: float, alpha: float, beta: float) -> float:
+    """Allreduce of n bytes over p ranks, every link alpha + n beta (the catalog's formulas)."""
+    if algorithm == "ring":
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+    if algorithm == "recursive_doubling":
+        return cases.lg(p) * (alpha + n * beta)
+    if algorithm == "binomial_tree":  # a reduce to the root, then a broadcast from it
+        return 2 * cases.lg(p) * (alpha + n * beta)
+    if algorithm == "rabenseifner":  # recursive-halving reduce-scatter + recursive-doubling allgather
+        return 2 * cases.lg(p) * alpha + 2 * (p - 1) / p * n * beta
+    raise ValueError(f"no formula for {algorithm!r}")
+
+
+def candidates(p: int) -> tuple[str, ...]:
+    """Recursive doubling and Rabenseifner, as modelled, need p to be a power of two."""
+    return ALGORITHMS if cases.is_power_of_two(p) else ("ring", "binomial_tree")
+
+
+def fastest(p: int, n: float, alpha: float, beta: float) -> set[str]:
+    """Every candidate whose time ties with the minimum (relative 1e-9)."""
+    times = {a: formula(a, p, n, alpha, beta) for a in candidates(p)}
+    best = min(times.values())
+    return {a for a, t in times.items() if t <= best * (1 + cases.FORMULA_RTOL) + 1e-300}
+
+
+def crossover(p: int, alpha: float, beta: float) -> float | None:
+    """The size (bytes) where the fastest algorithm turns from latency- to bandwidth-optimal, or None
+    (for p = 1, 2 and 3, one algorithm is fastest at every size)."""
+    # per n beta, what the latency-optimal one pays more; per alpha, what it pays less
+    if cases.is_power_of_two(p):
+        extra_beta, saved_alpha = cases.lg(p) - 2 * (p - 1) / p, cases.lg(p)
+    else:
+        extra_beta, saved_alpha = 2 * cases.lg(p) - 2 * (p - 1) / p, 2 * (p - 1) - 2 * cases.lg(p)
+    if extra_beta <= 0 or saved_alpha <= 0:
+        return None
+    return saved_alpha * alpha / (extra_beta * beta)
+
+
+def ring_replay_time(links: list[Link], p: int, nbytes: int) -> float:
+    """The replay's ring Allreduce: 2(p-1) steps, each as long as the slowest link's alpha + n/p beta."""
+    return 2 * (p - 1) * max(alpha + nbytes / p * beta for alpha, beta in links)
+
+
+# -- the verdicts ---------------------------------------------------------------------------------
 
 
 def close(got: float, want: float, rtol: float) -> bool:
@@ -118,7 +169,7 @@ def judge_choices(choices: list[Case], chosen: list[Any]) -> str | None:
     """None when every choice is a fastest algorithm; else the first wrong one, by symptom."""
     answers = [c for c in chosen if isinstance(c, str)]
     for case, got in zip(choices, chosen):
-        best = cases.fastest(case.p, case.n, case.alpha, case.beta)
+        best = fastest(case.p, case.n, case.alpha, case.beta)
         if isinstance(got, str) and got in best:
             continue
         head = f"choose for {case.label()}"
@@ -133,7 +184,7 @@ def judge_choices(choices: list[Case], chosen: list[Any]) -> str | None:
             return (f"{base}. choose answered '{got}' for all {len(choices)} cases, but no algorithm "
                     "is fastest everywhere: small messages are latency-bound (recursive doubling "
                     "pays lg p alpha, the ring 2(p-1) alpha), large ones bandwidth-bound")
-        if got not in cases.candidates(case.p):
+        if got not in candidates(case.p):
             return (f"{base}: p = {case.p} is not a power of two, and recursive doubling and "
                     "Rabenseifner as modelled here need one: choose between ring and binomial_tree")
         if best & set(LATENCY_OPTIMAL) and got not in LATENCY_OPTIMAL:

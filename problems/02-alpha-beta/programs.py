@@ -17,14 +17,11 @@ from .cases import Allreduce, Case, Choice, Measure, fmt_bytes, fmt_s
 
 @dataclass
 class Fitted:
-    """What one rank's measure returned, made plain: alpha and beta, or what was wrong with it; and on
-    rank 0 of a Measure case, its ring predictions from the slowest link any rank measured."""
+    """What one rank's measure returned, made plain: alpha and beta, or what was wrong with it."""
 
     alpha: float
     beta: float
     problem: str = ""  # why the value is unusable ("" when it is a pair of finite numbers)
-    ring: list[Any] | None = None  # predict("ring", ...) for each ring size: a number or a Raised
-    worst: tuple[float, float] | None = None  # the slowest link's alpha and beta over all ranks
 
 
 @dataclass
@@ -69,26 +66,22 @@ def answer(solution: Any, name: str, *args: Any) -> Any:
 
 
 def on_cluster(comm, solution, case: Measure | Allreduce) -> Fitted | None:
-    """On the hidden cluster: the built-in Allreduce, or the learner's measure and then, on rank 0,
-    its ring prediction from the slowest link any rank measured."""
+    """On the hidden cluster: the built-in Allreduce, or the learner's measure. (The ring is predicted
+    later, in a launch of its own, from the slowest link the checker reads off every rank's fit.)"""
     if isinstance(case, Allreduce):
         data = np.ones(case.nbytes // 8)
         comm.Allreduce(data, np.empty_like(data), SUM)
         return None
     fitted = as_fitted(solution.measure(comm, list(case.sizes)))
-    # A ring moves at the pace of its slowest link: take the largest alpha and the largest beta
-    # that any rank measured (the third entry flags a rank whose value was unusable).
+    # Every rank leaves together (the third entry flags a rank whose value was unusable).
     mine = np.array([0.0, 0.0, 1.0]) if fitted.problem else np.array([fitted.alpha, fitted.beta, 0.0])
-    worst = np.empty(3)
-    comm.Allreduce(mine, worst, MAX)
-    if comm.Get_rank() == 0 and not worst[2]:
-        p, fitted.worst = comm.Get_size(), (float(worst[0]), float(worst[1]))
-        fitted.ring = [answer(solution, "predict", "ring", p, n, *fitted.worst) for n in case.ring]
+    comm.Allreduce(mine, np.empty(3), MAX)
     return fitted
 
 
 def on_formulas(comm, solution, cases: list[Case]) -> list[Any]:
-    """One rank: every predict case (a number), then every choose case (a name)."""
+    """One rank: every predict case (a number), then every choose case (a name); or the ring's
+    predictions (RingPrediction cases, predict cases too)."""
     return [answer(solution, "choose", c.p, c.n, c.alpha, c.beta) if isinstance(c, Choice)
             else answer(solution, "predict", c.algorithm, c.p, c.n, c.alpha, c.beta) for c in cases]
 
