@@ -33,8 +33,8 @@ PROBLEM = PROBLEMS / "04-gradient-compression"
 
 
 PACKAGE = problem_package(PROBLEM)
-cases = importlib.import_module(PACKAGE + ".cases")  # the numbers, the variants, the simulations
-judging = importlib.import_module(PACKAGE + ".judging")  # the bounds, the byte counts, 1-bit Adam's simulation
+cases = importlib.import_module(PACKAGE + ".cases")  # the numbers, the variants, the ranks' views
+judging = importlib.import_module(PACKAGE + ".judging")  # the simulations, the bounds, the byte counts
 programs = importlib.import_module(PACKAGE + ".programs")  # the click model
 
 
@@ -74,11 +74,11 @@ def test_auc() -> None:
 
 def test_compress_packs_8_per_byte_with_a_mean_abs_scale_per_chunk() -> None:
     x = np.array([1, -2, 3, -4, 5, -6, 7, -8, 9, 0.5, -0.5, 10, -10], dtype=np.float32)
-    signs, scales = cases.sim_compress(x, 2)  # chunks of 7 and 6 elements: one byte each
+    signs, scales = judging.sim_compress(x, 2)  # chunks of 7 and 6 elements: one byte each
     assert signs.dtype == np.uint8 and signs.size == 2
     assert np.array_equal(np.unpackbits(signs[:1], count=7), x[:7] >= 0)
     assert scales == pytest.approx([np.abs(x[:7]).mean(), np.abs(x[7:]).mean()])
-    out = cases.sim_decompress(signs, scales, x.size)
+    out = judging.sim_decompress(signs, scales, x.size)
     assert np.array_equal(np.sign(out), np.where(x >= 0, 1, -1))
     assert np.abs(out[7:]) == pytest.approx(np.full(6, scales[1]))
 
@@ -88,7 +88,7 @@ def test_error_feedback_carries_the_residual() -> None:
     x = rng.standard_normal(50).astype(np.float32)
     error0 = rng.standard_normal(50).astype(np.float32)
     error = error0.copy()
-    sent = sum(cases.sim_feedback(x, error, 3) for _ in range(20))
+    sent = sum(judging.sim_feedback(x, error, 3) for _ in range(20))
     # Nothing is lost: what was sent plus what is still owed is everything that came in.
     assert sent + error == pytest.approx(20 * x + error0, abs=1e-4)
     assert np.abs(error).max() < 20 * np.abs(x).max()  # it does not grow with the calls
@@ -102,21 +102,21 @@ def test_onebit_allreduce_is_unbiased_over_time_with_error_feedback() -> None:
     werr = [np.zeros(n, np.float32) for _ in range(p)]
     serr = [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)]
     rounds = 400
-    total = sum(cases.sim_onebit_allreduce(xs, werr, serr) for _ in range(rounds))
+    total = sum(judging.sim_onebit_allreduce(xs, werr, serr) for _ in range(rounds))
     mean = np.sum(xs, axis=0) / p
     assert total / rounds == pytest.approx(mean, abs=0.05)
-    without = cases.sim_onebit_allreduce(xs, None, None)
+    without = judging.sim_onebit_allreduce(xs, None, None)
     assert not np.allclose(without, mean, atol=0.05)  # one compression alone is far off
 
 
 def test_topk_keeps_the_largest_and_the_rest_in_the_error() -> None:
     grads = [np.array([5, -1, 0.5, 3], np.float32), np.array([0, 4, -2, 1], np.float32)]
     errors = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
-    out = cases.sim_topk(grads, errors, 0.5)  # k = 2
+    out = judging.sim_topk(grads, errors, 0.5)  # k = 2
     assert out == pytest.approx(np.array([5, 4 - 0, -2, 3], np.float32) / 2)
     assert errors[0] == pytest.approx([0, -1, 0.5, 0])
     assert errors[1] == pytest.approx([0, 0, 0, 1])
-    assert cases.sim_topk(grads, None, 1.0) == pytest.approx((grads[0] + grads[1]) / 2)
+    assert judging.sim_topk(grads, None, 1.0) == pytest.approx((grads[0] + grads[1]) / 2)
     assert cases.topk_count(1000, 0.001) == 1 and cases.topk_count(10, 0.0) == 1
 
 
@@ -146,6 +146,30 @@ def test_plan_is_a_function_of_the_seed() -> None:
     assert (a.train.seed, a.wires[0].n) != (b.train.seed, b.wires[0].n)
     assert a.train.warmup / a.train.steps in cases.WARMUP_FRACTIONS
     assert {w.p for w in a.wires} <= {2, 3, 4}
+
+
+def test_a_rank_view_holds_its_own_data_and_no_seed() -> None:
+    """What a rank's program is handed (Case.for_rank): its own inputs, the same arrays the checker
+    makes from the seed, never the seed nor another rank's data; the answers are not in cases.py."""
+    plan = cases.plan_for(7)
+    wire, adam, train, timed = plan.wires[0], plan.adam, plan.train, plan.timed[1]
+    views = [case.for_rank(1) for case in (wire, adam, train, timed)]
+    assert all(view.seed == -1 for view in views)
+    wire_view, adam_view, train_view, timed_view = views
+    for what in wire.inputs_named():
+        assert np.array_equal(wire_view.input(1, what), cases.wire_input(wire.seed, 1, wire.n, what))
+    assert np.array_equal(timed_view.input(1), cases.wire_input(timed.seed, 1, timed.n, "timed"))
+    grads = cases.adam_gradients(adam)
+    assert all(np.array_equal(g, grads[t][1]) for t, g in enumerate(adam_view.gradients(1)))
+    assert np.array_equal(adam_view.start(), adam.start())
+    x, clicks = cases.examples(train.seed, 1, train.steps * cases.BATCH)
+    assert np.array_equal(train_view.shard(1)[0], x) and np.array_equal(train_view.shard(1)[1], clicks)
+    assert np.array_equal(train_view.start(), cases.init_params(train.seed))
+    for ask in (lambda: wire_view.input(0, "fp16"), lambda: adam_view.gradients(2),
+                lambda: train_view.shard(3), lambda: timed_view.input(0)):
+        with pytest.raises(ValueError, match="messages only"):
+            ask()
+    assert not [name for name in dir(cases) if name.startswith("sim_")]
 
 
 def _onebit_sent(n: int, p: int) -> float:
@@ -266,6 +290,14 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["FP16"],
         ["compressor", "1-bit allreduce", "top-k"],
     ),
+    # The outside tester's attack: the hidden case read off the harness's frames. A rank's view holds
+    # its own inputs only (seed -1), so rebuilding the other ranks' inputs from the seed fails.
+    "forged_hidden_case.py": (
+        ["expected non-negative integer", "forged_hidden_case.py", "its run failed in an earlier check"],
+        ["compressor", "FP16", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "trained AUC",
+         "1-bit Adam's volume", "on the 1 Gb/s link"],
+        [],
+    ),
 }
 
 
@@ -278,6 +310,7 @@ REAL_BUG = {
     "variance_not_frozen.py": "the variance keeps being updated after the warmup",
     "fp16_as_float32.py": "float32 went on the wire",
     "fp16_overflow.py": "divide by p before casting",
+    "forged_hidden_case.py": "expected non-negative integer",
 }
 
 
@@ -380,6 +413,7 @@ def test_the_reference_runs_on_plain_mpi4py(tmp_path: Path) -> None:
         from pathlib import Path
         from distlab.runtime.jobspec import problem_package
         chk = importlib.import_module(problem_package(Path("{PROBLEM}")) + ".cases")
+        jdg = importlib.import_module(problem_package(Path("{PROBLEM}")) + ".judging")
         comm = MPI.COMM_WORLD
         p, rank, n = comm.size, comm.rank, 1001
         xs = [np.random.default_rng([3, r]).standard_normal(n).astype(np.float32) for r in range(p)]
@@ -390,12 +424,12 @@ def test_the_reference_runs_on_plain_mpi4py(tmp_path: Path) -> None:
         x, werr = xs[rank].copy(), np.zeros(n, np.float32)
         serr = np.zeros(bounds[rank + 1] - bounds[rank], np.float32)
         ref.onebit_allreduce(comm, x, werr, serr)
-        want = chk.sim_onebit_allreduce([v.copy() for v in xs], [np.zeros(n, np.float32) for _ in xs],
+        want = jdg.sim_onebit_allreduce([v.copy() for v in xs], [np.zeros(n, np.float32) for _ in xs],
                                                [np.zeros(bounds[j + 1] - bounds[j], np.float32) for j in range(p)])
         assert np.allclose(x, want, atol=1e-6)
         g = xs[rank].copy()
         ref.topk_allreduce(comm, g, 0.1, np.zeros(n, np.float32))
-        assert np.allclose(g, chk.sim_topk(xs, [np.zeros(n, np.float32) for _ in range(p)], 0.1))
+        assert np.allclose(g, jdg.sim_topk(xs, [np.zeros(n, np.float32) for _ in range(p)], 0.1))
         opt = ref.OneBitAdam(np.zeros(n, np.float32), lr=0.01, warmup_steps=2)
         for _ in range(4):
             opt.step(comm, xs[rank].copy())

@@ -1,12 +1,14 @@
 """The cases of problem 04: the scenario's numbers, the inputs, what comes back and what should.
 
-Both sides regenerate a case's inputs from its seed; the codec and the reducers simulated here, in one
-process and in float32 as the ranks compute, are the expected values. Hidden variants (plan_for): the data,
+The checker makes a case's inputs from its seed; a rank is handed only its view (``for_rank``): its
+own inputs, made by its agent, never the seed nor another rank's data, which reach it in messages
+only. The expected values (the codec and the reducers simulated in one process) live in judging.py,
+hidden from the ranks. Hidden variants (plan_for): the data,
 the weights, the inputs, the extra rank count, the lengths, the warmup fraction and the slow worker. The
 order of the random draws in plan_for and codec_case is what makes --seed replay a session: keep it.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,14 +43,38 @@ class CodecCase:
     feedback: tuple[np.ndarray, np.ndarray, int]  # (x, initial error, chunks), compressed 3 times
 
 
+def _own(view: tuple[Any, ...] | None, rank: int) -> tuple[Any, ...]:
+    """A rank's view's data, refusing another rank's: it reaches a rank in messages only."""
+    if view is None or view[0] != rank:
+        raise ValueError(f"rank {None if view is None else view[0]}'s view of the case holds no data of rank "
+                         f"{rank}: the other ranks' data reach it in messages only")
+    return view[1:]
+
+
 @dataclass(frozen=True)
 class WireCase:
-    """Each reducer on p ranks, on inputs that both sides regenerate from the seed."""
+    """Each reducer on p ranks; a rank's view (for_rank) holds its own inputs, the checker the seed."""
 
     p: int
     n: int
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view
     keeps: tuple[float, ...] = TOPK_KEEPS
+    own: tuple[Any, ...] | None = field(default=None, compare=False)  # a rank's view: (rank, {what: input})
+
+    def inputs_named(self) -> tuple[str, ...]:
+        """Every input a rank's calls take, by the ``what`` of wire_input."""
+        return ("fp16", "fp16 large", "onebit 1", "onebit 2") + tuple(
+            f"topk {keep} {call}" for keep in self.keeps for call in (1, 2))
+
+    def for_rank(self, rank: int) -> "WireCase":
+        """Rank ``rank``'s view: its own inputs, made by its agent; not the seed they come from."""
+        return replace(self, seed=-1, own=(rank, {what: wire_input(self.seed, rank, self.n, what)
+                                                  for what in self.inputs_named()}))
+
+    def input(self, rank: int, what: str) -> np.ndarray:
+        if self.own is None:
+            return wire_input(self.seed, rank, self.n, what)
+        return _own(self.own, rank)[0][what].copy()
 
 
 @dataclass(frozen=True)
@@ -59,9 +85,22 @@ class AdamCase:
     steps: int
     warmup: int
     lr: float = 0.01
+    own: tuple[Any, ...] | None = field(default=None, compare=False)  # a view: (rank, start, its gradients)
 
     def start(self) -> np.ndarray:  # the initial parameters, the same in the ranks and in the checker
+        if self.own is not None:
+            return self.own[1].copy()
         return np.random.default_rng([self.seed, 8]).standard_normal(self.n).astype(np.float32)
+
+    def for_rank(self, rank: int) -> "AdamCase":
+        """Rank ``rank``'s view: the start and its own gradients of every step, not the other ranks'."""
+        return replace(self, seed=-1, own=(rank, self.start(), tuple(g[rank] for g in adam_gradients(self))))
+
+    def gradients(self, rank: int) -> list[np.ndarray]:
+        """Rank ``rank``'s gradient of every step (a view holds only its own rank's)."""
+        if self.own is None:
+            return [g[rank] for g in adam_gradients(self)]
+        return [g.copy() for g in _own(self.own, rank)[1]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +109,21 @@ class TrainCase:
     seed: int
     steps: int
     warmup: int
+    own: tuple[Any, ...] | None = field(default=None, compare=False)  # a view: (rank, (x, clicks), start)
+
+    def for_rank(self, rank: int) -> "TrainCase":
+        """Rank ``rank``'s view: its own shard of clicks and the start, not the seed they come from."""
+        return replace(self, seed=-1, own=(rank, self.shard(rank), self.start()))
+
+    def shard(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s clicks (features, labels), one batch of BATCH per step."""
+        if self.own is None:
+            return examples(self.seed, rank, self.steps * BATCH)
+        x, clicks = _own(self.own, rank)[0]
+        return x.copy(), clicks.copy()
+
+    def start(self) -> np.ndarray:
+        return init_params(self.seed) if self.own is None else self.own[2].copy()
 
     def label(self) -> str:
         return (f"p = {self.p}, {self.steps} steps of {BATCH} clicks per rank, warmup "
@@ -82,6 +136,15 @@ class TimedCase:
     n: int
     method: str  # "fp16" or "onebit" (the free run also times "fp32")
     seed: int
+    own: tuple[Any, ...] | None = field(default=None, compare=False)  # a rank's view: (rank, its input)
+
+    def for_rank(self, rank: int) -> "TimedCase":
+        return replace(self, seed=-1, own=(rank, wire_input(self.seed, rank, self.n, "timed")))
+
+    def input(self, rank: int) -> np.ndarray:
+        if self.own is None:  # the free run makes its own case
+            return wire_input(self.seed, rank, self.n, "timed")
+        return _own(self.own, rank)[0].copy()
 
 
 # -- what the ranks send back ----------------------------------------------------------------------
@@ -137,7 +200,9 @@ def codec_case(rng: np.random.Generator) -> CodecCase:
     vectors = ((vector(n1, [1e-3, 10.0, 0.1, 1.0]), 4, f"n = {n1}, 4 chunks of very different sizes"),
                (vector(n2, [1.0, 50.0, 1.0]), 3, f"n = {n2}, 3 chunks, not multiples of 8"),
                (vector(64, [1.0]), 1, "n = 64, one chunk"))
-    signs, scales = sim_compress(vector(n1, [0.5, 2.0, 8.0, 1e-2]), 4)
+    given = chunks_of(vector(n1, [0.5, 2.0, 8.0, 1e-2]), 4)  # compressed here, then the scales moved
+    signs = np.concatenate([np.packbits(part >= 0) for part in given])
+    scales = np.array([np.abs(part).mean() for part in given], dtype=np.float32)
     scales = (scales * rng.uniform(0.5, 2.0, 4)).astype(np.float32)
     fb_n = int(rng.integers(100, 300))
     feedback = (vector(fb_n, [1.0, 0.01]), (rng.standard_normal(fb_n) * 0.3).astype(np.float32), 2)
@@ -150,7 +215,7 @@ def volume_ratio(warmup_fraction: float) -> float:
     return warmup_fraction + (1 - warmup_fraction) / 32
 
 
-# -- the inputs, regenerated on both sides ---------------------------------------------------------
+# -- the inputs: the checker's, and each rank's own in its view (made by its agent) ---------------
 def wire_input(seed: int, rank: int, n: int, what: str) -> np.ndarray:
     """A rank's input vector for one reducer call (float32)."""
     rng = np.random.default_rng([seed, rank, sum(map(ord, what))])
@@ -194,7 +259,7 @@ def init_params(seed: int) -> np.ndarray:
     return theta
 
 
-# -- the codec and the reducers, simulated (helpers duplicated: never trust the ranks' copy) -------
+# -- helpers of both sides (the simulations of the codec and the reducers are in judging.py) -------
 def chunk_bounds(n: int, p: int) -> list[int]:
     """The reference's chunk_bounds: p chunks of n // p elements, the first n % p one longer."""
     base, extra = divmod(n, p)
@@ -214,57 +279,6 @@ def server_errors(n: int, p: int) -> list[np.ndarray]:
 
 def topk_count(n: int, keep_fraction: float) -> int:
     return min(n, max(1, round(keep_fraction * n))) if n else 0
-
-
-def sim_compress(x: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
-    parts = chunks_of(x, chunks)
-    signs = np.concatenate([np.packbits(part >= 0) for part in parts]).astype(np.uint8)
-    scales = [np.abs(part).mean() if part.size else 0.0 for part in parts]
-    return signs, np.array(scales, dtype=np.float32)
-
-
-def sim_decompress(signs: np.ndarray, scales: np.ndarray, n: int) -> np.ndarray:
-    out = np.empty(n, dtype=np.float32)
-    offset = 0
-    for part, scale in zip(chunks_of(out, scales.size), scales):
-        packed = (part.size + 7) // 8  # each chunk's signs start on a new byte
-        part[:] = np.where(np.unpackbits(signs[offset : offset + packed], count=part.size) == 1, scale, -scale)
-        offset += packed
-    return out
-
-
-def sim_feedback(x: np.ndarray, error: np.ndarray | None, chunks: int) -> np.ndarray:
-    """Compress-decompress of x + error; error (in place) keeps what was lost. None: no feedback."""
-    corrected = (x + error).astype(np.float32) if error is not None else x.astype(np.float32)
-    out = sim_decompress(*sim_compress(corrected, chunks), corrected.size)
-    if error is not None:
-        error[:] = corrected - out
-    return out
-
-
-def sim_onebit_allreduce(xs: list[np.ndarray], worker_errors: list[np.ndarray] | None,
-                         server_errors: list[np.ndarray] | None) -> np.ndarray:
-    """DeepSpeed's compressed allreduce of the p ranks' xs; the errors are updated in place
-    (None: that side has no error feedback). Returns the result every rank gets."""
-    p = len(xs)
-    sent = [chunks_of(sim_feedback(x, worker_errors[i] if worker_errors else None, p), p) for i, x in enumerate(xs)]
-    averages = [(np.sum([s[j] for s in sent], axis=0) / p).astype(np.float32) for j in range(p)]
-    return np.concatenate([sim_feedback(average, server_errors[j] if server_errors else None, 1)
-                           for j, average in enumerate(averages)])
-
-
-def sim_topk(grads: list[np.ndarray], errors: list[np.ndarray] | None, keep: float) -> np.ndarray:
-    p, n = len(grads), grads[0].size
-    k = topk_count(n, keep)
-    total = np.zeros(n, dtype=np.float64)
-    for i in range(p):
-        corrected = grads[i] + errors[i] if errors is not None else grads[i].copy()
-        index = np.argpartition(np.abs(corrected), n - k)[n - k :]
-        total[index] += corrected[index]
-        if errors is not None:
-            errors[i][:] = corrected
-            errors[i][index] = 0
-    return (total / p).astype(np.float32)
 
 
 # What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring

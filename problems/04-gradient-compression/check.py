@@ -49,22 +49,23 @@ def everything(t: CheckContext, plan: cases.Plan) -> Run:
 def codec_round_trip(t: CheckContext, everything: Run) -> None:
     (codec,) = everything.cases(cases.CodecCase)
     case, result = codec.case, codec.values[0]
+    judging.codec_shape(t, case, result)
     t.say("compress / decompress on 3 vectors (chunks of very different magnitudes, lengths not "
           "multiples of 8), decompress alone, 3 calls of compress_with_feedback")
     for (x, chunks, what), packed, roundtrip in zip(case.vectors, result.compressed, result.roundtrip):
         judging.judge_compress(t, x, chunks, what, packed, roundtrip)
     signs, scales, n = case.given
-    want = cases.sim_decompress(signs, scales, n)
+    want = judging.sim_decompress(signs, scales, n)
     if not close(result.decompressed, want, rtol=1e-6):
         t.fail(f"decompress(signs, scales, {n}) with 4 given chunks: {describe(result.decompressed, want)}")
     x, error0, chunks = case.feedback
     error = error0.copy()
     for call, (rebuilt, got_error) in enumerate(result.feedback, start=1):
         before = error.copy()
-        want = cases.sim_feedback(x, error, chunks)  # moves `error` on, as the learner's should
+        want = judging.sim_feedback(x, error, chunks)  # moves `error` on, as the learner's should
         head = f"compress_with_feedback(x, error, {chunks}), call {call} of 3 on the same x"
         if not close(rebuilt, want, rtol=1e-5):
-            if close(rebuilt, cases.sim_feedback(x, None, chunks), rtol=1e-5):
+            if close(rebuilt, judging.sim_feedback(x, None, chunks), rtol=1e-5):
                 t.fail(f"{head}: what it sent is compress(x), without the error: compress x + error, so "
                        "that what earlier calls lost is sent now")
             t.fail(f"{head}: decompressing what it returned gives {describe(rebuilt, want)}")
@@ -82,6 +83,7 @@ def codec_round_trip(t: CheckContext, everything: Run) -> None:
 def fp16_allreduce(t: CheckContext, everything: Run) -> None:
     for wire in everything.cases(cases.WireCase):
         p, n = wire.case.p, wire.case.n
+        judging.op_results(t, wire.values, {"fp16": 0, "fp16 large": 0}, f"fp16_allreduce, p = {p}, n = {n}")
         for what in ("fp16", "fp16 large"):
             inputs = [cases.wire_input(wire.case.seed, r, n, what).astype(np.float64) for r in range(p)]
             mean = np.sum(inputs, axis=0) / p
@@ -103,13 +105,18 @@ def fp16_allreduce(t: CheckContext, everything: Run) -> None:
                     t.fail(f"{head}: rank {rank} holds {describe(got, mean)}; expected the mean over the "
                            "ranks within float16 precision")
         half, slack = fp32_ring_bytes(n, p) / 2, cases.FP16_TOLERANCE
-        sent = [wire_bytes(wire.task.counts(rank, "fp16"), p) for rank in range(p)]
+        counts = [judging.phase_counts(t, wire.task, rank, "fp16", f"fp16_allreduce, p = {p}, n = {n}")
+                  for rank in range(p)]
+        sent = [wire_bytes(c, p) for c in counts]
         for rank, nbytes in enumerate(sent):
             seen = f"fp16_allreduce, p = {p}, n = {n}: rank {rank} sent {bytes_line(nbytes, half)}"
             if abs(nbytes / half - 2) <= 2 * slack:
                 t.fail(f"{seen}: float32 went on the wire; cast the buffer to float16 before the allreduce")
             t.expect(abs(nbytes / half - 1) <= slack, f"about {half:.0f} bytes per rank, half of a float32 "
                      f"ring allreduce 2(p-1)/p * 4n (within {slack:.0%})", seen)
+            if p > 1:
+                judging.unfed(t, f"fp16_allreduce, p = {p}, n = {n}", rank, judging.received_bytes(counts[rank], p),
+                              n, f"the other ranks' {n} values, a byte each at the least")
         ratio = max(sent) / fp32_ring_bytes(n, p)
         t.say(f"p = {p}, n = {n}: the mean within float16 precision, also with values near 30000; "
               f"{max(sent):.0f} bytes per rank = {ratio:.3f} of FP32")
@@ -120,15 +127,23 @@ def fp16_allreduce(t: CheckContext, everything: Run) -> None:
 def onebit_allreduce(t: CheckContext, everything: Run) -> None:
     for wire in everything.cases(cases.WireCase):
         p, n = wire.case.p, wire.case.n
+        head = f"onebit_allreduce, p = {p}, n = {n}"
+        judging.op_results(t, wire.values, {"onebit 1": 2, "onebit 2": 2}, head)
         judging.judge_onebit(t, wire.case, wire.values)
         bound, fp32 = judging.onebit_bytes_bound(n, p), fp32_ring_bytes(n, p)
-        sent = [wire_bytes(wire.task.counts(rank, "onebit 1"), p) for rank in range(p)]
+        counts = [judging.phase_counts(t, wire.task, rank, "onebit 1", head) for rank in range(p)]
+        sent = [wire_bytes(c, p) for c in counts]
         for rank, nbytes in enumerate(sent):
             if nbytes > bound:
                 t.fail(f"onebit_allreduce, p = {p}, n = {n}: rank {rank} sent {nbytes:.0f} bytes, "
                        f"{nbytes / fp32:.4f} of a float32 ring allreduce ({fp32:.0f}); expected at most "
                        f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes of scale per message)"
                        + judging.onebit_bytes_symptom(nbytes / fp32, p))
+            bounds = cases.chunk_bounds(n, p)
+            if p > 1:  # the signs of every element outside its own chunk come from the other servers
+                judging.unfed(t, head + ", call 1", rank, judging.received_bytes(counts[rank], p),
+                              (n - (bounds[rank + 1] - bounds[rank])) / 8,
+                              "the servers' signs of every element outside its own chunk, 1 bit each")
         t.say(f"p = {p}, n = {n}: equal to the simulation in both calls, errors carried; "
               f"{max(sent):.0f} bytes per rank = 1/{fp32 / max(max(sent), 1):.1f} of FP32")
         t.metric(f"onebit_over_fp32_p{p}", round(max(sent) / fp32, 5))
@@ -137,6 +152,8 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
 @CHECKS.check("top-k allreduce: the k largest of gradient + error, 8 bytes per kept value", points=2)
 def topk_allreduce(t: CheckContext, everything: Run) -> None:
     for wire in everything.cases(cases.WireCase):
+        states = {f"topk {keep} {how}": 2 for keep in wire.case.keeps for how in ("ef 1", "ef 2", "plain")}
+        judging.op_results(t, wire.values, states, f"topk_allreduce, p = {wire.case.p}, n = {wire.case.n}")
         for keep in wire.case.keeps:
             judging.judge_topk(t, wire, keep)
         keeps = ", ".join(f"{k:g}" for k in wire.case.keeps)
@@ -152,6 +169,10 @@ def onebit_adam_updates(t: CheckContext, plan: cases.Plan, everything: Run) -> N
           f"lr = {case.lr}; every send of rank {plan.slow_worker} leaves 5 ms late")
     grads, params0 = cases.adam_gradients(case), case.start()
     want = judging.sim_onebit_adam(params0, grads, case.lr, case.warmup)
+    for rank, traj in enumerate(values):
+        if not isinstance(traj, list):
+            t.fail(f"rank {rank} returned {type(traj).__name__}, not the harness's list of parameters per step: "
+                   "was run_adam replaced?")
     trajectories = [[as_array(x) for x in traj] for traj in values]
 
     def agrees(got: np.ndarray | None, expected: np.ndarray) -> bool:
@@ -175,7 +196,8 @@ def onebit_adam_updates(t: CheckContext, plan: cases.Plan, everything: Run) -> N
                     t.fail(f"{head}: they match 1-bit Adam with this mistake: {advice}")
             right = [r for r in range(case.p) if r != rank and agrees(trajectories[r][step], want[step][r])]
             t.fail(head + (f" (ranks {right} are right)" if right else ""))
-    final = [traj[-1] for traj in trajectories if traj[-1] is not None]
+    judging.adam_fed(t, case, adam.task)
+    final = [traj[case.steps - 1] for traj in trajectories]  # each one checked above
     spread = max(float(np.max(np.abs(f - final[0]))) for f in final)
     t.metric("max_param_spread", spread)
     t.say(f"every step on every rank equals the simulation; ranks agree within {spread:.1e}")
@@ -185,6 +207,10 @@ def onebit_adam_updates(t: CheckContext, plan: cases.Plan, everything: Run) -> N
 def trained_auc(t: CheckContext, everything: Run) -> None:
     (training,) = everything.cases(cases.TrainCase)
     case, results = training.case, training.values
+    for rank, result in enumerate(results):
+        if not (isinstance(result, dict) and {"fp16", "onebit"} <= set(result)):
+            t.fail(f"rank {rank} returned {type(result).__name__}, not the harness's weights of both runs: was "
+                   "run_training replaced?")
     t.say(f"a {N_PARAMS}-parameter click model: {case.label()}")
     baseline = held_out_auc(case.seed, judging.simulate_fp32_training(case.seed, case.p, case.steps))
     untrained = held_out_auc(case.seed, cases.init_params(case.seed))
@@ -214,6 +240,7 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
             t.fail(f"{what} ({case.label()}): held-out AUC {shown}, {baseline - got:.4f} below FP32 Adam's "
                    f"{baseline:.4f}; expected within {limit}{why}")
     t.metric("auc_fp32", round(baseline, 4))
+    judging.training_fed(t, case, training.task)
 
 
 @CHECKS.check("1-bit Adam's volume: w + (1-w)/32 of FP32's (within 5%)", points=2)
@@ -251,7 +278,7 @@ def onebit_time(t: CheckContext, everything: Run) -> None:
     timed = {r.case.method: r for r in everything.cases(cases.TimedCase)}
     case, a, b = timed["onebit"].case, cases.SLOW_ALPHA_S, cases.SLOW_BETA
     p, n = case.p, case.n
-    want = cases.sim_onebit_allreduce([cases.wire_input(case.seed, r, n, "timed") for r in range(p)],
+    want = judging.sim_onebit_allreduce([cases.wire_input(case.seed, r, n, "timed") for r in range(p)],
                                       [np.zeros(n, np.float32) for _ in range(p)], cases.server_errors(n, p))
     for rank, got in enumerate(timed["onebit"].values):
         if not close(got, want[:: max(1, n // 4096)], share=0.999):

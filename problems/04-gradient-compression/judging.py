@@ -10,12 +10,50 @@ import numpy as np
 from distlab.grading import CaseRun, CheckContext, first_mismatch
 
 from . import cases
-from .cases import OpResult, sim_feedback, sim_onebit_allreduce, sim_topk, wire_bytes
+from .cases import OpResult, wire_bytes
 from .programs import Adam, Raised, gradient, held_out_auc
 
 
 def as_array(value: Any) -> np.ndarray | None:
-    return value if isinstance(value, np.ndarray) and value.dtype != object else None
+    """A learner's array of numbers, else None (strings, objects, complex numbers: not an answer)."""
+    return value if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" else None
+
+
+# -- what the ranks returned, checked for its shape: anything the learner process returns is its own ------
+def op_results(t: CheckContext, values: list[Any], states: dict[str, int], head: str) -> list[dict[str, OpResult]]:
+    """Each rank's results of a reducer task: a dict with an OpResult of ``states[name]`` state values per
+    name; else the check fails naming what came back (the harness's run_wire was replaced)."""
+    for rank, results in enumerate(values):
+        for name, count in states.items():
+            got = results.get(name) if isinstance(results, dict) else None
+            if not (isinstance(got, OpResult) and isinstance(got.state, tuple) and len(got.state) == count):
+                t.fail(f"{head}: rank {rank} returned no result of {name!r} as the harness makes it (saw "
+                       f"{type(results).__name__ if got is None else type(got).__name__}): was run_wire replaced?")
+    return values
+
+
+def phase_counts(t: CheckContext, task: Any, rank: int, phase: str, head: str) -> Any:
+    """The rank's counts in its phase ``phase``; the check fails if the rank set no such mark."""
+    try:
+        return task.counts(rank, phase)
+    except KeyError:
+        t.fail(f"{head}: rank {rank} set no mark {phase!r}, so its bytes cannot be counted: was the harness "
+               "replaced?")
+
+
+def received_bytes(counts: Any, p: int) -> float:
+    """Bytes a rank took off the wire: point-to-point bytes received plus its collectives' ring share
+    (a ring collective receives what it sends)."""
+    return wire_bytes(counts, p) - float(counts.bytes_sent) + float(counts.bytes_received)
+
+
+def unfed(t: CheckContext, head: str, rank: int, received: float, floor: float, needs: str) -> None:
+    """Fails a right result that cannot have come from messages: the inputs of the other ranks reach a
+    rank only in messages (its program is handed its own, Case.for_rank), and random values do not
+    compress below ``floor`` bytes."""
+    if received < floor:
+        t.fail(f"{head}: rank {rank} received {received:.0f} bytes, but its result needs {needs}, at least "
+               f"{floor:.0f} bytes of messages: the result did not come from them")
 
 
 def close(got: Any, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-7, share: float = 1.0) -> bool:
@@ -125,11 +163,63 @@ def _fp32_training(seed: int, p: int, steps: int) -> np.ndarray:
     return theta
 
 
+# -- the codec and the reducers, simulated in one process (hidden from the ranks: the expected values) -
+def sim_compress(x: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    parts = cases.chunks_of(x, chunks)
+    signs = np.concatenate([np.packbits(part >= 0) for part in parts]).astype(np.uint8)
+    scales = [np.abs(part).mean() if part.size else 0.0 for part in parts]
+    return signs, np.array(scales, dtype=np.float32)
+
+
+def sim_decompress(signs: np.ndarray, scales: np.ndarray, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.float32)
+    offset = 0
+    for part, scale in zip(cases.chunks_of(out, scales.size), scales):
+        packed = (part.size + 7) // 8  # each chunk's signs start on a new byte
+        part[:] = np.where(np.unpackbits(signs[offset : offset + packed], count=part.size) == 1, scale, -scale)
+        offset += packed
+    return out
+
+
+def sim_feedback(x: np.ndarray, error: np.ndarray | None, chunks: int) -> np.ndarray:
+    """Compress-decompress of x + error; error (in place) keeps what was lost. None: no feedback."""
+    corrected = (x + error).astype(np.float32) if error is not None else x.astype(np.float32)
+    out = sim_decompress(*sim_compress(corrected, chunks), corrected.size)
+    if error is not None:
+        error[:] = corrected - out
+    return out
+
+
+def sim_onebit_allreduce(xs: list[np.ndarray], worker_errors: list[np.ndarray] | None,
+                         server_errors: list[np.ndarray] | None) -> np.ndarray:
+    """DeepSpeed's compressed allreduce of the p ranks' xs; the errors are updated in place
+    (None: that side has no error feedback). Returns the result every rank gets."""
+    p = len(xs)
+    sent = [cases.chunks_of(sim_feedback(x, worker_errors[i] if worker_errors else None, p), p) for i, x in enumerate(xs)]
+    averages = [(np.sum([s[j] for s in sent], axis=0) / p).astype(np.float32) for j in range(p)]
+    return np.concatenate([sim_feedback(average, server_errors[j] if server_errors else None, 1)
+                           for j, average in enumerate(averages)])
+
+
+def sim_topk(grads: list[np.ndarray], errors: list[np.ndarray] | None, keep: float) -> np.ndarray:
+    p, n = len(grads), grads[0].size
+    k = cases.topk_count(n, keep)
+    total = np.zeros(n, dtype=np.float64)
+    for i in range(p):
+        corrected = grads[i] + errors[i] if errors is not None else grads[i].copy()
+        index = np.argpartition(np.abs(corrected), n - k)[n - k :]
+        total[index] += corrected[index]
+        if errors is not None:
+            errors[i][:] = corrected
+            errors[i][index] = 0
+    return (total / p).astype(np.float32)
+
+
 # -- the compressor --------------------------------------------------------------------------------
 def judge_compress(t: CheckContext, x: np.ndarray, chunks: int, what: str, packed: Any,
                    roundtrip: Any) -> None:
     head = f"compress(x, {chunks}) with {what}"
-    want_signs, want_scales = cases.sim_compress(x, chunks)
+    want_signs, want_scales = sim_compress(x, chunks)
     if isinstance(packed, Raised):
         t.fail(f"{head} {packed}")
     if isinstance(packed, str):
@@ -166,7 +256,7 @@ def judge_compress(t: CheckContext, x: np.ndarray, chunks: int, what: str, packe
             t.fail(f"{head}: every scale is 1: the magnitudes are lost; expected the mean |x| of each "
                    f"chunk, {want}")
         t.fail(f"{head}: scales {numbers(got)}, expected the mean |x| of each chunk, {want}")
-    rebuilt = cases.sim_decompress(want_signs, want_scales, x.size)
+    rebuilt = sim_decompress(want_signs, want_scales, x.size)
     if not close(roundtrip, rebuilt, rtol=1e-5):
         t.fail(f"decompress(compress(x, {chunks})) with {what}: {describe(roundtrip, rebuilt)}; expected "
                "+scale where the bit is 1 and -scale where it is 0")
@@ -269,8 +359,10 @@ def judge_topk(t: CheckContext, wire: CaseRun[cases.WireCase], keep: float) -> N
             if not close(got_error, errs[rank], rtol=1e-4, atol=1e-6):
                 t.fail(f"{head}: rank {rank}'s error holds {describe(got_error, errs[rank])}")
     bound = (p - 1) * k * 8 + 16 * (p - 1)
+    others = int(np.count_nonzero(results_of_call(wire, keep))) - k  # indices a rank did not keep itself
     for rank in range(p):
-        nbytes = wire_bytes(wire.task.counts(rank, f"topk {keep} ef 1"), p)
+        counts = phase_counts(t, wire.task, rank, f"topk {keep} ef 1", f"topk_allreduce, p = {p}, n = {n}")
+        nbytes = wire_bytes(counts, p)
         if nbytes > bound:
             why = ""
             if nbytes >= 0.9 * fp32_ring_bytes(n, p):
@@ -280,6 +372,69 @@ def judge_topk(t: CheckContext, wire: CaseRun[cases.WireCase], keep: float) -> N
             t.fail(f"topk_allreduce, p = {p}, n = {n}, keep {keep:g}: rank {rank} sent {nbytes:.0f} bytes; "
                    f"expected at most {bound:.0f}, (p-1) k (4 + 4) for k = {k} int32 indices and float32 "
                    f"values from every rank{why}")
+        if p > 1:  # the values it did not select itself come from the other ranks, 2 bytes each at the least
+            unfed(t, f"topk_allreduce, p = {p}, n = {n}, keep {keep:g}, call 1", rank, received_bytes(counts, p),
+                  2 * others, f"the other ranks' values at {others} indices it did not keep itself")
+
+
+def results_of_call(wire: CaseRun[cases.WireCase], keep: float) -> np.ndarray:
+    """The expected result of the first top-k call with error feedback (fresh errors)."""
+    case = wire.case
+    grads = [cases.wire_input(case.seed, r, case.n, f"topk {keep} 1") for r in range(case.p)]
+    return sim_topk(grads, [np.zeros(case.n, np.float32) for _ in range(case.p)], keep)
+
+
+def codec_shape(t: CheckContext, case: cases.CodecCase, result: Any) -> None:
+    """The codec task's result as the harness makes it, else a failed check naming what came back."""
+    shaped = isinstance(result, cases.CodecResult) and all(
+        isinstance(part, list) and len(part) == size for part, size in (
+            (result.compressed, len(case.vectors)), (result.roundtrip, len(case.vectors)), (result.feedback, 3)))
+    shaped = shaped and all(isinstance(packed, str) or (isinstance(packed, tuple) and len(packed) == 2)
+                            for packed in result.compressed)
+    if not (shaped and all(isinstance(pair, tuple) and len(pair) == 2 for pair in result.feedback)):
+        t.fail(f"the codec task returned {type(result).__name__}, not the harness's results of every call: was "
+               "run_codec replaced?")
+
+
+def adam_fed(t: CheckContext, case: cases.AdamCase, task: Any) -> None:
+    """Each step's parameters need the other ranks' gradients (the warmup's mean, then the compressed
+    momenta): a rank that received fewer bytes than carry them did not get them from messages."""
+    p, n = case.p, case.n
+    if p == 1:
+        return
+    bounds = cases.chunk_bounds(n, p)
+    for rank in range(p):
+        steps = task.phases(rank, "step")
+        if len(steps) != case.steps:
+            t.fail(f"1-bit Adam: rank {rank} set {len(steps)} marks 'step' in {case.steps} steps: was run_adam "
+                   "replaced?")
+        for i, counts in enumerate(steps):
+            if i < case.warmup:
+                floor, needs = n, f"the other ranks' gradients of {n} values, a byte each at the least"
+            else:
+                floor = (n - (bounds[rank + 1] - bounds[rank])) / 8
+                needs = "the servers' signs of every element outside its own chunk, 1 bit each"
+            unfed(t, f"1-bit Adam, step {i + 1}", rank, received_bytes(counts, p), floor, needs)
+
+
+def training_fed(t: CheckContext, case: cases.TrainCase, task: Any) -> None:
+    """The same for the training runs: every step's update needs the other ranks' gradients."""
+    p, n = case.p, cases.N_PARAMS
+    if p == 1:
+        return
+    bounds = cases.chunk_bounds(n, p)
+    for rank in range(p):
+        own = bounds[rank + 1] - bounds[rank]
+        for how, floor, needs in (
+                ("fp16", case.steps * n, f"the other ranks' gradients, {n} values a step, a byte each at the least"),
+                ("onebit", case.warmup * n + (case.steps - case.warmup) * (n - own) / 8,
+                 "the other ranks' gradients in the warmup, a byte a value, then the servers' signs, a bit a value")):
+            got = sum(received_bytes(c, p) for c in task.phases(rank, how))
+            unfed(t, f"{what_of(how)} ({case.label()})", rank, got, floor, needs)
+
+
+def what_of(how: str) -> str:
+    return {"fp16": "FP16", "onebit": "1-bit Adam"}[how]
 
 
 # -- 1-bit Adam, and the mistakes people make with it, as variants of one simulation ---------------

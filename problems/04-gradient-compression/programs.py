@@ -1,5 +1,6 @@
 """What runs on the ranks of problem 04: the click model, one program for every case of the checks'
-launch (run_case, plain data back, never objects of the learner's module), and the free run (main)."""
+launch (run_case, plain data back, never objects of the learner's module), and the free run (main).
+In the checks a rank is handed its view of each case (Case.for_rank): its own inputs, never the seed."""
 
 import contextlib
 import csv
@@ -73,12 +74,13 @@ class Adam:
         self.params -= (self.lr * m_hat / (np.sqrt(v_hat) + EPS)).astype(np.float32)
 
 
-def train(comm: Any, solution: Any, seed: int, steps: int, how: str, warmup: int = 0, keep: float = 1.0,
-          feedback: bool = True, free: bool = False) -> np.ndarray:
-    """Trains on this rank's shard with fp32, fp16, onebit (the learner's OneBitAdam) or topk; each step's
-    sync is a phase marked ``how``. ``free``: as the free run shows a step. Returns the parameters."""
-    x, clicks = cases.examples(seed, comm.Get_rank(), steps * BATCH)
-    theta = cases.init_params(seed)
+def train(comm: Any, solution: Any, shard: tuple[np.ndarray, np.ndarray], start: np.ndarray, steps: int,
+          how: str, warmup: int = 0, keep: float = 1.0, feedback: bool = True, free: bool = False) -> np.ndarray:
+    """Trains on this rank's ``shard`` (features, clicks) from ``start`` with fp32, fp16, onebit (the
+    learner's OneBitAdam) or topk; each step's sync is a phase marked ``how``. ``free``: as the free run
+    shows a step. Returns the parameters."""
+    x, clicks = shard
+    theta = start.copy()
     # Adam for fp32 and fp16 (top-k steps theta itself), the learner's OneBitAdam for onebit.
     optimizer = solution.OneBitAdam(theta, lr=LR, warmup_steps=warmup) if how == "onebit" else Adam(theta, LR)
     # Top-k trains with momentum SGD, as Deep Gradient Compression does: Adam's per-element
@@ -163,7 +165,7 @@ def run_wire(comm: Any, solution: Any, case: cases.WireCase) -> dict[str, OpResu
 
     def measured(name: str, what: str, reducer: Any, *state: Any) -> None:
         """One reducer call on this rank's input ``what`` in a phase ``name``: the result, the state after."""
-        buf = cases.wire_input(case.seed, rank, n, what)
+        buf = case.input(rank, what)
         comm.mark(name)
         reducer(comm, buf, *state)
         results[name] = OpResult(buf.copy(), tuple(s.copy() if isinstance(s, np.ndarray) else s for s in state))
@@ -182,27 +184,28 @@ def run_wire(comm: Any, solution: Any, case: cases.WireCase) -> dict[str, OpResu
 
 
 def run_adam(comm: Any, solution: Any, case: cases.AdamCase) -> list[Any]:
-    grads = cases.adam_gradients(case)
+    grads = case.gradients(comm.Get_rank())  # this rank's own, of every step
     optimizer = solution.OneBitAdam(case.start(), lr=case.lr, warmup_steps=case.warmup)
     trajectory = []
     for t in range(case.steps):
         comm.mark("step")
-        optimizer.step(comm, grads[t][comm.Get_rank()].copy())
+        optimizer.step(comm, grads[t].copy())
         trajectory.append(_plain(optimizer.params))
     return trajectory
 
 
 def run_training(comm: Any, solution: Any, case: cases.TrainCase) -> dict[str, Any]:
     """FP16 Adam, then 1-bit Adam, each from the same start on this rank's shard: the parameters."""
-    fp16 = train(comm, solution, case.seed, case.steps, "fp16")
-    onebit = train(comm, solution, case.seed, case.steps, "onebit", case.warmup)
+    shard = case.shard(comm.Get_rank())
+    fp16 = train(comm, solution, shard, case.start(), case.steps, "fp16")
+    onebit = train(comm, solution, shard, case.start(), case.steps, "onebit", case.warmup)
     return {"fp16": fp16.copy(), "onebit": _plain(onebit)}
 
 
 def run_timed(comm: Any, solution: Any, case: cases.TimedCase) -> Any:
     """One allreduce by the learner's fp32, fp16 or onebit code (1-bit: from fresh errors)."""
     rank, n = comm.Get_rank(), case.n
-    buf = cases.wire_input(case.seed, rank, n, "timed")
+    buf = case.input(rank)
     if case.method == "onebit":
         solution.onebit_allreduce(comm, buf, np.zeros(n, np.float32), cases.server_errors(n, case.p)[rank])
     else:
@@ -231,7 +234,8 @@ def main(comm: Any, solution: Any, sweep: str = "0", out: str = "04-sweep.csv", 
 
     def auc_of(how: str, **options: Any) -> float:  # trains; rank 0 knows the held-out AUC
         before = comm.stats.snapshot()
-        theta = train(comm, solution, seed_, steps_, how, free=True, **options)
+        shard = cases.examples(seed_, rank, steps_ * BATCH)
+        theta = train(comm, solution, shard, cases.init_params(seed_), steps_, how, free=True, **options)
         sent[how] = cases.wire_bytes(comm.stats.since(before), comm.Get_size()) / steps_
         return held_out_auc(seed_, theta) if rank == 0 else 0.0
 
