@@ -276,14 +276,9 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
 @CHECKS.check("on the 1 Gb/s link: 1-bit allreduce within 5% of its alpha-beta cost", points=2)
 def onebit_time(t: CheckContext, everything: Run) -> None:
     timed = {r.case.method: r for r in everything.cases(cases.TimedCase)}
-    case, a, b = timed["onebit"].case, cases.SLOW_ALPHA_S, cases.SLOW_BETA
-    p, n = case.p, case.n
-    want = judging.sim_onebit_allreduce([cases.wire_input(case.seed, r, n, "timed") for r in range(p)],
-                                      [np.zeros(n, np.float32) for _ in range(p)], cases.server_errors(n, p))
-    for rank, got in enumerate(timed["onebit"].values):
-        if not close(got, want[:: max(1, n // 4096)], share=0.999):
-            t.fail(f"the timed 1-bit allreduce (p = {p}, n = {n}): rank {rank} holds a wrong result (see "
-                   "the 1-bit allreduce check)")
+    (p, n), a, b = (timed["onebit"].case.p, timed["onebit"].case.n), cases.SLOW_ALPHA_S, cases.SLOW_BETA
+    if wrong := judging.timed_onebit_wrong(timed["onebit"].case, timed["onebit"].values):
+        t.fail(wrong)
     ring = fp32_ring_bytes(n, p)  # the alpha-beta cost of float32's, float16's and packed signs' volumes:
     fp32_cost, fp16_cost, cost = (2 * (p - 1) * a + sent * b for sent in (ring, ring / 2, 2 * (p - 1) / p * (n / 8)))
     fp16_time, measured = t.measured_time(timed["fp16"].task), t.measured_time(timed["onebit"].task)

@@ -493,3 +493,15 @@ def sim_onebit_adam(params0: np.ndarray, grads: list[list[np.ndarray]], lr: floa
         params = params - update.astype(np.float32)
         out.append(params)
     return out
+
+
+def timed_onebit_wrong(case: Any, values: list[Any]) -> str | None:
+    """The first rank of the timed 1-bit allreduce whose result is not the simulation's, or None."""
+    p, n = case.p, case.n
+    want = sim_onebit_allreduce([cases.wire_input(case.seed, r, n, "timed") for r in range(p)],
+                                [np.zeros(n, np.float32) for _ in range(p)], cases.server_errors(n, p))
+    for rank, got in enumerate(values):
+        if not close(got, want[:: max(1, n // 4096)], share=0.999):
+            return (f"the timed 1-bit allreduce (p = {p}, n = {n}): rank {rank} holds a wrong result (see "
+                    "the 1-bit allreduce check)")
+    return None
