@@ -15,7 +15,7 @@ behind.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -105,6 +105,34 @@ def test_a_sum_near_float16s_limit_is_ambiguous() -> None:
     assert cases.partial_sum_peak(near) == 65000.0
     mixed = np.array([[40000.0], [40000.0], [-30000.0]])  # left to right overflows; -30000 first does not
     assert cases.partial_sum_peak(mixed) == 80000.0
+
+
+def test_a_ranks_view_holds_its_own_data_and_no_key_of_it() -> None:
+    """A rank's view (Case.for_rank) holds its batches themselves, the whole case's values, and no
+    int that could be a key: a key would let a rank pass its data to the others in a few bytes."""
+
+    def ints(value):  # type: ignore[no-untyped-def]
+        if isinstance(value, (bool, np.bool_, float, str, np.ndarray)) or value is None:
+            return []
+        if isinstance(value, (int, np.integer)):
+            return [int(value)]
+        if isinstance(value, (tuple, list)):
+            return [i for item in value for i in ints(item)]
+        return [i for f in fields(value) for i in ints(getattr(value, f.name))]
+
+    for case in cases.hidden_cases(SEED):
+        keys = {k for rank in range(case.p) for k in cases.data_keys(case.seed, rank)}
+        for rank in range(case.p):
+            view = case.for_rank(rank)
+            found = ints(view)
+            assert view.seed == -1 and not keys & set(found) and all(abs(i) < 2**16 for i in found), found
+            assert view.own is not None and view.own.x.shape == (case.steps, cases.BATCH, cases.PARAMS)
+            for step in range(case.steps):
+                for mine, whole in zip(view.batch(rank, step), case.batch(rank, step)):
+                    assert mine.dtype == whole.dtype and np.array_equal(mine, whole)
+            with pytest.raises(ValueError, match="view of the case holds no data of rank"):
+                view.batch((rank + 1) % case.p, 0)
+            hash(view)  # a view stays usable as a key, as the whole case is
 
 
 # == the diagnoses, on evidence made from the replay =================================================

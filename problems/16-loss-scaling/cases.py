@@ -62,15 +62,27 @@ class Injection:
                 f"(in rank {self.index // (PARAMS // p)}'s shard)")
 
 
+@dataclass(frozen=True, eq=False)
+class RankData:
+    """One rank's data, materialized for its view: its features x (steps x BATCH x PARAMS, float32)
+    and targets y (steps x BATCH, float32) at every step, exactly what ``batch`` draws for it. No
+    key: nothing here is shorter than the data, and no other rank's data follows from it. (Compared
+    and hashed by identity, so that a view stays hashable.)"""
+
+    rank: int
+    x: np.ndarray
+    y: np.ndarray
+
+
 @dataclass(frozen=True)
 class Case:
     p: int
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    seed: int  # the checker's; -1 in a rank's view, which holds its own data instead
     policy: Policy
     injections: tuple[Injection, ...]
     steps: int = STEPS
     lr: float = LR
-    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its batch key)
+    own: RankData | None = None  # a rank's view: its own batches, every step's
 
     def label(self) -> str:
         return f"p = {self.p}, {self.policy.label()}, seed {self.seed}"
@@ -78,19 +90,25 @@ class Case:
     def injected_at(self, step: int) -> list[Injection]:
         return [i for i in self.injections if i.step == step]
 
-    def keys(self, rank: int) -> tuple[int, int]:
-        """The keys of ``rank``'s data: the features and teacher every rank shares, its batches."""
+    def batch(self, rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s samples at ``step``: drawn from the seed (the whole case), or read from the
+        rank's own materialized data (its view), the same values either way."""
         if self.own is None:
-            return data_keys(self.seed, rank)
-        if rank != self.own[0]:
-            raise ValueError(f"rank {self.own[0]}'s view of the case holds no data of rank {rank}")
-        return self.own[1], self.own[2]
+            return batch(data_keys(self.seed, rank), step)
+        if rank != self.own.rank:
+            raise ValueError(f"rank {self.own.rank}'s view of the case holds no data of rank {rank}")
+        return self.own.x[step], self.own.y[step]
 
     def for_rank(self, rank: int) -> Case:
-        """What rank ``rank``'s process is handed: its own batches and faults, none of another
-        rank's (with them, one process could compute the whole training alone)."""
+        """What rank ``rank``'s process is handed: its own batches, materialized, and its own
+        faults, none of another rank's and no key (with them, one process could compute the whole
+        training alone; with a key of a few bytes, a rank could pass it to the others in a message)."""
+        drawn = [self.batch(rank, step) for step in range(self.steps)]
+        x = np.array([b[0] for b in drawn], np.float32).reshape(self.steps, BATCH, PARAMS)
+        y = np.array([b[1] for b in drawn], np.float32).reshape(self.steps, BATCH)
+        x.flags.writeable = y.flags.writeable = False
         return replace(self, seed=-1, injections=tuple(i for i in self.injections if i.rank == rank),
-                       own=(rank, *self.keys(rank)))
+                       own=RankData(rank, x, y))
 
 
 # -- the data: every rank's here, only its own in a rank ------------------------------------------
@@ -98,8 +116,8 @@ class Case:
 
 def data_keys(seed: int, rank: int) -> tuple[int, int]:
     """The key of what every rank shares (the features' scales, the teacher) and the key of
-    ``rank``'s batches, both drawn from the case's seed, which never reaches a rank: a rank's
-    view (Case.for_rank) holds its own two keys, from which no other rank's batches follow."""
+    ``rank``'s batches, both drawn from the case's seed. Neither reaches a rank: its view
+    (Case.for_rank) holds the batches themselves, drawn here."""
     shared = int(np.random.default_rng([seed, 16, 0]).integers(2**62))
     return shared, int(np.random.default_rng([seed, 16, 2, rank]).integers(2**62))
 
@@ -129,7 +147,7 @@ def batch(keys: tuple[int, int], step: int) -> tuple[np.ndarray, np.ndarray]:
 
 def loss_and_gradient(case: Case, rank: int, step: int, weights: np.ndarray) -> tuple[float, np.ndarray]:
     """The mean squared error of the rank's batch at ``weights`` (float32), and its gradient."""
-    x, y = batch(case.keys(rank), step)
+    x, y = case.batch(rank, step)
     residual = x @ weights.astype(np.float32) - y
     return float(0.5 * np.mean(residual.astype(np.float64) ** 2)), (x.T @ residual / np.float32(BATCH)).astype(np.float32)
 
