@@ -8,8 +8,10 @@ problem 16 by running the checker's replay in its learner process from the case 
 
 So the rank (its agent, when sealed) hands the program ``value.for_rank(rank)`` wherever an
 argument's class defines ``for_rank``: a problem's case keeps there only what the rank's own part
-needs (its data keys, the faults written into its own gradients), and the checker keeps the whole
-case. Lists and tuples are walked; anything else goes as it is. Unsealed, the same view is handed
+needs (its own data as arrays, the faults written into its own gradients; not a short key its data
+is drawn from, which it could smuggle to the others inside a message of the right size), and the
+checker keeps the whole case. The agent builds the view, so what it draws from never reaches the
+learner's process. Lists and tuples are walked; anything else goes as it is. Unsealed, the same view is handed
 over, so that a program sees the same arguments either way.
 """
 
