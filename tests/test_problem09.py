@@ -15,6 +15,8 @@ message must name, and for processes left behind.
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import re
 from collections.abc import Callable
 
@@ -128,6 +130,44 @@ def test_a_rank_s_view_holds_its_own_data_and_no_answer() -> None:
     for cls, answer in ((cases.Buffer, "expected"), (cases.Training, "expected"), (cases.Bill, "per_step"),
                         (cases.Bill, "breakeven_params"), (cases.Bill, "wan_bytes_per_step")):
         assert not hasattr(cls, answer), f"{cls.__name__}.{answer}: an answer within the ranks' reach"
+
+
+def _leaves(value: object) -> list[object]:
+    """Every leaf of a view: its dataclasses' fields and its tuples and lists walked."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [leaf for f in dataclasses.fields(value) for leaf in _leaves(getattr(value, f.name))]
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def test_a_rank_s_view_holds_its_data_itself_and_no_key_of_it() -> None:
+    """A view holds the rank's data, made by its agent, never a key of it: a key is a few bytes a
+    rank could smuggle to the others in a message, from which they would rebuild its data."""
+    rng = np.random.default_rng(9)
+    cluster = cases.hidden_cluster(rng)
+    wholes = [*cases.buffers(cluster, rng), cases.timed_buffer(cluster, rng),
+              cases.Training(cases.CARD, 6, 32, 8, 0.05, 1234)]
+    for whole in wholes:
+        p = whole.cluster.p
+        keys = {whole.seed} | {cases.data_key(whole.seed, r, kind) for r in range(p) for kind in (0, 1, 2)}
+        for rank in range(p):
+            view = pickle.loads(pickle.dumps(whole.for_rank(rank)))  # as it travels to the learner
+            leaves = _leaves(view)
+            ints = {int(v) for v in leaves if isinstance(v, (int, np.integer)) and not isinstance(v, bool)}
+            assert not ints & keys and max(ints) < 2**31, (whole.label(), rank, ints)
+            mine = (whole.input(rank),) if isinstance(whole, cases.Buffer) else whole.shard(rank)
+            arrays = [v for v in leaves if isinstance(v, np.ndarray)]
+            assert len(arrays) == len(mine), (whole.label(), rank)
+            for got, want in zip(arrays, mine):
+                assert got.dtype == want.dtype and np.array_equal(got, want), (whole.label(), rank)
+            if isinstance(whole, cases.Buffer):
+                got = view.input(rank)
+                assert got.dtype == mine[0].dtype and np.array_equal(got, mine[0])
+            else:
+                assert all(np.array_equal(a, b) for a, b in zip(view.shard(rank), mine))
+                w = np.linspace(-1, 1, whole.features)
+                assert np.array_equal(view.gradient(w, rank), whole.gradient(w, rank))
 
 
 class _Replayed:

@@ -4,13 +4,14 @@ them, another WAN price), the buffers each rank starts with, the data-parallel t
 the bills of the cost questions. What they must give (the sums, the trained weights, the bills'
 closed forms) is judging.py's, out of the ranks' reach.
 
-A rank is handed its own view of a buffer or of the training (``for_rank``): the key of its own
-data, never the case's seed, from which every rank's data would follow and with it the sum, with
-no allreduce at all."""
+A rank is handed its own view of a buffer or of the training (``for_rank``): its own data itself,
+made by its agent, and nothing it was made from. With the seed, every rank's data would follow,
+and with it the sum, with no allreduce at all; with the short key of its own data, a rank could
+smuggle it to the others inside a few bytes of a message, and each could rebuild every rank's data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -99,36 +100,37 @@ class Buffer:
     cluster: Cluster
     n: int
     dtype: str
-    seed: int  # the checker's; -1 in a rank's view, which holds its own key instead
+    seed: int  # the checker's; -1 in a rank's view, which holds its own input instead
     timed: bool = False  # its virtual time and WAN bytes are graded (the only call of its task)
-    own: tuple[int, int] | None = None  # a rank's view: (its rank, the key of its input)
+    # A rank's view: (its rank, (its input,)), the array itself, made by its agent.
+    own: tuple[int, tuple[np.ndarray]] | None = field(default=None, compare=False)
 
     def label(self) -> str:
         return f"{self.cluster.label()}: n = {self.n} {self.dtype}"
 
-    def key(self, rank: int) -> int:
-        """The key of ``rank``'s input: drawn from the seed here, the rank's own in its view."""
-        return _own_key(self.own, rank, "buffer") if self.own is not None else data_key(self.seed, rank)
-
     def input(self, rank: int) -> np.ndarray:
-        rng = np.random.default_rng(self.key(rank))
+        """Rank ``rank``'s input: drawn from the seed here, a copy of the rank's own in its view."""
+        if self.own is not None:
+            (values,) = _own_data(self.own, rank, "buffer")
+            return values.copy()
+        rng = np.random.default_rng(data_key(self.seed, rank))
         if self.dtype == "int64":
             return rng.integers(-1000, 1000, size=self.n)
         return rng.standard_normal(self.n).astype(self.dtype)
 
     def for_rank(self, rank: int) -> Buffer:
-        """What rank ``rank``'s process is handed: its own input's key, no other rank's."""
-        return replace(self, seed=-1, own=(rank, self.key(rank)))
+        """What rank ``rank``'s process is handed: its own input, no key and no other rank's."""
+        return replace(self, seed=-1, own=(rank, (self.input(rank),)))
 
 
 def data_key(seed: int, rank: int, kind: int = 0) -> int:
     """The key of one rank's data (kind 0: a buffer, 1: a training shard, 2: the training's truth,
-    the same for every rank), drawn from the case's seed, which never reaches a rank: from one
-    rank's key no other rank's data follows."""
+    the same for every rank), drawn from the case's seed. No seed and no key reaches a rank: its
+    view holds its data itself (``for_rank``)."""
     return int(np.random.default_rng([seed, 9, kind, rank]).integers(2**62))
 
 
-def _own_key(own: tuple[int, ...], rank: int, what: str) -> int:
+def _own_data(own: tuple[int, tuple[np.ndarray, ...]], rank: int, what: str) -> tuple[np.ndarray, ...]:
     if rank != own[0]:
         raise ValueError(f"rank {own[0]}'s view of the {what} holds no data of rank {rank}: "
                          "the other ranks' data reaches it through the allreduce only")
@@ -163,22 +165,21 @@ class Training:
     rows_per_rank: int
     steps: int
     lr: float
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
-    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, its shard's key, the truth's)
+    seed: int  # the checker's; -1 in a rank's view, which holds its own rows instead
+    # A rank's view: (its rank, (its rows x, their targets y)), the arrays themselves.
+    own: tuple[int, tuple[np.ndarray, np.ndarray]] | None = field(default=None, compare=False)
 
     def label(self) -> str:
         return f"training on {self.cluster.label()}: {self.steps} steps"
 
-    def keys(self, rank: int) -> tuple[int, int]:
-        """The keys of ``rank``'s rows and of the truth every rank's targets come from."""
-        if self.own is not None:
-            return _own_key(self.own, rank, "training"), self.own[2]
-        return data_key(self.seed, rank, kind=1), data_key(self.seed, 0, kind=2)
-
     def shard(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        key, truth_key = self.keys(rank)
-        rng = np.random.default_rng(key)
-        truth = np.random.default_rng(truth_key).standard_normal(self.features)
+        """``rank``'s rows and their targets (from a truth every rank's targets share): drawn from
+        the seed here, a copy of the rank's own in its view."""
+        if self.own is not None:
+            x, y = _own_data(self.own, rank, "training")
+            return x.copy(), y.copy()
+        rng = np.random.default_rng(data_key(self.seed, rank, kind=1))
+        truth = np.random.default_rng(data_key(self.seed, 0, kind=2)).standard_normal(self.features)
         x = rng.standard_normal((self.rows_per_rank, self.features))
         return x, x @ truth + 0.1 * rng.standard_normal(self.rows_per_rank)
 
@@ -188,9 +189,9 @@ class Training:
         return 2.0 * x.T @ (x @ w - y) / (self.rows_per_rank * self.cluster.p)
 
     def for_rank(self, rank: int) -> Training:
-        """What rank ``rank``'s process is handed: its own rows' key and the truth's, no other
+        """What rank ``rank``'s process is handed: its own rows and targets, no key and no other
         rank's rows (with them, one process could train alone and skip the allreduce)."""
-        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+        return replace(self, seed=-1, own=(rank, self.shard(rank)))
 
 
 @dataclass(frozen=True)
