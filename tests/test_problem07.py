@@ -11,9 +11,11 @@ free run's threshold is run once too.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
 import importlib.util
 import math
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -314,6 +316,39 @@ def test_a_rank_holds_only_its_own_data() -> None:
     timed = cases.Timed(case, True).for_rank(2)
     assert timed.case.spec.seed == -1 and timed.case.spec.own is not None and timed.case.spec.own[0] == 2
     assert not hasattr(cases, "per_tensor_sums") and not hasattr(cases, "single_process_training")
+
+
+def _view_leaves(value: Any) -> list[Any]:
+    """Every int and array a rank's view holds, through its dataclasses, tuples and lists."""
+    if dataclasses.is_dataclass(value):
+        return [leaf for f in dataclasses.fields(value) for leaf in _view_leaves(getattr(value, f.name))]
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _view_leaves(item)]
+    return [value] if isinstance(value, (int, np.integer, np.ndarray)) else []
+
+
+def test_a_rank_view_holds_its_data_not_a_key_of_it() -> None:
+    """No int in a rank's view is the seed or a key of any rank's batches (a rank could send one in a few bytes);
+    the view's arrays are that rank's batches, equal to the whole case's, and its only key is the shared one."""
+    case = small_case(p=3, big=False)
+    secrets = {case.spec.seed} | {cases.data_keys(case.spec.seed, r)[1] for r in range(case.p)}
+    for rank in range(case.p):
+        for view in (case.for_rank(rank), cases.Timed(case, False).for_rank(rank).case):
+            leaves = _view_leaves(view)
+            ints = {int(x) for x in leaves if not isinstance(x, np.ndarray)}
+            assert not ints & secrets
+            assert ints - set(case.spec.vocab) <= {case.p, case.threshold, case.steps, case.spec.dim, rank, -1,
+                                                    int(case.probe), case.spec.shared}
+            arrays = [x for x in leaves if isinstance(x, np.ndarray)]
+            want = [a for step in range(case.steps) for a in cases.make_batch(case.spec, 0, step, rank)]
+            assert len(arrays) == len(want)
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(arrays, want))
+            for step in range(case.steps):
+                got = cases.make_batch(view.spec, 0, step, rank)
+                assert all(np.array_equal(a, b) for a, b in zip(got, cases.make_batch(case.spec, 0, step, rank)))
+            assert pickle.loads(pickle.dumps(view)) == view  # it travels pickled to the learner's process
+            with pytest.raises(ValueError, match="holds only its training batches"):
+                cases.make_batch(view.spec, 0, case.steps, rank)
 
 
 def test_plan_is_a_pure_function_of_the_seed() -> None:

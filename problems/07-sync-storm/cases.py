@@ -3,9 +3,10 @@ weight vector and int64 hit counts: hundreds of small gradient tensors per step)
 the checker compute alike from seeded generators; a ``Case`` (one model on p ranks with one threshold, and its
 budgets) and a ``Plan`` (every case of a session: the hidden variants).
 
-A rank is handed ``Case.for_rank(rank)``: the model's shared key (its initial parameters, the teacher) and the
-key of its own batches, never the seed they come from, so no rank can compute another rank's gradients: the sums
-it ends with must have come through its collectives (which the checker reads from the agents' records)."""
+A rank is handed ``Case.for_rank(rank)``: the model's shared key (its initial parameters, the teacher: what every
+rank holds anyway) and its own training batches, materialized, never the seed nor a key they come from. So no rank
+can compute another rank's gradients, nor hand another rank a few bytes from which it could: the sums it ends with
+must have come through its collectives (which the checker reads from the agents' records)."""
 
 import functools
 import math
@@ -32,32 +33,61 @@ class ModelSpec:
     """The model and data of one case; the same numbers in every rank and in the checker. float64 brings the
     wide weights and loss statistics, int64 the per-row hit counts and data fingerprints."""
 
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    seed: int  # the checker's; -1 in a rank's view, which holds its own batches instead
     vocab: tuple[int, ...]  # rows of each field's tables
     dim: int  # embedding width
     dtypes: tuple[str, ...]  # dtypes a step's gradients carry; float32 always
-    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its batch key)
-
-    def keys(self, rank: int) -> tuple[int, int]:
-        """The keys of ``rank``'s data: the shared one (parameters, teacher) and its batches'."""
-        if self.own is None:
-            return data_keys(self.seed, rank)
-        if rank != self.own[0]:
-            raise ValueError(f"rank {self.own[0]}'s view of the case holds no data of rank {rank}")
-        return self.own[1], self.own[2]
+    own: "tuple[int, int, OwnBatches] | None" = None  # a rank's view: (its rank, the shared key, its batches)
 
     @property
     def shared(self) -> int:
-        return self.keys(0 if self.own is None else self.own[0])[0]
+        """The key every rank shares (initial parameters, teacher)."""
+        return data_keys(self.seed, 0)[0] if self.own is None else self.own[1]
 
-    def for_rank(self, rank: int) -> "ModelSpec":
-        """What rank ``rank``'s process is handed: its own batches' key, none of another rank's."""
-        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+    def for_rank(self, rank: int, steps: int = STEPS) -> "ModelSpec":
+        """What rank ``rank``'s process is handed: the shared key and its own training batches of ``steps`` steps,
+        drawn here (by make_batch, from the seed): no key of its data, none of another rank's."""
+        if self.own is not None:  # already a view: its own rank's only
+            if rank != self.own[0]:
+                raise ValueError(f"rank {self.own[0]}'s view of the case holds no data of rank {rank}")
+            if steps > len(self.own[2].steps):
+                raise ValueError(f"rank {rank}'s view of the case holds {len(self.own[2].steps)} steps' batches, "
+                                 f"not {steps}")
+            return self
+        batches = OwnBatches(tuple(make_batch(self, 0, step, rank) for step in range(steps)))
+        return replace(self, seed=-1, own=(rank, self.shared, batches))
+
+
+@dataclass(frozen=True, eq=False)
+class OwnBatches:
+    """One rank's training batches, (ids, labels) per step, as make_batch drew them: arrays, no key they came
+    from. Compared and hashed by value (a view's spec keys step_shapes' cache)."""
+
+    steps: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    def __post_init__(self) -> None:
+        for arrays in self.steps:
+            for a in arrays:
+                a.flags.writeable = False
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        ids, labels = self.steps[step]
+        return ids.copy(), labels.copy()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OwnBatches):
+            return NotImplemented
+        return len(self.steps) == len(other.steps) and all(
+            a.dtype == b.dtype and np.array_equal(a, b)
+            for mine, theirs in zip(self.steps, other.steps) for a, b in zip(mine, theirs))
+
+    def __hash__(self) -> int:
+        return digest([a for arrays in self.steps for a in arrays])
 
 
 def data_keys(seed: int, rank: int) -> tuple[int, int]:
     """The key every rank shares and the key of ``rank``'s batches, both drawn from the case's seed, which never
-    reaches a rank: from a rank's two keys no other rank's batches follow."""
+    reaches a rank; nor does a batch key (a rank's view holds its batches, drawn here)."""
     shared = int(np.random.default_rng([seed, 7, 0]).integers(2**62))
     return shared, int(np.random.default_rng([seed, 7, 2, rank]).integers(2**62))
 
@@ -75,8 +105,17 @@ def init_params(spec: ModelSpec) -> dict[str, Any]:
 
 def make_batch(spec: ModelSpec, stream: int, step: int, rank: int, n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
     """Feature ids (n, fields), skewed towards low ids as real traffic is, and 0/1 labels drawn from a hidden
-    teacher. ``stream`` 0 is training data, 1 held-out data."""
-    shared, own = spec.keys(rank)
+    teacher. ``stream`` 0 is training data, 1 held-out data. A rank's view holds only its own training batches."""
+    if spec.own is not None:
+        mine, _, batches = spec.own
+        if rank != mine:
+            raise ValueError(f"rank {mine}'s view of the case holds no data of rank {rank}")
+        if stream != 0 or n != BATCH or not 0 <= step < len(batches.steps):
+            raise ValueError(f"rank {mine}'s view of the case holds only its training batches of steps "
+                             f"0-{len(batches.steps) - 1} (stream 0, {BATCH} examples), not stream {stream}, "
+                             f"step {step}, {n} examples")
+        return batches.batch(step)
+    shared, own = data_keys(spec.seed, rank)
     rng = np.random.default_rng([own, stream, step])
     vocab = np.array(spec.vocab)
     ids = (vocab * rng.random((n, len(vocab))) ** 2).astype(np.int64)
@@ -179,7 +218,7 @@ class Case:
 
     def for_rank(self, rank: int) -> "Case":
         """Rank ``rank``'s view: its own data only (with every rank's, one process could sum alone)."""
-        return replace(self, spec=self.spec.for_rank(rank))
+        return replace(self, spec=self.spec.for_rank(rank, self.steps))
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 (a handful of frozen cases per session)
     def label(self) -> str:
