@@ -146,7 +146,7 @@ def test_point_times_read_the_marks_of_every_rank() -> None:
 
 
 def test_a_rank_is_handed_only_its_own_part_of_a_case() -> None:
-    """A server gets the initial table's key, a worker its own batches' keys (and the table's on the
+    """A server gets its shard's initial rows, a worker its own batches (and the table's key on the
     allreduce path); no rank can rebuild another worker's batches, and cases.py trains nothing."""
     from distlab.runtime.rank.views import for_rank
 
@@ -178,6 +178,55 @@ def test_a_rank_is_handed_only_its_own_part_of_a_case() -> None:
                 with pytest.raises(ValueError, match="holds no data of worker"):
                     cases.batch_ids(view, grid.workers if mode == "model" else (rank - servers + 1) % grid.workers, 0)
     assert not hasattr(cases, "train") and not hasattr(cases, "held_out_loss")
+
+
+def test_a_rank_view_holds_its_own_data_and_no_key_of_it() -> None:
+    """No int in a rank's view is a key of the case's data (the seed, the teacher's, a worker's, the
+    table's where a rank holds a shard only; the allreduce path shares the table's), so nothing in
+    it is shorter than the data it stands for; its arrays are the whole case's, every step's."""
+    from dataclasses import fields, is_dataclass
+
+    from distlab.runtime.rank.views import for_rank
+
+    def ints(value: Any) -> list[int]:  # every int among a view's fields, walked down to the arrays
+        if is_dataclass(value):
+            return [i for f in fields(value) for i in ints(getattr(value, f.name))]
+        if isinstance(value, (tuple, list)):
+            return [i for item in value for i in ints(item)]
+        return [int(value)] if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else []
+
+    def check(data: Any, view: Any, servers: int, workers: int, rank: int | None, held: Any = None) -> None:
+        # rank None: the cost model's view, which holds no data at all; held: what is walked (the view)
+        keys = {data.seed, cases.data_key(data.seed, cases.TEACHER)} | {
+            cases.data_key(data.seed, cases.WORKER, w) for w in range(workers)}
+        shared = cases.data_key(data.seed, cases.TABLE)
+        if servers or rank is None:
+            keys.add(shared)
+        found = ints(view if held is None else held)
+        assert not keys & set(found), (data, rank)
+        assert all(0 <= i < 2**31 or i in (-1, shared) for i in found), (data, rank, found)
+        if rank is None:
+            assert view.part.batches == () and view.part.rows is None
+        elif rank < servers:
+            assert np.array_equal(cases.initial_table(view, rank, servers), cases.initial_table(data, rank, servers))
+        else:
+            for step in range(data.steps):
+                ids = cases.batch_ids(data, rank - servers, step)
+                assert np.array_equal(cases.batch_ids(view, rank - servers, step), ids)
+                assert np.array_equal(cases.clicks(view, ids, rank - servers, step),
+                                      cases.clicks(data, ids, rank - servers, step))
+
+    s = cases.session(5)
+    for run in (*s.sparse, *s.dense):
+        for rank in range(run.servers + run.workers):
+            view = for_rank([run], rank)[0]
+            assert ints(view)[:2] == [run.servers, run.workers]  # the walk starts at the Run's own fields
+            check(run.data, view.data, run.servers, run.workers, rank, held=view)
+    for mode, servers in (("sparse", s.grid.servers), ("dense", 0), ("model", 0)):
+        grid = replace(s.grid, mode=mode)
+        for rank in range(servers + grid.workers if mode != "model" else 1):
+            for (seen, _), (data, _) in zip(grid.for_rank(rank).points, grid.points):
+                check(data, seen, servers, grid.workers, rank if mode != "model" else None)
 
 
 def test_what_a_rank_returns_is_checked_for_its_shape_before_it_is_read() -> None:

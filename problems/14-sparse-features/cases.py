@@ -1,16 +1,18 @@
-"""The cases of problem 14, drawn from the seed, and the data both sides rebuild from keys.
+"""The cases of problem 14, drawn from the seed, and the data drawn from keys.
 
 A case's data follows from keys drawn from its seed: the initial table's, the hidden teacher's
 (the factorization machine the clicks come from), and each worker's (its ids, a Zipf law over the
 rows, and its clicks). The checker holds the seed; a rank is handed a view of the case
-(Run.for_rank, Grid.for_rank) that holds only the keys of its own part: a server the table's, a
-worker its own batches' (and the table's on the allreduce path). No rank can rebuild another
-worker's batches, so none can train the table alone: single-process SGD, the table each case must
-end with, lives in judging.py. Hidden variants: the Zipf exponent, the table, the dimension, the
-shard counts (S, W), the late worker, the timing grid."""
+(Run.for_rank, Grid.for_rank) that holds its own part of the data, materialized by its agent from
+those keys, and no key of it: a server its shard's initial rows, a worker its own batches (ids and
+clicks, every step's), and on the allreduce path, where every rank holds the whole initial table,
+that table's key. No rank can rebuild another worker's batches (nor another server's rows), so none
+can train the table alone, nor smuggle a short key to the others: single-process SGD, the table
+each case must end with, lives in judging.py. Hidden variants: the Zipf exponent, the table, the
+dimension, the shard counts (S, W), the late worker, the timing grid."""
 
 from collections import namedtuple
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -26,6 +28,27 @@ MAX_IDS = 4096  # ids per worker batch in the grid
 TABLE_ROWS, BLOCK_ROWS = 1_000_000, 65_536  # the production table; rows drawn at once
 
 
+@dataclass(frozen=True, eq=False)
+class Part:
+    """A rank's own data in its view of a case: arrays its agent drew from the keys (exactly the
+    checker's), and no key of them, so nothing here rebuilds another rank's data."""
+
+    worker: int = -1  # the worker whose batches these are; -1: none (a server, the cost model)
+    batches: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # every step's (ids B x FIELDS, clicks B)
+    shard: tuple[int, int] | None = None  # (server, servers) whose initial rows follow; None: none
+    rows: np.ndarray | None = None  # those initial rows (rows r with r % servers == server)
+    table_key: int = -1  # the allreduce path's: the key of the initial table every rank holds whole
+
+    def batch(self, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        if worker != self.worker:
+            raise ValueError(f"a rank's view of the case holds no data of worker {worker}" +
+                             (f" (only worker {self.worker}'s)" if self.worker >= 0 else ""))
+        if not 0 <= step < len(self.batches):
+            raise ValueError(f"a rank's view of the case holds {len(self.batches)} step(s) of worker "
+                             f"{worker}'s batches, not step {step}")
+        return self.batches[step]
+
+
 @dataclass(frozen=True)
 class Data:
     rows: int
@@ -34,27 +57,32 @@ class Data:
     steps: int
     lr: float
     zipf: float
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    seed: int  # the checker's; -1 in a rank's view, which holds its own data (part) instead
     support: int = 0  # ids come from rows 0 .. support-1 (0: every row)
-    own: tuple[int, int, int, int] | None = None  # a view: (table key, teacher key, worker, its key); -1: none
+    part: Part | None = field(default=None, compare=False)  # a rank's view: its own data, no key of it
 
     def key(self, what: int, worker: int = -1) -> int:
-        """The key of the initial table (TABLE), the teacher (TEACHER) or ``worker``'s batches (WORKER)."""
-        if self.own is None:
+        """The key of the initial table (TABLE), the teacher (TEACHER) or ``worker``'s batches (WORKER):
+        the checker's alone, but for the table's on the allreduce path (every rank holds that table)."""
+        if self.part is None:
             return data_key(self.seed, what, worker)
-        table, teacher, own, own_key = self.own
-        if what == WORKER and worker != own:
-            raise ValueError(f"a rank's view of the case holds no data of worker {worker}" +
-                             (f" (only worker {own}'s)" if own >= 0 else ""))
-        if (found := {TABLE: table, TEACHER: teacher, WORKER: own_key}[what]) < 0:
-            raise ValueError(f"a rank's view of the case holds no key of the {KEY_NAMES[what]}")
-        return found
+        if what == TABLE and self.part.table_key >= 0:
+            return self.part.table_key
+        if what == WORKER:
+            self.part.batch(worker, 0)  # another worker's: named as such
+        shard = self.part.shard
+        raise ValueError(f"a rank's view of the case holds no key of the {KEY_NAMES[what]}" +
+                         (f" (only server {shard[0]}'s initial rows)" if what == TABLE and shard else
+                          " (only its own data)"))
 
-    def view(self, worker: int = -1, table: bool = False) -> "Data":
-        """What a rank is handed: the table's key if ``table``, and ``worker``'s keys if one is named."""
-        keys = (self.key(TABLE) if table else -1, self.key(TEACHER) if worker >= 0 else -1, worker,
-                self.key(WORKER, worker) if worker >= 0 else -1)
-        return replace(self, seed=-1, own=keys)
+    def view(self, worker: int = -1, shard: tuple[int, int] | None = None, table: bool = False) -> "Data":
+        """What a rank is handed, drawn here from the keys: ``worker``'s batches (every step's ids and
+        clicks) if one is named, the initial rows of ``shard`` (server, servers) if one is named, and
+        the initial table's key if ``table`` (the allreduce path, where every rank holds the table)."""
+        batches = tuple((ids := batch_ids(self, worker, step), clicks(self, ids, worker, step))
+                        for step in range(self.steps)) if worker >= 0 else ()
+        rows = initial_table(self, *shard) if shard is not None else None
+        return replace(self, seed=-1, part=Part(worker, batches, shard, rows, self.key(TABLE) if table else -1))
 
     def label(self) -> str:
         return (f"{self.rows} rows x {self.dim} dims, {self.batch} impressions x {FIELDS} ids per worker, "
@@ -72,10 +100,11 @@ class Run:
     late: int | None = None  # a worker rank whose messages leave late
 
     def for_rank(self, rank: int) -> "Run":
-        """Rank ``rank``'s view: a server the initial table's key, a worker its own batches' keys (and
-        the table's on the allreduce path, where it holds the whole table); no other worker's."""
+        """Rank ``rank``'s view: a server its shard's initial rows, a worker its own batches (and the
+        initial table's key on the allreduce path, where every rank holds the whole table); no key of
+        a rank's own data, none of another's."""
         if rank < self.servers:
-            return replace(self, data=self.data.view(table=True))
+            return replace(self, data=self.data.view(shard=(rank, self.servers)))
         return replace(self, data=self.data.view(worker=rank - self.servers, table=not self.servers))
 
     def label(self) -> str:
@@ -101,7 +130,7 @@ class Grid:
                 f"{8 / self.beta / 1e9:.2f} Gb/s, row cost {self.row_cost * 1e9:.0f} ns")
 
     def for_rank(self, rank: int) -> "Grid":
-        """Rank ``rank``'s view: each point's data cut as its path's Run cuts it (the cost model's, no key)."""
+        """Rank ``rank``'s view: each point's data cut as its path's Run cuts it (the cost model's: no data)."""
         if self.mode == "model":
             return replace(self, points=tuple((d.view(), u) for d, u in self.points))
         servers = self.servers if self.mode == "sparse" else 0
@@ -118,15 +147,15 @@ class Grid:
 Session = namedtuple("Session", "sparse dense grid")
 
 
-# -- the data, rebuilt on both sides -----------------------------------------------------------------
+# -- the data, drawn from the keys ---------------------------------------------------------------------
 
 TABLE, TEACHER, WORKER = 0, 1, 2  # the keys of a case's data
 KEY_NAMES = {TABLE: "initial table", TEACHER: "teacher", WORKER: "worker's batches"}
 
 
 def data_key(seed: int, what: int, worker: int = -1) -> int:
-    """A key of the data, drawn from the case's seed, which never reaches a rank: a rank's view
-    (Run.for_rank) holds its own keys, from which no other worker's batches follow."""
+    """A key of the data, drawn from the case's seed. None reaches a rank (but the initial table's
+    on the allreduce path): a rank's view (Run.for_rank) holds its own data, drawn from them."""
     return int(np.random.default_rng([seed, 14, what, worker + 1]).integers(2**62))
 
 
@@ -138,11 +167,21 @@ def zipf_cdf(rows: int, exponent: float) -> np.ndarray:
 
 
 def batch_ids(data: Data, worker: int, step: int) -> np.ndarray:
+    """``worker``'s ids at ``step`` (B x FIELDS): drawn from its key, or (a rank's view) its own, a copy."""
+    if data.part is not None:
+        return data.part.batch(worker, step)[0].copy()
     draws = np.random.default_rng([data.key(WORKER, worker), 1, step]).random(data.batch * FIELDS)
     return np.searchsorted(zipf_cdf(data.support or data.rows, data.zipf), draws, "right").reshape(-1, FIELDS)
 
 
 def clicks(data: Data, ids: np.ndarray, worker: int, step: int) -> np.ndarray:
+    """The clicks of ``ids`` (``worker``'s at ``step``): drawn from the keys, or (a rank's view) its own."""
+    if data.part is not None:
+        own, labels = data.part.batch(worker, step)
+        if not np.array_equal(ids, own):
+            raise ValueError(f"a rank's view of the case holds the clicks of worker {worker}'s batch at step "
+                             f"{step} only, not of other ids")
+        return labels.copy()
     teacher = np.random.default_rng([data.key(TEACHER), 2]).normal(0, 0.45, (data.support or data.rows, TEACHER_DIM))
     draws = np.random.default_rng([data.key(WORKER, worker), 3, step]).random(len(ids))
     return (draws < sigmoid(fm_logits(teacher[ids])[0])).astype(np.float64)
@@ -150,7 +189,10 @@ def clicks(data: Data, ids: np.ndarray, worker: int, step: int) -> np.ndarray:
 
 def initial_table(data: Data, server: int = 0, servers: int = 1) -> np.ndarray:
     """The initial rows r with r % servers == server (the whole table by default), drawn block by
-    block so that a server of a million-row table never holds more than its shard and one block."""
+    block so that a server of a million-row table never holds more than its shard and one block; in
+    a rank's view, a copy of its shard's rows (a server), or drawn from the table's key (allreduce)."""
+    if data.part is not None and data.part.shard == (server, servers):
+        return data.part.rows.copy()
     shard, key = [], data.key(TABLE)
     for start in range(0, data.rows, BLOCK_ROWS):
         rng = np.random.default_rng([key, 4, start])

@@ -1,8 +1,10 @@
 """What runs on the ranks of problem 14: the learner's parameter server, allreduce baseline and cost
 model on the checks' cases, and the free run (main, bounds). Every step is a phase marked with its
 case, whose counters the checks read; the ranks return plain data and judge nothing. A rank is
-handed its view of each case (cases.Run.for_rank, Grid.for_rank): a server the initial table's key,
-a worker its own batches' keys, never another worker's; single-process SGD is judging.py's."""
+handed its view of each case (cases.Run.for_rank, Grid.for_rank): a server its shard's initial rows,
+a worker its own batches (ids and clicks), never another's, and no key of them, read through the
+same accessors as the checker's whole case (cases.batch_ids, clicks, initial_table); single-process
+SGD is judging.py's."""
 
 from dataclasses import replace
 from typing import Any
