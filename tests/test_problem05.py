@@ -11,8 +11,10 @@ replays with `distlab check 05 --seed 4242 --solution ...`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import pickle
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -341,6 +343,43 @@ def test_a_rank_holds_neither_the_rule_nor_another_ranks_weights(cases: ModuleTy
                 others = np.ones(case.ffn, bool)
                 others[mine] = False
                 assert not w1[others].any() and not b1[others].any() and not w2[:, others].any()
+
+
+def _leaves(value: Any) -> list[Any]:
+    """Everything a view holds, its dataclasses' fields and its tuples walked down to the leaves."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [leaf for f in dataclasses.fields(value) for leaf in _leaves(getattr(value, f.name))]
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def test_a_ranks_view_holds_its_data_not_a_key(cases: ModuleType) -> None:
+    """A rank's view of an MLP case holds its own data as arrays, equal to the checker's, and no int its data
+    was drawn from: with a key, a rank could smuggle its shard to the others in a few bytes of a message of
+    the right size, and every rank could then compute the whole MLP alone (the attack an outside tester
+    made on problem 03). The view survives pickling, as it travels to the learner's process sealed."""
+    for case in (c for batch in cases.mlp_cases(SEED) for c in batch):
+        x, gout, whole = cases.mlp_inputs(case)
+        keys = {case.seed, *(key for rank in range(case.p) for key in cases.mlp_keys(case.seed, rank))}
+        n = case.ffn // case.p
+        public = [case.p, case.batch, case.seq, case.hidden, case.ffn, case.blocks]
+        for rank in range(case.p):
+            view = pickle.loads(pickle.dumps(case.for_rank(rank)))
+            leaves = _leaves(view)
+            assert all(type(leaf) in (int, np.ndarray) for leaf in leaves), {type(leaf) for leaf in leaves}
+            ints = [leaf for leaf in leaves if type(leaf) is int]
+            assert sorted(ints) == sorted([*public, -1, rank]), ints  # the shapes, seed -1, the rank
+            assert not keys & set(ints)
+            assert view.own.rank == rank
+            assert np.array_equal(view.own.x, x) and np.array_equal(view.own.gout, gout)
+            mine = slice(rank * n, (rank + 1) * n)
+            assert len(view.own.blocks) == case.blocks
+            for (w1, b1, w2, b2), (W1, B1, W2, B2) in zip(view.own.blocks, whole):
+                assert np.array_equal(w1, W1[mine]) and np.array_equal(b1, B1[mine])
+                assert np.array_equal(w2, W2[:, mine]) and np.array_equal(b2, B2)
+            with pytest.raises(ValueError):
+                view.keys(rank)
 
 
 def test_malformed_values_are_named_not_crashed_on(cases: ModuleType, programs: ModuleType,

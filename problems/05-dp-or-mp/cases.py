@@ -3,11 +3,13 @@ their data. The rule that answers a plan case, the hidden plan cases' generator 
 are the checker's (judging.py): a rank program imports this module, and the learner's code can read it.
 
 An MLP case's seed never reaches a rank: each rank is handed the case's view (MlpCase.for_rank), which
-holds the key of what every rank shares (x, dL/dy, b2) and the key of its own shard of W1, b1 and W2,
-from which no other rank's shard follows. So no rank can compute the whole MLP alone."""
+holds its own data, materialized: x, dL/dy, b2 and its own shard of W1, b1 and W2, as arrays, and no key
+they were drawn from. A key would let a rank smuggle its data to the others in a few bytes of a message of
+the right size (an outside tester did so in problem 03); the arrays reach another rank only as whole as the
+messages that carry them. So no rank can compute the whole MLP alone."""
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,6 +66,14 @@ NAMED_CASES = (
 Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # W1, b1, W2, b2 of one block
 
 
+class RankData(NamedTuple):
+    """What a rank's view of an MLP case holds: its own data, drawn by its agent, and no key."""
+    rank: int
+    x: np.ndarray
+    gout: np.ndarray  # dL/dy
+    blocks: tuple[Weights, ...]  # per block: this rank's W1 rows, b1 entries, W2 columns, and the whole b2
+
+
 @dataclass(frozen=True)
 class MlpCase:
     p: int
@@ -72,8 +82,8 @@ class MlpCase:
     hidden: int
     ffn: int
     blocks: int
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
-    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its shard's key)
+    seed: int  # the checker's; -1 in a rank's view, which holds its own data instead
+    own: RankData | None = field(default=None, compare=False)  # a rank's view: its own data, materialized
 
     @property
     def activation_bytes(self) -> int:
@@ -90,21 +100,31 @@ class MlpCase:
                 f"ffn {self.ffn}")
 
     def keys(self, rank: int) -> tuple[int, int]:
-        """The key of what every rank shares and the key of ``rank``'s shard of the weights."""
-        if self.own is None:
-            return mlp_keys(self.seed, rank)
-        if rank != self.own[0]:
-            raise ValueError(f"rank {self.own[0]}'s view of the case holds no weights of rank {rank}")
-        return self.own[1], self.own[2]
+        """The key of what every rank shares and the key of ``rank``'s shard of the weights: the
+        checker's (a rank's view holds no key, only its data)."""
+        if self.own is not None:
+            raise ValueError(f"rank {self.own.rank}'s view of the case holds its own data, no keys")
+        return mlp_keys(self.seed, rank)
 
     def for_rank(self, rank: int) -> "MlpCase":
-        """What rank ``rank``'s process is handed: the shared data and its own shard's key, none of
-        another rank's (with them, one process could compute the whole MLP alone)."""
-        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+        """What rank ``rank``'s process is handed: x, dL/dy, b2 and its own shard, as arrays, drawn
+        here from the seed, and nothing they were drawn from. With the seed, one process could
+        compute the whole MLP alone; with a short key, a rank could smuggle its shard to the others
+        inside a few bytes of a message."""
+        if self.own is not None:  # already a view: of this rank only
+            if rank != self.own.rank:
+                raise ValueError(f"rank {self.own.rank}'s view of the case holds no weights of rank {rank}")
+            return self
+        x, gout = self.inputs()
+        blocks = tuple((*shard_of(self, self.keys(rank)[1], block), shared_bias(self, block))
+                       for block in range(self.blocks))
+        return replace(self, seed=-1, own=RankData(rank, x, gout, blocks))
 
     def inputs(self) -> tuple[np.ndarray, np.ndarray]:
         """x and the upstream gradient dL/dy: the same on every rank."""
-        rng = np.random.default_rng([self.keys(self.own[0] if self.own else 0)[0], 0])
+        if self.own is not None:
+            return self.own.x.copy(), self.own.gout.copy()
+        rng = np.random.default_rng([self.keys(0)[0], 0])
         shape = (self.batch, self.seq, self.hidden)
         return rng.standard_normal(shape), rng.standard_normal(shape)
 
@@ -112,14 +132,20 @@ class MlpCase:
         """What ParallelMLP receives on ``rank``, per block: W1 [ffn, h], b1 [ffn], W2 [h, ffn], b2 [h]
         in their whole shapes, with only this rank's shard filled in (rows r*ffn/p .. (r+1)*ffn/p of W1
         and b1, those columns of W2, the whole b2); the other ranks' parts are zero."""
+        if self.own is not None and rank != self.own.rank:
+            raise ValueError(f"rank {self.own.rank}'s view of the case holds no weights of rank {rank}")
         n = self.ffn // self.p
         cut = slice(rank * n, (rank + 1) * n)
         out = []
         for block in range(self.blocks):
-            w1, b1, w2 = shard_of(self, self.keys(rank)[1], block)
+            if self.own is not None:
+                w1, b1, w2, b2 = self.own.blocks[block]
+            else:
+                w1, b1, w2 = shard_of(self, self.keys(rank)[1], block)
+                b2 = shared_bias(self, block)
             big = (np.zeros((self.ffn, self.hidden)), np.zeros(self.ffn), np.zeros((self.hidden, self.ffn)))
             big[0][cut], big[1][cut], big[2][:, cut] = w1, b1, w2
-            out.append((*big, shared_bias(self, block)))
+            out.append((*big, b2.copy()))
         return out
 
 
@@ -137,16 +163,17 @@ def shard_of(case: MlpCase, own: int, block: int) -> tuple[np.ndarray, np.ndarra
 
 
 def shared_bias(case: MlpCase, block: int) -> np.ndarray:
-    """b2 of a block, replicated on every rank; clearly non-zero: a bias added p times must show."""
-    shared = case.keys(case.own[0] if case.own else 0)[0]
+    """b2 of a block, replicated on every rank; clearly non-zero: a bias added p times must show (the
+    checker's: a rank finds it in its view, MlpCase.handed)."""
+    shared = case.keys(0)[0]
     return 0.5 * np.random.default_rng([shared, 1, block]).standard_normal(case.hidden)
 
 
 def mlp_inputs(case: MlpCase) -> tuple[np.ndarray, np.ndarray, list[Weights]]:
     """x, dL/dy and the whole (W1, b1, W2, b2) per block, assembled from every rank's shard: the
-    checker's (a rank's view raises: it holds one shard's key)."""
+    checker's (a rank's view raises: it holds only its own shard)."""
     if case.own is not None:
-        raise ValueError(f"rank {case.own[0]}'s view of the case holds only its own shard")
+        raise ValueError(f"rank {case.own.rank}'s view of the case holds only its own shard")
     x, gout = case.inputs()
     shards = [[shard_of(case, case.keys(rank)[1], block) for rank in range(case.p)] for block in range(case.blocks)]
     return x, gout, [(np.concatenate([s[0] for s in parts]), np.concatenate([s[1] for s in parts]),
