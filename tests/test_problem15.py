@@ -15,6 +15,7 @@ agents' records.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -129,8 +130,8 @@ def wrong_gradients(training, local: list[dict]) -> dict[str, list[dict]]:
 
 
 def test_a_rank_holds_its_own_samples_only() -> None:
-    """A rank's view of a training (what its process is handed) has no seed and draws its own samples,
-    the very ones the checker's global batch holds for it; another rank's it cannot draw."""
+    """A rank's view of a training (what its process is handed) has no seed and reads its own samples,
+    the very ones the checker's global batch holds for it; another rank's it cannot read."""
     training = cases.hidden(SEED)[1][0]
     split = judging.card_split(training.job)
     whole = programs.global_samples(training, 2, split)
@@ -142,6 +143,38 @@ def test_a_rank_holds_its_own_samples_only() -> None:
         assert all(np.array_equal(a.numpy(), b[ends[rank]:ends[rank + 1]].numpy()) for a, b in zip(mine, whole))
         with pytest.raises(ValueError, match=f"rank {rank}'s view of the training holds no samples of rank"):
             programs.samples(view, 2, (rank + 1) % training.job.p, 1)
+
+
+def whole_numbers(value: object) -> list[int]:
+    """Every whole number in a value: its dataclass fields, items and integer arrays, walked."""
+    if isinstance(value, np.ndarray):
+        return [int(x) for x in value.ravel()] if value.dtype.kind in "iu" else []
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return [int(value)]
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    return [n for item in value for n in whole_numbers(item)] if isinstance(value, (list, tuple)) else []
+
+
+def test_a_rank_view_holds_its_samples_not_their_key() -> None:
+    """An outside tester's attack on problem 03: a rank smuggled its data's key to the others inside a
+    message of the right size, and each rebuilt every rank's data alone. A view holds no such key (no
+    whole number but the shared key is a key's size), only its own samples, drawn: every sample a split
+    trains it on (up to twice the global batch), the very arrays the checker draws for that rank."""
+    for training in (t for whole in cases.hidden(SEED)[1] for t in (cases.gradient_case(whole), whole)):
+        p, rows = training.job.p, 2 * training.job.global_batch
+        keys = {training.seed, *(cases.data_keys(training.seed, r)[1] for r in range(p))}
+        for rank in range(p):
+            view = training.for_rank(rank)
+            found = set(whole_numbers(view))
+            assert not found & keys and {n for n in found if abs(n) >= 2**16} == {training.shared_key}
+            for step in range(cases.STEPS):
+                mine, want = view.samples(step, rank, rows), training.samples(step, rank, rows)
+                assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(mine, want)), (rank, step)
+            with pytest.raises(ValueError, match=f"holds the first {rows} samples of steps 0 to {cases.STEPS - 1}"):
+                view.samples(0, rank, rows + 1)
 
 
 def test_malformed_values_fail_and_name_what_was_wrong() -> None:

@@ -4,10 +4,12 @@ seed. A device is the dict the learner's functions get.
 
 A rank imports this module (the rank program does), so what only the checker may know lives in
 judging.py (the card's split and placement, the expected values), and a training case reaches a
-rank as its view (Training.for_rank): the keys of its own samples, never the case's seed, from
-which every rank's samples, and with them the whole global batch's gradient, would follow."""
+rank as its view (Training.for_rank): its own samples, drawn by its agent, and no key of them: with
+the case's seed, or any rank's stream key, every rank's samples (and with them the whole global
+batch's gradient) would follow, and a key is short enough to smuggle to the other ranks inside a
+message of the right size."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cache
 
@@ -18,6 +20,7 @@ from distlab.grading import Platform, resolve
 LAB, RATE = "seed-lab", "resnet50_img_per_s"  # the card's platform, and the rate it measured per device
 HOST_EXTRA = 0.3  # each layer on the host that the accelerator could run adds 30% to a sample's time
 STEPS, LEARNING_RATE = 4, 0.5
+IMAGE, VOCAB, TAGS, CLASSES = 16, 40, 4, 4  # a sample: 16 image features, 4 hashtags of 40; 4 classes
 OPS = ("embedding_bag", "fft", "unique", "nonzero", "linear", "conv2d", "relu", "layer_norm", "cross_entropy")
 HEAD = (("image", "linear"), ("act", "relu"), ("head", "linear"), ("loss", "cross_entropy"))
 MODELS = {"tags": (("tags", "embedding_bag"), *HEAD), "spectrum": (("spectrum", "fft"), *HEAD),
@@ -155,6 +158,36 @@ class Table:
     places: tuple[PlaceCase, ...]
 
 
+@dataclass(frozen=True, eq=False)
+class Own:
+    """A rank's part of a training, drawn by its agent from the case's seed: the rank, the key every
+    rank shares (the model's start, the labels' teacher), and for each of the STEPS steps the first
+    ``rows`` samples of the rank's own stream (image, tags, and the noise of their labels), as the
+    stream's generators drew them. ``rows`` is twice the global batch: no split the program trains
+    on gives a rank more (a larger sum is not trained). No key of the stream is kept, nor any other
+    rank's samples."""
+
+    rank: int
+    shared_key: int
+    steps: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.steps[0][0]) if self.steps else 0
+
+    def drawn(self, step: int, rank: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``count`` samples of ``rank``'s stream at ``step``, as draw_stream gives them."""
+        if rank != self.rank:
+            raise ValueError(f"rank {self.rank}'s view of the training holds no samples of rank {rank}")
+        if not (0 <= step < len(self.steps) and 0 <= count <= self.rows):
+            raise ValueError(f"rank {self.rank}'s view of the training holds the first {self.rows} samples of "
+                             f"steps 0 to {len(self.steps) - 1}; asked for {count} of step {step}")
+        return tuple(a[:count].copy() for a in self.steps[step])
+
+    def __repr__(self) -> str:
+        return f"Own(rank={self.rank}, shared_key={self.shared_key}, {len(self.steps)} steps of {self.rows} samples)"
+
+
 @dataclass(frozen=True)
 class Training:
     """A job trained on a model; given_split: one step with this split (grades sync_gradients alone).
@@ -162,14 +195,14 @@ class Training:
     Each rank draws its samples from a stream of its own (rank r's batch of b samples is the first
     b of its stream at that step), and the global batch is the ranks' batches together. The
     checker holds the seed, and with it every rank's stream; a rank holds its view (for_rank):
-    the key the ranks share (the model's start, the labels' teacher) and the key of its own
-    stream, no other rank's."""
+    the key the ranks share (the model's start, the labels' teacher) and its own samples, drawn,
+    no key of them and none of another rank's."""
 
     job: Job
     arch: str
-    seed: int  # the checker's; -1 in a rank's view, which holds its own keys instead
+    seed: int  # the checker's; -1 in a rank's view, which holds its own samples instead
     given_split: tuple[int, ...] | None = None
-    own: tuple[int, int, int] | None = None  # a rank's view: (its rank, the shared key, its stream's key)
+    own: Own | None = field(default=None, compare=False)  # a rank's view: its own samples
 
     @property
     def layers(self) -> tuple[tuple[str, str], ...]:
@@ -178,28 +211,48 @@ class Training:
     def label(self) -> str:
         return f"{self.arch} model, {self.job.label()}"
 
-    def keys(self, rank: int) -> tuple[int, int]:
-        """The key every rank shares and the key of ``rank``'s own samples."""
-        if self.own is None:
-            return data_keys(self.seed, rank)
-        if rank != self.own[0]:
-            raise ValueError(f"rank {self.own[0]}'s view of the training holds no samples of rank {rank}")
-        return self.own[1], self.own[2]
-
     @property
     def shared_key(self) -> int:
         """The key of what every rank shares: the model's first weights, the labels' teacher."""
-        return self.own[1] if self.own is not None else data_keys(self.seed, 0)[0]
+        return self.own.shared_key if self.own is not None else data_keys(self.seed, 0)[0]
+
+    def samples(self, step: int, rank: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rank ``rank``'s first ``count`` samples of a step: image, tags, label. The checker draws
+        them from the seed; a rank's view reads them from what its agent drew (its own only)."""
+        if self.own is not None:
+            image, tags, noise = self.own.drawn(step, rank, count)
+        else:
+            image, tags, noise = draw_stream(data_keys(self.seed, rank)[1], step, count)
+        return image, tags, labels(self.shared_key, image, tags, noise)
 
     def for_rank(self, rank: int) -> "Training":
-        """What rank ``rank``'s process is handed: its own samples' key, none of another rank's
-        (with them, one process could compute the global batch's gradient alone)."""
-        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+        """What rank ``rank``'s process is handed: its own samples of every step, drawn here (by its
+        agent), and no key of them (with the keys, one process could compute the global batch's
+        gradient alone, and a key fits in any message)."""
+        key, rows = data_keys(self.seed, rank)[1], 2 * self.job.global_batch
+        steps = tuple(draw_stream(key, step, rows) for step in range(STEPS))
+        return replace(self, seed=-1, own=Own(rank, self.shared_key, steps))
+
+
+def draw_stream(key: int, step: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first ``count`` samples of a step of the stream of ``key``: image, tags and the noise of
+    their labels, each field from its own generator, so that sample j is the same whatever count is
+    (a split that adds samples draws more)."""
+    fields = [np.random.default_rng([key, step, i]) for i in range(3)]
+    image, tags = fields[0].standard_normal((count, IMAGE)), fields[1].integers(0, VOCAB, (count, TAGS))
+    return image, tags, fields[2].standard_normal((count, CLASSES))
+
+
+def labels(shared: int, image: np.ndarray, tags: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The samples' labels: the teacher's (drawn from the shared key) class, with noise."""
+    teacher = np.random.default_rng([shared, 3])
+    w, e = teacher.standard_normal((IMAGE, CLASSES)), teacher.standard_normal((VOCAB, CLASSES))
+    return np.argmax(image @ w + e[tags].mean(axis=1) + 0.5 * noise, axis=1)
 
 
 def data_keys(seed: int, rank: int) -> tuple[int, int]:
-    """The shared key and ``rank``'s stream key, both drawn from the case's seed, which never
-    reaches a rank: from a rank's two keys no other rank's samples follow."""
+    """The shared key and ``rank``'s stream key, both drawn from the case's seed (the checker's
+    only: a rank's view keeps the shared key and its samples, drawn from its stream key)."""
     shared = int(np.random.default_rng([seed, 15, 0]).integers(2**62))
     return shared, int(np.random.default_rng([seed, 15, 2, rank]).integers(2**62))
 

@@ -14,10 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cases import (
+    CLASSES,
     HOST_EXTRA,
+    IMAGE,
     LEARNING_RATE,
     MODELS,
     STEPS,
+    VOCAB,
     Job,
     Table,
     Training,
@@ -29,7 +32,7 @@ from .cases import (
     needless_host,
 )
 
-IMAGE, VOCAB, TAGS, WIDTH, CLASSES = 16, 40, 4, 8, 4
+WIDTH = 8  # the features of each input before the head (a sample's sizes are in cases.py)
 
 
 class Classifier(nn.Module):
@@ -59,16 +62,9 @@ class Classifier(nn.Module):
 def samples(training: Training, step: int, rank: int, count: int) -> list[torch.Tensor]:
     """Rank ``rank``'s first ``count`` samples of a step: image, tags, label. They come from the
     rank's own stream, each field from its own generator, so that sample j is the same whatever
-    count is (a split that adds samples draws more). A rank's view of the training holds the key
-    of its own stream only."""
-    shared, own = training.keys(rank)
-    field = [np.random.default_rng([own, step, i]) for i in range(3)]
-    image, tags = field[0].standard_normal((count, IMAGE)), field[1].integers(0, VOCAB, (count, TAGS))
-    noise = field[2].standard_normal((count, CLASSES))
-    teacher = np.random.default_rng([shared, 3])
-    w, e = teacher.standard_normal((IMAGE, CLASSES)), teacher.standard_normal((VOCAB, CLASSES))
-    label = np.argmax(image @ w + e[tags].mean(axis=1) + 0.5 * noise, axis=1)
-    return [torch.from_numpy(a) for a in (image, tags, label)]
+    count is (a split that adds samples draws more). A rank's view of the training holds its own
+    samples only, drawn by its agent (cases.Training.for_rank), and no key of them."""
+    return [torch.from_numpy(a) for a in training.samples(step, rank, count)]
 
 
 def global_samples(training: Training, step: int, split: list[int]) -> list[torch.Tensor]:
