@@ -173,6 +173,42 @@ def test_a_rank_is_handed_only_its_own_view_of_a_case(cases: ModuleType, judging
     assert "the declared compute differs from the harness's" in judging.forged_compute(case, 0, 0, forged)
 
 
+def test_a_ranks_view_holds_its_own_data_and_no_key_of_it(cases: ModuleType) -> None:
+    """A rank's view holds its own initial weights and shards as arrays, equal to what the whole
+    case draws for it, and no int key of them (nor the seed): nothing a message could carry in a few
+    bytes for another process to rebuild that rank's data from."""
+    import dataclasses
+
+    import torch
+
+    case = cases.Case("t", 3, (8, 16, 16, 4), 5, 10**9, 3, 0.1, 1e-6, side_after=0, side_used=(True, False, True))
+
+    def leaves(value: Any) -> list[Any]:
+        if dataclasses.is_dataclass(value):
+            return [leaf for f in dataclasses.fields(value) for leaf in leaves(getattr(value, f.name))]
+        if isinstance(value, (tuple, list)):
+            return [leaf for item in value for leaf in leaves(item)]
+        return [value]
+
+    for rank in range(case.p):
+        view = case.for_rank(rank)
+        found = leaves(view)
+        ints = {int(v) for v in found if isinstance(v, (int, np.integer)) and not isinstance(v, bool)}
+        assert not ints & {case.seed, *cases.rank_keys(case.seed, rank)}, ints
+        arrays = [v for v in found if isinstance(v, np.ndarray)]
+        assert arrays and all(a.dtype == np.float32 for a in arrays)
+        with pytest.raises(ValueError):
+            view.keys(rank)
+        # Its arrays are the whole case's for that rank, value for value.
+        for got, want in zip(cases.build_model(view, rank).parameters(), cases.build_model(case, rank).parameters()):
+            assert torch.equal(got, want)
+        for step in range(case.steps):
+            for got, want in zip(cases.shard(view, rank, step), cases.shard(case, rank, step)):
+                assert torch.equal(got, want)
+        with pytest.raises(ValueError):
+            cases.shard(view, rank, case.steps)
+
+
 def test_cases_are_hidden_variants_of_the_seed(cases: ModuleType) -> None:
     class Ctx:
         def __init__(self, seed: int) -> None:

@@ -2,8 +2,10 @@
 
 A case is a small MLP whose layers declare their work on the virtual clock (forward, and twice that in backward, in
 proportion to their parameters), trained on synthetic regression batches sharded by rank. A rank is handed only its
-view of a case (``Case.for_rank``): the keys of its own initial weights and its own shard, never the case's seed, so
-rank 0's weights reach the others only by a broadcast and the global gradient only by the allreduces. Every number of the variants
+view of a case (``Case.for_rank``): its own initial weights and its own shard of every step, materialized as arrays,
+never the case's seed nor any key they were drawn from (a key of a few bytes could travel to the other ranks inside a
+message, and each could rebuild every rank's data from them), so rank 0's weights reach the others only by a broadcast
+and the global gradient only by the allreduces. Every number of the variants
 comes from the session seed in a fixed order of draws, so ``--seed`` replays a failure; each case's work per parameter
 makes backward compute about equal to its buckets' allreduce time on the platform.
 """
@@ -35,23 +37,42 @@ class Case:
     forward_s_per_param: float  # declared forward seconds per parameter; backward is twice that
     side_after: int | None = None  # a side head hangs after this layer (None: no side head)
     side_used: tuple[bool, ...] = ()  # per step: does the loss use the side head
-    own: tuple[int, int, int, int] | None = None  # a rank's view: (its rank, its init key, shared key, batch key)
+    # A rank's view: (its rank, its initial weights flat, its shards' inputs and targets, one per step); no key.
+    own: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def keys(self, rank: int) -> tuple[int, int, int]:
         """The keys of ``rank``'s own things: its initial weights, what every rank shares (the
-        teacher), its batches. A rank's view (``for_rank``) holds its own keys only."""
+        teacher), its batches. The whole case only: a rank's view holds no key, only arrays."""
+        self._view_of(rank)
+        if self.own is not None:
+            raise ValueError(f"rank {rank}'s view of the case holds no keys, only its own initial weights and "
+                             "shards, drawn by its agent")
+        return rank_keys(self.seed, rank)
+
+    def _view_of(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A view's own arrays (weights, inputs, targets) if ``rank`` is its rank; None for the whole case."""
         if self.own is None:
-            return rank_keys(self.seed, rank)
+            return None
         if rank != self.own[0]:
             raise ValueError(f"rank {self.own[0]}'s view of the case holds neither the data nor the initial "
                              f"weights of rank {rank}: what another rank holds comes only by a message")
         return self.own[1], self.own[2], self.own[3]
 
     def for_rank(self, rank: int) -> Case:
-        """What rank ``rank``'s process is handed: the keys of its own initial weights and its own
-        shard, never the case's seed (with it, one process could rebuild rank 0's weights and the
-        whole global batch, and take every step alone)."""
-        return replace(self, seed=-1, own=(rank, *self.keys(rank)))
+        """What rank ``rank``'s process is handed: its own initial weights and its own shard of every
+        step, made here (by its agent) from the whole case, and nothing they were made from: with the
+        seed, one process could rebuild rank 0's weights and the whole global batch and take every step
+        alone; with a rank's keys (a few bytes each), the ranks could swap them inside a message."""
+        if self.own is not None:
+            self._view_of(rank)
+            return self
+        shards = [shard(self, rank, step) for step in range(self.steps)]
+        d_in, d_out = self.widths[0], self.widths[-1]
+        xs = np.stack([x.numpy() for x, _ in shards]) if shards else np.zeros((0, PER_RANK_BATCH, d_in), np.float32)
+        ys = np.stack([y.numpy() for _, y in shards]) if shards else np.zeros((0, PER_RANK_BATCH, d_out), np.float32)
+        with torch.random.fork_rng(devices=[]):  # the global generator, seeded with the key, is left as it was
+            weights = torch.cat([q.detach().reshape(-1) for q in build_model(self, rank).parameters()]).numpy().copy()
+        return replace(self, seed=-1, own=(rank, weights, xs, ys))
 
     def uses_side(self, step: int) -> bool:
         return self.side_after is not None and self.side_used[step]
@@ -113,9 +134,18 @@ def rank_keys(seed: int, rank: int) -> tuple[int, int, int]:
 
 
 def build_model(case: Case, rank: int) -> Net:
-    """Every rank starts from its own random weights; rank 0's are the single-process model's."""
-    torch.manual_seed(case.keys(rank)[0])
-    return Net(case.widths, case.side_after)
+    """Every rank starts from its own random weights; rank 0's are the single-process model's. A
+    rank's view holds its own, drawn by its agent: the model is built, then given them."""
+    own = case._view_of(rank)
+    if own is None:
+        torch.manual_seed(case.keys(rank)[0])
+        return Net(case.widths, case.side_after)
+    model, flat, offset = Net(case.widths, case.side_after), torch.from_numpy(own[0]), 0
+    with torch.no_grad():
+        for q in model.parameters():
+            q.copy_(flat[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+    return model
 
 
 def layout(case: Case) -> list[tuple[str, int, int]]:
@@ -130,7 +160,12 @@ def _teacher(shared: int, d_in: int, d_out: int) -> np.ndarray:
 
 
 def shard(case: Case, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s PER_RANK_BATCH samples of step ``step`` (its own keys: any case, or its view)."""
+    """Rank ``rank``'s PER_RANK_BATCH samples of step ``step`` (any case, or its own view's arrays)."""
+    view = case._view_of(rank)
+    if view is not None:
+        if not 0 <= step < len(view[1]):
+            raise ValueError(f"rank {rank}'s view of the case holds its shards of steps 0 to {len(view[1]) - 1} only")
+        return torch.from_numpy(view[1][step].copy()), torch.from_numpy(view[2][step].copy())
     _, shared, own = case.keys(rank)
     d_in, d_out = case.widths[0], case.widths[-1]
     rng = np.random.default_rng([own, 17, step])
@@ -141,7 +176,7 @@ def shard(case: Case, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def global_batch(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s batch over all ranks: rows [r*b, (r+1)*b) are rank r's shard (the whole
-    case only: a rank's view holds no other rank's keys)."""
+    case only: a rank's view holds no other rank's data)."""
     xs, ys = zip(*(shard(case, r, step) for r in range(case.p)))
     return torch.cat(xs), torch.cat(ys)
 
