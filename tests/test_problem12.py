@@ -16,12 +16,13 @@ report and a short tune.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import PROBLEMS, run_cli
 from e2e import (
     Checked,
@@ -240,25 +241,67 @@ def test_the_message_count_wants_m_each_way_between_neighbours_and_no_collective
 
 
 def test_a_stage_is_handed_its_own_part_of_the_case_only() -> None:
-    """No rank can compute the whole model alone: its view has no seed, only its layers' key, the
+    """No rank can compute the whole model alone: its view has no seed, only its layers' start, the
     features on stage 0 and the labels on the last stage."""
     pipe = cases.hidden(4).one_f_one_b[0]
     views = [pipe.for_rank(s) for s in range(pipe.p)]
     assert all(v.seed == -1 and v.own is not None and v.own.stage == s for s, v in enumerate(views))
     for s, view in enumerate(views):
-        assert view.weights_key(s) == pipe.weights_key(s) and view.label() == pipe.label()
+        assert view.label() == pipe.label()
         with pytest.raises(ValueError, match=f"stage {s}'s view of the pipeline holds no weights of stage"):
-            view.weights_key((s + 1) % pipe.p)
+            view.start_weights((s + 1) % pipe.p)
         if s != 0:
             with pytest.raises(ValueError, match="holds no features"):
-                view.inputs_key()
+                view.batch_features()
         if s != pipe.p - 1:
             with pytest.raises(ValueError, match="holds no labels"):
                 view.labels()
         with pytest.raises(ValueError, match="holds no"):
             judging.one_process(view)
-    assert views[0].inputs_key() == pipe.inputs_key() and views[-1].labels() == pipe.labels()
+    assert views[-1].labels() == pipe.labels()
     assert len(set(pipe.labels())) > 1
+
+
+def walk(value: Any) -> Iterator[Any]:
+    """Every leaf of a view: a dataclass's fields, tuples' and lists' items, arrays whole."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from walk(getattr(value, f.name))
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from walk(item)
+    else:
+        yield value
+
+
+def test_a_stage_s_view_holds_its_data_materialized_and_no_key_of_it() -> None:
+    """A key is a few bytes a rank could smuggle to the others in a message, and they would rebuild
+    its data from it: the view holds the arrays themselves, the very values the checker draws."""
+    for pipe in (cases.hidden(4).one_f_one_b[2], cases.hidden(7).small[0]):
+        keys = {cases.inputs_key(pipe.seed)} | {cases.weights_key(pipe.seed, s) for s in range(pipe.p)}
+        for s in range(pipe.p):
+            view = pipe.for_rank(s)
+            ints = [x for x in walk(view) if isinstance(x, (int, np.integer)) and not isinstance(x, bool)]
+            assert not keys & set(ints) and pipe.seed not in ints
+            # the only ints: m, the withheld seed (-1), the stage, and the last stage's classes
+            assert set(ints) <= {pipe.m, -1, s} | set(range(cases.CLASSES)), ints
+            arrays = [x for x in walk(view) if isinstance(x, np.ndarray)]
+            assert arrays and all(a.dtype == np.float64 for a in arrays)
+            got, want = view.start_weights(s), pipe.start_weights(s)
+            assert len(got) == len(want) == 2 and all(np.array_equal(g, w) for g, w in zip(got, want))
+            rng = np.random.default_rng([cases.weights_key(pipe.seed, s)])  # the draw the keys always made
+            fan_in, fan_out = cases.layer_shape(pipe.p, s)
+            assert all(np.array_equal(w, rng.normal(0.0, 0.6, shape)) for w, shape in zip(want, [(fan_out, fan_in),
+                                                                                                 (fan_out,)]))
+            whole = dict(programs.stage_module(pipe, s).named_parameters())  # the module's start, too
+            for name, param in programs.stage_module(view, s).named_parameters():
+                assert torch.equal(param, whole[name])
+            if s == 0:
+                assert np.array_equal(view.batch_features(), pipe.batch_features())
+                assert np.array_equal(pipe.batch_features(), cases.features(cases.inputs_key(pipe.seed), pipe.batch))
+                assert view.batch_features().shape == (pipe.batch, cases.FEATURES)
+            if s == pipe.p - 1:
+                assert view.labels() == pipe.labels()
 
 
 def canonical_events(pipe: Any) -> list[list[Any]]:

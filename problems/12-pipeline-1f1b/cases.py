@@ -6,10 +6,12 @@ expected bubble is the critical path of the schedule's canonical order of operat
 here with the platform's message latency: with equal stages it is (p-1)/(m+p-1) (plus a few
 microseconds of messages); with unequal stages no closed form holds, so this replay is the bound.
 
-A rank is handed its stage's view of a case (``Pipe.for_rank``): the key of its own layers' start,
-the features on stage 0, the labels on the last stage, and never the case's seed, from which one
-process could compute every stage's gradients alone (an outside tester passed every check so,
-without running a pipeline). The checker keeps the whole case.
+A rank is handed its stage's view of a case (``Pipe.for_rank``): its own layers' starting weights,
+the features on stage 0, the labels on the last stage, all materialized, and never the case's seed,
+from which one process could compute every stage's gradients alone (an outside tester passed every
+check so, without running a pipeline), nor any per-stage key: a key is a few bytes that a rank could
+smuggle to the others inside a message of the right size, and from the keys one process would
+rebuild every stage. The checker keeps the whole case and draws everything from the seed.
 """
 
 from dataclasses import dataclass, field, replace
@@ -26,13 +28,14 @@ GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
 NAMES = {GPIPE: "GPipe", ONE_F_ONE_B: "1F1B"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Own:
-    """What a stage's view of a case holds of the model and the data: its own part only."""
+    """What a stage's view of a case holds of the model and the data: its own part only, as the
+    arrays themselves (no key any process could rebuild them, or another stage's, from)."""
 
     stage: int
-    weights: int  # the key of this stage's starting weights
-    inputs: int | None  # stage 0: the key of the batch's features
+    weights: tuple[np.ndarray, ...]  # this stage's starting weights: its linear layer's weight, then bias
+    inputs: np.ndarray | None  # stage 0: the batch's features (batch x FEATURES)
     labels: tuple[int, ...] | None  # the last stage: the batch's classes
 
 
@@ -43,7 +46,7 @@ class Pipe:
     forward_s: tuple[float, ...]  # per stage: one micro-batch's forward on the virtual clock
     backward_s: tuple[float, ...]  # per stage: its backward
     seed: int  # the checker's: the model's start and the data; -1 in a stage's view
-    own: Own | None = None  # a stage's view: its own keys and data instead of the seed
+    own: Own | None = field(default=None, compare=False)  # a stage's view: its own data instead of the seed
 
     @property
     def p(self) -> int:
@@ -69,17 +72,19 @@ class Pipe:
             raise ValueError(f"stage {self.own.stage}'s view of the pipeline holds no {what} of stage {stage}")
         return self.own
 
-    def weights_key(self, stage: int) -> int:
-        """The key of stage ``stage``'s starting weights."""
-        return weights_key(self.seed, stage) if self.own is None else self._holds(stage, "weights").weights
-
-    def inputs_key(self) -> int:
-        """The key of the batch's features, which stage 0 reads."""
+    def start_weights(self, stage: int) -> tuple[np.ndarray, ...]:
+        """Stage ``stage``'s starting weights: its linear layer's weight (out x in), then its bias."""
         if self.own is None:
-            return inputs_key(self.seed)
+            return start_weights(weights_key(self.seed, stage), *layer_shape(self.p, stage))
+        return tuple(w.copy() for w in self._holds(stage, "weights").weights)
+
+    def batch_features(self) -> np.ndarray:
+        """The batch's features (batch x FEATURES), which stage 0 reads."""
+        if self.own is None:
+            return features(inputs_key(self.seed), self.batch)
         if self.own.inputs is None:
             raise ValueError(f"stage {self.own.stage}'s view of the pipeline holds no features (stage 0 reads them)")
-        return self.own.inputs
+        return self.own.inputs.copy()
 
     def labels(self) -> tuple[int, ...]:
         """The batch's classes, which the last stage's loss reads."""
@@ -91,9 +96,10 @@ class Pipe:
         return self.own.labels
 
     def for_rank(self, rank: int) -> "Pipe":
-        """What stage ``rank``'s process is handed: its own layers' key, the features on stage 0, the
-        labels on the last stage; no seed (with it, one process could compute every stage alone)."""
-        own = Own(rank, self.weights_key(rank), self.inputs_key() if rank == 0 else None,
+        """What stage ``rank``'s process is handed: its own layers' starting weights, the features on
+        stage 0, the labels on the last stage, made here by its agent; no seed (with it, one process
+        could compute every stage alone) and no key (a rank could smuggle it to the others)."""
+        own = Own(rank, self.start_weights(rank), self.batch_features() if rank == 0 else None,
                   self.labels() if rank == self.p - 1 else None)
         return replace(self, seed=-1, own=own)
 
@@ -107,6 +113,18 @@ def weights_key(seed: int, stage: int) -> int:
 
 def inputs_key(seed: int) -> int:
     return int(np.random.default_rng([seed, 12, 2]).integers(2**62))
+
+
+def layer_shape(p: int, stage: int) -> tuple[int, int]:
+    """Stage ``stage``'s linear layer of ``p``: (fan_in, fan_out)."""
+    return FEATURES if stage == 0 else WIDTH, CLASSES if stage == p - 1 else WIDTH
+
+
+def start_weights(key: int, fan_in: int, fan_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """A linear layer's starting weight (fan_out x fan_in) and bias, in torch's parameter order."""
+    rng = np.random.default_rng([key])
+    weight = rng.normal(0.0, 0.6, (fan_out, fan_in))
+    return weight, rng.normal(0.0, 0.6, (fan_out,))
 
 
 def features(key: int, batch: int) -> np.ndarray:

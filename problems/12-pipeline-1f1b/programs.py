@@ -8,8 +8,9 @@ backward (the stashed activation) and declares each forward and backward on the 
 with the case's hidden stage times, labelled "forward i" / "backward i": the checks read the
 schedule, the bubble and the stash from those spans, never from what a rank says.
 
-Each rank holds its stage's view of the case (cases.Pipe.for_rank): its own layers' start, the
-features on stage 0, the labels on the last stage; what the others hold comes only in messages.
+Each rank holds its stage's view of the case (cases.Pipe.for_rank): its own layers' starting
+weights, the features on stage 0, the labels on the last stage, as arrays (no key they were drawn
+from); what the others hold comes only in messages.
 """
 
 from typing import Any
@@ -29,7 +30,6 @@ from .cases import (
     STEPS,
     WIDTH,
     Pipe,
-    features,
     formula_bubble,
     peak_stash,
 )
@@ -40,17 +40,17 @@ def stage_module(pipe: Pipe, stage: int) -> nn.Module:
     p = pipe.p
     fan_in = FEATURES if stage == 0 else WIDTH
     layer = nn.Linear(fan_in, CLASSES if stage == p - 1 else WIDTH, dtype=torch.float64)
-    rng = np.random.default_rng([pipe.weights_key(stage)])  # the same start on the rank and in the checker
+    start = pipe.start_weights(stage)  # the same start on the rank and in the checker
     with torch.no_grad():
-        for param in layer.parameters():
-            param.copy_(torch.from_numpy(rng.normal(0.0, 0.6, tuple(param.shape))))
+        for param, value in zip(layer.parameters(), start, strict=True):
+            param.copy_(torch.from_numpy(value))
     return layer if stage == p - 1 else nn.Sequential(layer, nn.Tanh())
 
 
 def inputs(pipe: Pipe) -> torch.Tensor:
     """The batch's m x MICRO samples' features (stage 0's); micro-batch i is rows i*MICRO...
     The same batch every step, so the steps' losses show the descent."""
-    return torch.from_numpy(features(pipe.inputs_key(), pipe.batch))
+    return torch.from_numpy(pipe.batch_features())
 
 
 def targets(pipe: Pipe) -> torch.Tensor:
