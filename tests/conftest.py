@@ -94,15 +94,24 @@ def is_rank_process(proc: Path) -> bool:
         return False
 
 
-# The heaviest files first (seconds each on 2 cores, from `--durations=0`: 05 163, 03_e2e 160,
-# 04 134, 06 84, 08 78, 01 72, 02 65, cli 61, exam 57, 07 54, watch 48). `--dist loadfile` hands
-# each worker whole files in collection order, so a heavy file collected last kept one worker
-# busy while the other idled: longest first ends both workers within seconds of each other.
-HEAVY_FIRST = ("test_problem05.py", "test_problem03_e2e.py", "test_problem04.py",
-               "test_problem06.py", "test_problem08.py", "test_problem01.py", "test_problem02.py",
-               "test_cli.py", "test_exam.py", "test_problem07.py", "test_watch.py")
+# The heaviest files first (worker-seconds each on 2 cores, 3 workers, from `--durations=0`: 05 178,
+# 12 173, 03_e2e 159, 15 150, 04 126, 14 115, 06 106, 02 80, 01 78, 08 76, 09 73, 07 62).
+# `--dist loadfile` hands each worker whole files in collection order, so a heavy file collected
+# last kept one worker busy while the others idled: longest first ends them within seconds.
+HEAVY_FIRST = ("test_problem05.py", "test_problem12.py", "test_problem03_e2e.py", "test_problem15.py",
+               "test_problem04.py", "test_problem14.py", "test_problem06.py", "test_problem02.py",
+               "test_problem01.py", "test_problem08.py", "test_problem09.py", "test_problem07.py",
+               "test_problem16.py", "test_problem13.py", "test_problem11.py", "test_launcher.py",
+               "test_cli.py", "test_exam.py", "test_watch.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker more than the cores (pyproject caps it at 4): a test waits on its job's processes
+    part of the time (a deadlock to be named, a deadline, a rank to start), and a third worker on 2
+    cores used that time: the suite took 768 s against 855 s with two, on the same tree."""
+    return len(os.sched_getaffinity(0)) + 1
