@@ -180,6 +180,7 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
         pass  # no shipped bank (an installed distlab run from elsewhere): the program's only
     solution = Path(job.solution_file).resolve() if job.solution_file else None
     hidden = [str(job_dir), *job.private]
+    kept = kept_paths(job)  # once: each bank's checkout keeps the same paths readable
     for bank in sorted(banks):
         for name in ("check.py", "judging.py", "reference.py"):
             hidden += [str(p) for p in sorted(bank.glob(f"*/{name}")) if p.resolve() != solution]
@@ -191,7 +192,7 @@ def hidden_paths(job: Job, job_dir: Path) -> list[str]:
                 cache.mkdir(exist_ok=True)
             if cache.is_dir():
                 hidden.append(str(cache))
-        hidden += checkout_paths(bank, kept_paths(job))
+        hidden += checkout_paths(bank, kept)
     return hidden
 
 
