@@ -323,16 +323,10 @@ def test_each_rank_is_handed_its_own_view_of_an_argument_that_cuts_itself() -> N
     (runtime/rank/views.py), inside a list too; the job keeps it whole. (Sealed, the agent hands
     over the same view: a class of a plain program module cannot be unpickled there, so that path
     is shown by problem 16's forged fixture, checked sealed in tests/test_problem16.py.)"""
-    import importlib.util
-    import sys
+    from e2e import load_file
 
-    name = program_module_name(PROGRAMS)  # the name the ranks unpickle the class under
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PROGRAMS)
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    whole = sys.modules[name].PerRank((10, 20, 30))
+    programs = load_file(PROGRAMS, program_module_name(PROGRAMS))  # the name the ranks unpickle under
+    whole = programs.PerRank((10, 20, 30))
     result = run(make_job("values_seen", [Task(ranks=3, args=([whole, whole],))]))
     assert result.ok, result.message
     seen = [outcome.value for outcome in result.task_outcomes(0)]
