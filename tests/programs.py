@@ -168,3 +168,27 @@ class PerRank:
 def values_seen(comm, solution, cut):
     """What this rank was handed: the entries of each PerRank in a list."""
     return [list(item.values) for item in cut]
+
+
+def sends_of_every_kind(comm, solution):
+    """One send of each kind the sent log copies, each buffer changed right after its call (the
+    log keeps what was sent, not what the buffer later held); rank 0 is the Bcast's root."""
+    import numpy as np
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    buf = np.full(3, 10.0 * rank)
+    got = np.empty(3)
+    comm.Sendrecv(buf, right, 0, got, left, 0)
+    buf += 1
+    comm.mark("collectives")
+    total = np.empty(3)
+    comm.Allreduce(buf, total)
+    buf += 1
+    root = np.arange(4, dtype=np.int32) if rank == 0 else np.zeros(4, dtype=np.int32)
+    comm.Bcast(root, root=0)
+    if rank == 0:
+        comm.Send(np.array([7], dtype=np.int64), 1)
+    elif rank == 1:
+        comm.Recv(np.empty(1, dtype=np.int64), 0)
+    return None

@@ -48,3 +48,18 @@ def test_stats_pickle_round_trip() -> None:
     copy = pickle.loads(pickle.dumps(stats))
     copy.count_send(3, 1)
     assert copy.sent_bytes[3] == 8 and copy.messages_sent == 2
+
+
+def test_the_sent_log_stops_copying_at_its_limit_and_says_so() -> None:
+    import numpy as np
+
+    from distlab.runtime.comm import sent
+
+    log = sent.SentLog()
+    whole = np.zeros(sent.SENT_LIMIT_BYTES // 8 - 1)
+    log.add("Send", 1, whole, 0)
+    log.add("Send", 1, np.ones(1), 0)  # exactly at the limit: kept
+    assert (len(log.items), log.overflowed) == (2, False)
+    log.add("Allreduce", sent.COLLECTIVE, np.ones(1), 0)
+    assert (len(log.items), log.nbytes, log.overflowed) == (2, sent.SENT_LIMIT_BYTES, True)
+    assert log.items[0].data is not whole  # a copy: the buffer may change after the call

@@ -23,6 +23,7 @@ from typing import Any, Generic, NoReturn, Sequence, TypeVar, overload
 from .. import runs
 from ..platforms import Platform
 from ..runtime.faults.plans import FaultPlan
+from ..runtime.comm.sent import SentLog
 from ..runtime.jobspec import Task as RankTask
 from ..runtime.supervisor import LaunchResult
 from .failures import RunFailed
@@ -48,12 +49,15 @@ class Task:
     # With survivors: the ranks the task cannot lose (its coordinator); a fault plan that kills
     # or reclaims one is refused before any process starts.
     needed_ranks: tuple[int, ...] = ()
+    # Every rank keeps a copy of each buffer it sends, read back with ``TaskRun.sent(rank)``:
+    # evidence of what travelled, where the counters only tell how much.
+    record_sent: bool = False
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
                         platform=self.platform, store=self.store, survivors=self.survivors,
-                        needed_ranks=tuple(self.needed_ranks))
+                        needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent)
 
 
 @dataclass
@@ -76,6 +80,17 @@ class TaskRun(runs.TaskRun):
         """The CPUs rank ``rank``'s solution process may run on at the task's end, read from the
         kernel by the harness (the affinity the learner's code applied, whatever it says)."""
         return self.outcomes[rank].cpus
+
+    def sent(self, rank: int) -> SentLog:
+        """Everything rank ``rank`` sent in this task, in order, as its agent copied it when each
+        call started (``Sent``: the call, the destination or COLLECTIVE, the values, how many marks
+        came before); ``overflowed`` when it sent more than the log keeps. The task must have
+        asked: ``Task(record_sent=True)``."""
+        log = self.outcomes[rank].sent
+        if log is None:
+            raise ValueError(f"task {self.spec.label or '?'} did not record what its ranks sent: "
+                             "give it Task(record_sent=True)")
+        return log
 
     def phases(self, rank: int, phase: str) -> list[Counts]:
         """The rank's counts in every phase named ``phase``, in order."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import UsageError
+from .comm.sent import SentLog
 from .comm.stats import CommStats
 
 JOB_FILE = "job.pkl"
@@ -63,6 +64,9 @@ class Task:
     # Ranks a task with survivors cannot lose (a coordinator): a plan that kills or reclaims one
     # is refused before any process starts.
     needed_ranks: tuple[int, ...] = ()
+    # Every rank keeps a copy of what it sends (runtime/comm/sent.py), for checks that read what
+    # travelled rather than how much.
+    record_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,7 @@ class TaskOutcome:
     # The CPUs the process of the learner's code may run on at the task's end, read from the
     # kernel by the rank's agent (its own process unsealed): the affinity the code applied.
     cpus: tuple[int, ...] = ()
+    sent: SentLog | None = None  # what the rank sent, where its task asked (Task.record_sent)
 
 
 @dataclass

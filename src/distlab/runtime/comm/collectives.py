@@ -21,6 +21,7 @@ from ..engines.base import Engine, EngineRequest
 from ..trace.events import TraceRecorder
 from .rankstate import ALL_PEERS, NullSlot, RankSlot
 from .requests import IN_PLACE, LearnerAbort, Request, _buffer
+from .sent import COLLECTIVE
 from .stats import CommStats
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class Collectives:
     _coll_limit: float | None  # the timeout of the collective under way, None: none
     _size: int
     _broken: str | None
+    _book: Any  # groups.py's RankBook
 
     @property
     def size(self) -> int:
@@ -68,14 +70,18 @@ class Collectives:
         raise NotImplementedError
 
     def _collective(self, op: str, nbytes: int, root: int = -1,
-                    per_peer: tuple[int, ...] | None = None, timeout: Any = None) -> None:
+                    per_peer: tuple[int, ...] | None = None, timeout: Any = None,
+                    sent: np.ndarray | None = None) -> None:
         """Counts and watches a collective about to start. ``per_peer`` (Alltoallv): the bytes
         sent to each group rank, which its trace event carries instead of the total, and whose
-        largest the online clock charges; ``timeout``: the call's own (timed.py)."""
+        largest the online clock charges; ``timeout``: the call's own (timed.py); ``sent``: what
+        this rank contributes, for a task that logs it (sent.py), read before the engine runs."""
         self._check_broken()
         self._coll_limit = self._limit(timeout, op)
         self._check_hung()
         self.stats.count_call(op, nbytes)
+        if sent is not None and self._book.sent is not None:
+            self._book.sent.add(op, COLLECTIVE, sent, len(self._book.marked))
         self._slot.blocked(op, (ALL_PEERS,), nbytes, self._ctx)
         self._coll_started = (op, nbytes, root, time.perf_counter(), per_peer)
 
@@ -113,7 +119,8 @@ class Collectives:
     def Bcast(self, buf: Any, root: int = 0, timeout: Any = None) -> None:  # noqa: N802
         array = _buffer(buf, "Bcast buffer")
         root = self._peer(root, "root")
-        self._collective("Bcast", array.nbytes, root, timeout=timeout)
+        self._collective("Bcast", array.nbytes, root, timeout=timeout,
+                         sent=array if self._engine.rank == root else None)
         self._complete(lambda: self._engine.bcast(array, root),
                        lambda: self._engine.ibcast(array, root), array)
 
@@ -126,7 +133,7 @@ class Collectives:
         recv_array = (
             _buffer(recvbuf, "Reduce recvbuf") if recvbuf is not None else np.empty_like(send_array)
         )
-        self._collective("Reduce", send_array.nbytes, root, timeout=timeout)
+        self._collective("Reduce", send_array.nbytes, root, timeout=timeout, sent=send_array)
         send, reduction = _distinct_or_same(send_array, recv_array), ops.resolve(op)
         self._complete(lambda: self._engine.reduce(send, recv_array, reduction, root),
                        lambda: self._engine.ireduce(send, recv_array, reduction, root),
@@ -139,7 +146,7 @@ class Collectives:
         send_array = _buffer(sendbuf, "Allreduce sendbuf")
         recv_array = _buffer(recvbuf, "Allreduce recvbuf")
         _same_size(send_array, recv_array, "Allreduce")
-        self._collective("Allreduce", send_array.nbytes, timeout=timeout)
+        self._collective("Allreduce", send_array.nbytes, timeout=timeout, sent=send_array)
         send, reduction = _distinct_or_same(send_array, recv_array), ops.resolve(op)
         self._complete(lambda: self._engine.allreduce(send, recv_array, reduction),
                        lambda: self._engine.iallreduce(send, recv_array, reduction),
@@ -155,14 +162,16 @@ class Collectives:
         _same_size(send_array, recv_array, "Iallreduce")
         send = _distinct_or_same(send_array, recv_array)
         return self._nonblocking("Allreduce", send_array.nbytes, -1, (send, recv_array),
-                                 lambda: self._engine.iallreduce(send, recv_array, ops.resolve(op)))
+                                 lambda: self._engine.iallreduce(send, recv_array, ops.resolve(op)),
+                                 sent=send_array)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
         """Nonblocking Bcast; buf holds the root's data once the request has completed."""
         array = _buffer(buf, "Ibcast buffer")
         root = self._peer(root, "root")
         return self._nonblocking("Bcast", array.nbytes, root, array,
-                                 lambda: self._engine.ibcast(array, root))
+                                 lambda: self._engine.ibcast(array, root),
+                                 sent=array if self._engine.rank == root else None)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
         """Nonblocking Allgather."""
@@ -170,7 +179,8 @@ class Collectives:
         recv_array = _buffer(recvbuf, "Iallgather recvbuf")
         _gathers_into(send_array, recv_array, self.size, "Iallgather")
         return self._nonblocking("Allgather", send_array.nbytes, -1, (send_array, recv_array),
-                                 lambda: self._engine.iallgather(send_array, recv_array))
+                                 lambda: self._engine.iallgather(send_array, recv_array),
+                                 sent=send_array)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> Request:  # noqa: N802
         """Nonblocking Reduce_scatter_block: rank r's recvbuf gets block r of the reduction."""
@@ -179,9 +189,11 @@ class Collectives:
         _gathers_into(recv_array, send_array, self.size, "Ireduce_scatter_block", "sendbuf")
         return self._nonblocking(
             "Reduce_scatter", send_array.nbytes, -1, (send_array, recv_array),
-            lambda: self._engine.ireduce_scatter_block(send_array, recv_array, ops.resolve(op)))
+            lambda: self._engine.ireduce_scatter_block(send_array, recv_array, ops.resolve(op)),
+            sent=send_array)
 
-    def _nonblocking(self, op: str, nbytes: int, root: int, buffers: Any, start: Any) -> Request:
+    def _nonblocking(self, op: str, nbytes: int, root: int, buffers: Any, start: Any,
+                     sent: np.ndarray | None = None) -> Request:
         """Starts a nonblocking collective (``start()`` hands it to the engine, which works on
         ``buffers`` until it completes) as a Request.
         Counted under the collective's own name, so stats.collectives_used() and per-op counts
@@ -189,6 +201,8 @@ class Collectives:
         self._check_broken()
         self._check_hung()
         self.stats.count_call(op, nbytes)
+        if sent is not None and self._book.sent is not None:
+            self._book.sent.add(op, COLLECTIVE, sent, len(self._book.marked))
         wall0 = time.perf_counter()
         inner = start()
         req = 0
@@ -241,7 +255,7 @@ class Collectives:
                 f"Reduce_scatter: recvcounts {counts} must have {self.size} entries summing to "
                 f"the send size {send_array.size}"
             )
-        self._collective("Reduce_scatter", send_array.nbytes, timeout=timeout)
+        self._collective("Reduce_scatter", send_array.nbytes, timeout=timeout, sent=send_array)
         reduction = ops.resolve(op)
         self._complete(
             lambda: self._engine.reduce_scatter(send_array, recv_array, counts, reduction),
@@ -257,7 +271,7 @@ class Collectives:
         send_array = _buffer(sendbuf, "Allgather sendbuf")
         recv_array = _buffer(recvbuf, "Allgather recvbuf")
         _gathers_into(send_array, recv_array, self.size, "Allgather")
-        self._collective("Allgather", send_array.nbytes, timeout=timeout)
+        self._collective("Allgather", send_array.nbytes, timeout=timeout, sent=send_array)
         self._complete(lambda: self._engine.allgather(send_array, recv_array),
                        lambda: self._engine.iallgather(send_array, recv_array),
                        (send_array, recv_array))

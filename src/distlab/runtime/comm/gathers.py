@@ -33,7 +33,8 @@ class Gathers:
         raise NotImplementedError
 
     def _collective(self, op: str, nbytes: int, root: int = -1,
-                    per_peer: tuple[int, ...] | None = None, timeout: Any = None) -> None:
+                    per_peer: tuple[int, ...] | None = None, timeout: Any = None,
+                    sent: np.ndarray | None = None) -> None:
         raise NotImplementedError
 
     def _complete(self, run: Callable[[], None], start: Callable[[], EngineRequest],
@@ -50,7 +51,7 @@ class Gathers:
         if self._engine.rank == root:
             recv = _buffer(recvbuf, "Gather recvbuf")
             _blocks_fit(recv, send, self._engine.size, "Gather", "recvbuf", "sendbuf")
-        self._collective("Gather", send.nbytes, root, timeout=timeout)
+        self._collective("Gather", send.nbytes, root, timeout=timeout, sent=send)
         self._complete(lambda: self._engine.gather(send, recv, root),
                        lambda: self._engine.igather(send, recv, root), (send, recv))
 
@@ -63,7 +64,7 @@ class Gathers:
         if self._engine.rank == root:
             send = _buffer(sendbuf, "Scatter sendbuf")
             _blocks_fit(send, recv, self._engine.size, "Scatter", "sendbuf", "recvbuf")
-        self._collective("Scatter", recv.nbytes, root, timeout=timeout)
+        self._collective("Scatter", recv.nbytes, root, timeout=timeout, sent=send)
         self._complete(lambda: self._engine.scatter(send, recv, root),
                        lambda: self._engine.iscatter(send, recv, root), (send, recv))
 
@@ -76,7 +77,7 @@ class Gathers:
         if send.dtype != recv.dtype or send.size != counts[me]:
             raise ValueError(f"Allgatherv: rank {me} sends {send.size} x {send.dtype}, but recvbuf "
                              f"holds {counts[me]} x {recv.dtype} for it")
-        self._collective("Allgatherv", send.nbytes, timeout=timeout)
+        self._collective("Allgatherv", send.nbytes, timeout=timeout, sent=send)
         self._complete(lambda: self._engine.allgatherv(send, recv, counts, displs),
                        lambda: self._engine.iallgatherv(send, recv, counts, displs), (send, recv))
 
@@ -89,7 +90,7 @@ class Gathers:
         if send.size != recv.size or send.dtype != recv.dtype or send.size % p:
             raise ValueError(f"Alltoall: sendbuf ({send.size} x {send.dtype}) and recvbuf "
                              f"({recv.size} x {recv.dtype}) must be alike and hold {p} equal blocks")
-        self._collective("Alltoall", send.nbytes, timeout=timeout)
+        self._collective("Alltoall", send.nbytes, timeout=timeout, sent=send)
         self._complete(lambda: self._engine.alltoall(send, recv),
                        lambda: self._engine.ialltoall(send, recv), (send, recv))
 
@@ -104,7 +105,7 @@ class Gathers:
         if send.dtype != recv.dtype:
             raise ValueError(f"Alltoallv: sendbuf holds {send.dtype}, recvbuf {recv.dtype}")
         per_peer = tuple(c * send.itemsize for c in send_counts)
-        self._collective("Alltoallv", sum(per_peer), per_peer=per_peer, timeout=timeout)
+        self._collective("Alltoallv", sum(per_peer), per_peer=per_peer, timeout=timeout, sent=send)
         layouts = (send_counts, send_at), (recv_counts, recv_at)
         self._complete(lambda: self._engine.alltoallv(send, layouts[0], recv, layouts[1]),
                        lambda: self._engine.ialltoallv(send, layouts[0], recv, layouts[1]),

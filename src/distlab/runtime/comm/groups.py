@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..engines.base import UNDEFINED, Engine
 from .stats import CommStats
 
+from .sent import SentLog
+
 if TYPE_CHECKING:  # the learner's client (runtime/seal/client.py) uses Group, not the clock
     from ..clock.online import Timekeeper
     from .proxy import Comm
@@ -50,6 +52,8 @@ class RankBook:
         self.store: Any = None  # the rank's handle on it, made at the first comm.store()
         # Mark names a process fault kills or stops this rank at (faults/decide.py's order).
         self.trigger_marks: tuple[str, ...] = ()
+        # A copy of everything the rank sends, on any communicator, where the task asks (sent.py).
+        self.sent: SentLog | None = None
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

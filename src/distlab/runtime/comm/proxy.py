@@ -30,6 +30,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from ..clock.online import EAGER_LIMIT, Timekeeper
 from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
 from ..trace.events import TraceRecorder
@@ -41,6 +43,7 @@ from .groups import Communicators, RankBook
 from .objects import ObjectCalls
 from .probes import Probes
 from .rankstate import NullSlot, RankSlot
+from .sent import SentLog
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
 from .stats import CommStats
 from .store import StoreAccess
@@ -75,6 +78,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         trigger_steps: frozenset[int] = frozenset(),
         book: RankBook | None = None,
         trigger_marks: tuple[str, ...] = (),
+        record_sent: bool = False,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
@@ -86,6 +90,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if trigger_marks:  # mark names at which the supervisor kills or stops us (every comm's)
             self._book.trigger_marks = trigger_marks
         self._book.comms.append(self)
+        if record_sent:
+            self._book.sent = SentLog()
         self._attempts = self._book.attempts  # sends per world destination, lost ones included
         self._eager_limit = eager_limit
         self._trace = trace
@@ -144,12 +150,22 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         """Every mark of the rank, on any of its communicators, with the rank's totals then."""
         return self._book.marked
 
+    @property
+    def sent(self) -> SentLog | None:
+        """What the rank sent on any of its communicators, if its task logs it (sent.py)."""
+        return self._book.sent
+
     def total_stats(self) -> CommStats:
         """The rank's counters over all its communicators (see groups.py)."""
         return self._book.totals() if len(self._book.comms) > 1 else self.stats
 
     def stats_by_communicator(self) -> dict[str, CommStats]:
         return self._book.by_communicator()
+
+    def _log_sent(self, op: str, peer: int, array: np.ndarray) -> None:
+        book = self._book
+        assert book.sent is not None
+        book.sent.add(op, peer, array, len(book.marked))
 
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
@@ -223,6 +239,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
             if self._clock is not None and sent:
                 # Eager: done once copied out; a rendezvous, once the bytes have moved.
                 self._clock.advance_to(self._clock.send_done(arrival, synchronous))
+        if self._book.sent is not None and (action is None or not action.drop):
+            self._log_sent(call, dst, array)
         stats = self.stats
         stats.calls["Send"] += 1
         stats.op_bytes["Send"] += nbytes
@@ -283,6 +301,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         dst = self._world_ranks[dest]
         self.stats.count_call("Isend", nbytes)
         self.stats.count_send(dst, nbytes)
+        if self._book.sent is not None and (action is None or not action.drop):
+            self._log_sent("Isend", dst, array)
         req = 0
         if self._trace is not None:
             fault = self._send_fault(dest, action)
@@ -362,6 +382,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
                 None if dropped else send_array, dest, sendtag, rendezvous, recv_array, source,
                 recvtag, limit, wall0)
         self._slot.running()
+        if self._book.sent is not None and not dropped:
+            self._log_sent("Sendrecv", dst, send_array)
         stats = self.stats
         stats.calls["Sendrecv"] += 1
         stats.op_bytes["Sendrecv"] += send_nbytes

@@ -260,6 +260,7 @@ def _run_task(
                 else _per_rank(job.device_flops, world_rank, None)
             ),
             clock=task_clock(platform, side),
+            record_sent=task.record_sent,
             **_fault_layers(plan, world_rank),
         )
         if task.store and job.store_address:
@@ -270,7 +271,7 @@ def _run_task(
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
-                             comm.marked, comm.stats_by_communicator(), cpus())
+                             comm.marked, comm.stats_by_communicator(), cpus(), comm.sent)
         comm.release_store()
         if group is not engine:
             _release(group)
