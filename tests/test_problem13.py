@@ -97,7 +97,7 @@ def _case() -> Any:
 
 def test_the_weights_diagnoses_name_only_their_own_mistake() -> None:
     case = _case()
-    right, initial = cases.plain_adam(case), cases.initial_weights(case)
+    right, initial = judging.plain_adam(case), cases.initial_weights(case)
     as_ranks = [right.weights.astype(np.float32)] * case.p
     assert judging.weights_problem(case, as_ranks, [None] * case.p) is None
     kept = (case.size // case.p) * case.p
@@ -105,7 +105,7 @@ def test_the_weights_diagnoses_name_only_their_own_mistake() -> None:
     dropped[kept:] = initial[kept:]
     drifted = [np.where(np.arange(case.size) // -(-case.size // case.p) == r, right.weights, initial).astype(np.float32)
                for r in range(case.p)]
-    said = {"bias": judging.weights_problem(case, [cases.plain_adam(case, first_step=2).weights] * case.p, [None] * case.p),
+    said = {"bias": judging.weights_problem(case, [judging.plain_adam(case, first_step=2).weights] * case.p, [None] * case.p),
             "drop": judging.weights_problem(case, [dropped] * case.p, [None] * case.p),
             "drift": judging.weights_problem(case, drifted, [None] * case.p),
             "initial": judging.weights_problem(case, [initial] * case.p, [None] * case.p),
@@ -120,7 +120,7 @@ def test_the_weights_diagnoses_name_only_their_own_mistake() -> None:
 
 def test_the_state_diagnoses() -> None:
     case = _case()
-    adam = cases.plain_adam(case)
+    adam = judging.plain_adam(case)
     per = -(-case.size // case.p)
 
     def state(r: int, m: np.ndarray, v: np.ndarray, start: int | None = None) -> dict[str, Any]:
@@ -150,6 +150,35 @@ def test_the_state_diagnoses() -> None:
     full = {"opt.m": np.where(np.arange(case.size) < per, adam.m, 0.0), "opt.buffer": np.ones(case.size)}
     assert "opt.m holds an array" in judging.hidden_copies(case, (0, per), full, adam)
     assert judging.hidden_copies(case, (0, per), {"opt.buffer": np.ones(case.size)}, adam) is None
+
+
+def test_a_rank_is_handed_its_own_batches_and_must_be_seen_sending_its_updated_shard() -> None:
+    """The view holds no seed and no other rank's batch; the travel evidence accepts the updated
+    shard (or the update itself, padded or not) after every step and names a rank that never sent
+    it (plain data parallel's whole-gradient allreduce), or whose log overflowed."""
+    from distlab.grading import COLLECTIVE, Sent, SentLog
+
+    case = _case()
+    view = case.for_rank(1)
+    assert not hasattr(view, "seed") and len(view.batches) == case.steps and view.size == case.size
+    assert all(np.array_equal(x, cases.batch(case, 1, s)[0]) for s, (x, _) in enumerate(view.batches))
+    assert np.array_equal(view.weights, cases.initial_weights(case))
+    adam, per = judging.plain_adam(case), -(-case.size // case.p)
+    lo, hi = cases.shard_of(case.size, case.p, case.p - 1)  # the last shard: padded when sent whole
+    padded = [np.concatenate([w[lo:hi], np.zeros(per - (hi - lo))]).astype(np.float32) for w in adam.path]
+    deltas = np.diff([cases.initial_weights(case).astype(np.float64), *adam.path], axis=0)
+    grad = Sent("Reduce_scatter", COLLECTIVE, np.zeros(per * case.p, np.float32), 0)
+
+    def log(items: list[np.ndarray]) -> SentLog:
+        return SentLog([grad, *(Sent("Allgather", COLLECTIVE, data, k) for k, data in enumerate(items))])
+
+    assert judging.unshared_update(case, 3, (lo, hi), log(padded), adam) is None
+    assert judging.unshared_update(case, 3, (lo, hi), log([d[lo:hi] for d in deltas]), adam) is None
+    said = judging.unshared_update(case, 3, (lo, hi), log(padded[:4]), adam)
+    assert said is not None and "never sent its updated shard" in said and "after step 5" in said
+    whole = SentLog([Sent("Allreduce", COLLECTIVE, np.zeros(case.size, np.float32), k) for k in range(case.steps)])
+    assert "after step 1" in judging.unshared_update(case, 3, (lo, hi), whole, adam)
+    assert "more than the harness keeps" in judging.unshared_update(case, 3, (lo, hi), SentLog(overflowed=True), adam)
 
 
 def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
@@ -205,7 +234,7 @@ def test_the_weight_and_moment_margins_over_hidden_variants() -> None:
     Adam is scale-free but for eps, so they may land within the tolerance; the moments say it.)"""
     for seed in MARGIN_SEEDS:
         for case in cases.trainings(seed):
-            right, atol = cases.plain_adam(case), judging.WEIGHT_TOL * case.lr
+            right, atol = judging.plain_adam(case), judging.WEIGHT_TOL * case.lr
             w, m, v = _as_ranks(case)
             assert np.max(np.abs(w - right.weights)) <= atol / 2, seed
             assert judging.moments_close(m, right.m) and judging.moments_close(v, right.v), seed
@@ -216,8 +245,8 @@ def test_the_weight_and_moment_margins_over_hidden_variants() -> None:
                 assert np.max(np.abs(wrong - right.weights)) >= 2 * atol, seed
             w_sum, m_sum, _ = _as_ranks(case, average=False)
             # the diagnoses recognise these mistakes by their own trajectories, within half the tolerance
-            assert np.max(np.abs(bias - cases.plain_adam(case, first_step=2).weights)) <= atol / 2, seed
-            assert np.max(np.abs(w_sum - cases.plain_adam(case, average=False).weights)) <= atol / 2, seed
+            assert np.max(np.abs(bias - judging.plain_adam(case, first_step=2).weights)) <= atol / 2, seed
+            assert np.max(np.abs(w_sum - judging.plain_adam(case, average=False).weights)) <= atol / 2, seed
             assert np.max(np.abs(m_sum - right.m)) >= 2 * judging.MOMENT_TOL * np.max(np.abs(right.m)), seed
 
 
@@ -264,6 +293,7 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "stage2_whole_grads.py": ([CALC], ["keeps the fp16 gradients whole"]),
     "reused_whole_buffers.py": ([STATE], ["keeps nothing whole-size between steps", "as much as plain Adam's whole m and v"]),
     "forged_calculator.py": ([CALC], ["raised StopIteration"]),
+    "forged_unsharded_mmap.py": ([STATE], ["never sent its updated shard of the weights"]),
 }
 
 # Each diagnosis that names a cause, and the fixtures whose bug it is: silent on every other one.
@@ -278,6 +308,7 @@ NAMES_ITS_BUG = {
     "fp16 gradients whole": {"stage2_whole_grads.py"},
     "keeps nothing whole-size between steps": {"reused_whole_buffers.py"},
     "raised StopIteration": {"forged_calculator.py"},
+    "never sent its updated shard": {"forged_unsharded_mmap.py"},
 }
 
 

@@ -7,7 +7,6 @@ the parameter count never divides by the rank count), the rank count, lr, betas 
 model sizes and rank counts the memory calculator is asked about."""
 
 from dataclasses import dataclass
-from functools import lru_cache
 from math import ceil
 
 import numpy as np
@@ -43,15 +42,48 @@ class Training:
         return (f"p = {self.p}, {self.size} parameters ({self.inputs}-{self.hidden}-1 MLP, {self.size} % {self.p} = "
                 f"{self.size % self.p}), lr {self.lr:g}, betas ({self.beta1:g}, {self.beta2:g}), eps {self.eps:g}")
 
+    def for_rank(self, rank: int) -> "RankData":
+        return RankData(self.p, self.inputs, self.hidden, self.lr, self.beta1, self.beta2, self.eps, self.steps,
+                        initial_weights(self), tuple(batch(self, rank, step) for step in range(self.steps)))
+
+
+@dataclass(frozen=True)
+class RankData:
+    """What one rank of a training case is handed: the model's shape, Adam's hyperparameters, the initial
+    weights and its own batch of each step. Never the case's seed, which would give it every rank's
+    batches: the mean gradient must reach it through the ranks' messages."""
+
+    p: int
+    inputs: int
+    hidden: int
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    steps: int
+    weights: np.ndarray  # the initial weights, float32, the same on every rank
+    batches: tuple[tuple[np.ndarray, np.ndarray], ...]  # (inputs, targets) of each step
+
+    @property
+    def size(self) -> int:
+        return self.inputs * self.hidden + 2 * self.hidden + 1
+
+    @property
+    def batch(self) -> int:  # samples per step
+        return len(self.batches[0][1])
+
 
 @dataclass(frozen=True)
 class Baseline:
     """Plain data parallel on the same model and ranks: one allreduce of the whole gradient a step."""
 
-    training: Training
+    training: "Training | RankData"  # a rank holds its RankData
 
     def label(self) -> str:
         return f"data parallel, {self.training.label()}"
+
+    def for_rank(self, rank: int) -> "Baseline":
+        return Baseline(self.training.for_rank(rank)) if isinstance(self.training, Training) else self
 
 
 @dataclass(frozen=True)
@@ -102,7 +134,7 @@ def batch(case: Training, rank: int, step: int) -> tuple[np.ndarray, np.ndarray]
     return x, np.sin(x @ teacher / np.sqrt(case.inputs)) + TARGET_SHIFT
 
 
-def loss_and_gradient(case: Training, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+def loss_and_gradient(case: "Training | RankData", weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     """The mean squared error over the samples, and its gradient, flattened like the weights (float64)."""
     w = np.asarray(weights, dtype=np.float64)
     n, h = case.inputs, case.hidden
@@ -119,35 +151,6 @@ def local_gradient(case: Training, weights: np.ndarray, rank: int, step: int) ->
     """What a rank's backward pass gives: the gradient of ITS batch's mean loss, float32."""
     loss, grad = loss_and_gradient(case, weights, *batch(case, rank, step))
     return loss, grad.astype(np.float32)
-
-
-# -- plain data-parallel Adam, the answer -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Adam:
-    weights: np.ndarray  # after case.steps steps
-    m: np.ndarray  # the first moment (momentum) of every parameter
-    v: np.ndarray  # the second moment (variance)
-    losses: tuple[float, ...]  # the global batch's loss before each step
-
-
-@lru_cache(maxsize=16)
-def plain_adam(case: Training, first_step: int = 1, average: bool = True) -> Adam:
-    """Single-process data-parallel Adam in float64 on the global batch, whose gradient is the mean of
-    the ranks' gradients. ``first_step``: the step count the bias correction starts from (1 is
-    right); ``average=False`` sums the ranks' gradients instead: the wrong answers the checks name."""
-    w = initial_weights(case).astype(np.float64)
-    m, v, losses = np.zeros_like(w), np.zeros_like(w), []
-    for step in range(case.steps):
-        parts = [local_gradient(case, w.astype(np.float32), r, step) for r in range(case.p)]
-        grad = np.sum([g.astype(np.float64) for _, g in parts], axis=0) / (case.p if average else 1)
-        losses.append(float(np.mean([loss for loss, _ in parts])))
-        m = case.beta1 * m + (1 - case.beta1) * grad
-        v = case.beta2 * v + (1 - case.beta2) * grad**2
-        t = step + first_step
-        w = w - case.lr * (m / (1 - case.beta1**t)) / (np.sqrt(v / (1 - case.beta2**t)) + case.eps)
-    return Adam(w, m, v, tuple(losses))
 
 
 def held_out_loss(case: Training, weights: np.ndarray) -> float:

@@ -5,14 +5,17 @@ parameter count never divides by p; hidden lr, betas and eps) each run 10 steps 
 ShardedAdam, every rank on its own batches; then plain data parallel's allreduce on the same model
 and ranks, the baseline of the byte check; rank 0 then answers the memory calculator's questions.
 Every expected value is computed here: plain data-parallel Adam in float64 on the global batch
-(cases.plain_adam) and the ZeRO paper's closed forms (judging.zero_gb).
+(judging.plain_adam) and the ZeRO paper's closed forms (judging.zero_gb).
 
 How the state is measured. The moments themselves: after training, the harness asks the optimizer
 for its state (where its shard starts, its m and v) and walks every array the optimizer object
 holds; their VALUES are compared with the right slice of plain Adam's moments, their sizes with 1/p
 of the whole, the shards with a partition of the parameters, and no array the optimizer keeps may
 be a whole m or v. A rank cannot pass by reporting a number: it must hold the right values, and
-only its share. What it keeps elsewhere (a global, a cache, a closure) the memory probe counts: on
+only its share. And its peers must depend on it: after every step its agent must have seen it send
+its own updated shard of the weights (or the update), which no other rank can compute without its
+moments. Each rank is handed only its own batches (cases.RankData), so a rank that updates every
+parameter itself got the whole mean gradient from an allreduce and keeps whole moments, wherever. What it keeps elsewhere (a global, a cache, a closure) the memory probe counts: on
 MPI, a flat model of about 10^6 parameters steps 3 times under tracemalloc, which counts what was
 allocated since the optimizer was made and is still alive (NumPy reports its arrays to it): about
 2 MB for a shard of the moments on 4 ranks, 8 MB more for whole ones, against about 1 KB of the
@@ -40,7 +43,7 @@ def one_launch(t: CheckContext) -> Run:
     t.say("training: " + "; ".join(c.label() for c in trainings))
     tasks = []
     for case in trainings:
-        tasks += [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}"),
+        tasks += [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}", record_sent=True),
                   Task(ranks=case.p, case=Baseline(case), label=f"the data-parallel baseline, p = {case.p}")]
     tasks.append(Task(ranks=1, cases=cases.memory_cases(t.seed), label="the memory calculator's questions"))
     # tracemalloc in a process whose gloo threads free tensors crashes it (torch 2.x): on gloo the
@@ -82,13 +85,17 @@ def sharded_state(t: CheckContext, one_launch: Run) -> None:
         adam = judging.trajectory_of(case, values[0].weights)
         for rank, (value, state) in enumerate(zip(values, states)):
             if problem := judging.hidden_copies(case, judging.owned(state, case.size), value.reachable,
-                                                adam or cases.plain_adam(case)):
+                                                adam or judging.plain_adam(case)):
                 t.fail(f"{case.label()}: rank {rank}: {problem}")
         if adam is None or not all(np.array_equal(v.weights, values[0].weights) for v in values):
             t.say(f"{case.label()}: shards and sizes right; the values are not graded (the weights are wrong)")
             continue
         for rank, state in enumerate(states):
             if problem := judging.values_problem(case, rank, state, adam):
+                t.fail(f"{case.label()}: {problem}")
+        # What each rank's agent saw it send: its own updated shard, after every step.
+        for rank, state in enumerate(states):
+            if problem := judging.unshared_update(case, rank, judging.owned(state, case.size), run.task.sent(rank), adam):
                 t.fail(f"{case.label()}: {problem}")
         most = max(s["nbytes"] for s in states)
         t.metric(f"state_share_p{case.p}", round(most / (2 * case.size * judging.MOMENT_BYTES), 5))

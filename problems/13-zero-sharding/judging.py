@@ -2,11 +2,14 @@
 each rank's optimizer state against its shard of plain Adam's moments, the bytes each rank sent
 on the replay, the calculator's answers, and the report's picture."""
 
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
 from typing import Any
 
 import numpy as np
 
-from distlab.grading import TaskRun, first_mismatch
+from distlab.grading import SentLog, TaskRun, first_mismatch
 
 from . import cases
 from .cases import (
@@ -14,7 +17,6 @@ from .cases import (
     FP16_WEIGHTS,
     GB,
     OPTIMIZER_STATES,
-    Adam,
     Footprint,
     Memory,
     Training,
@@ -27,6 +29,37 @@ def zero_gb(params: float, ranks: int, stage: int) -> float:
     whole = FP16_WEIGHTS + FP16_GRADS + OPTIMIZER_STATES
     sharded = (0, OPTIMIZER_STATES, OPTIMIZER_STATES + FP16_GRADS, whole)[stage]
     return params * ((whole - sharded) + sharded / ranks) / GB
+
+# -- plain data-parallel Adam, the answer -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adam:
+    weights: np.ndarray  # after case.steps steps
+    m: np.ndarray  # the first moment (momentum) of every parameter
+    v: np.ndarray  # the second moment (variance)
+    losses: tuple[float, ...]  # the global batch's loss before each step
+    path: tuple[np.ndarray, ...]  # the weights after each step (the last is ``weights``)
+
+
+@lru_cache(maxsize=16)
+def plain_adam(case: Training, first_step: int = 1, average: bool = True) -> Adam:
+    """Single-process data-parallel Adam in float64 on the global batch, whose gradient is the mean of
+    the ranks' gradients. ``first_step``: the step count the bias correction starts from (1 is
+    right); ``average=False`` sums the ranks' gradients instead: the wrong answers the checks name."""
+    w = cases.initial_weights(case).astype(np.float64)
+    m, v, losses, path = np.zeros_like(w), np.zeros_like(w), [], []
+    for step in range(case.steps):
+        parts = [cases.local_gradient(case, w.astype(np.float32), r, step) for r in range(case.p)]
+        grad = np.sum([g.astype(np.float64) for _, g in parts], axis=0) / (case.p if average else 1)
+        losses.append(float(np.mean([loss for loss, _ in parts])))
+        m = case.beta1 * m + (1 - case.beta1) * grad
+        v = case.beta2 * v + (1 - case.beta2) * grad**2
+        t = step + first_step
+        w = w - case.lr * (m / (1 - case.beta1**t)) / (np.sqrt(v / (1 - case.beta2**t)) + case.eps)
+        path.append(w)
+    return Adam(w, m, v, tuple(losses), tuple(path))
+
 
 WEIGHT_TOL = 1e-3  # |weight - plain Adam's| at most this x lr (float32 ranks sit within 2e-4 x lr)
 MOMENT_TOL = 1e-4  # |moment - plain Adam's| at most this x the largest |moment| (ranks: within 4e-7)
@@ -47,7 +80,7 @@ def weights_problem(case: Training, replicas: list[np.ndarray], shards: list[tup
     """None if every rank holds plain Adam's weights, else what is wrong, with its cause named where
     the weights are exactly those of one known mistake. ``shards``: each rank's [lo, hi), as its
     state() says (None: the card's ceil(N / p) blocks)."""
-    right, initial = cases.plain_adam(case), cases.initial_weights(case)
+    right, initial = plain_adam(case), cases.initial_weights(case)
     if all(weights_close(w, right.weights, case) for w in replicas):
         return None
     if all(np.array_equal(w, initial) for w in replicas):
@@ -70,10 +103,10 @@ def weights_problem(case: Training, replicas: list[np.ndarray], shards: list[tup
         return (f"the last {case.size - kept} parameter(s), [{kept}, {case.size}), still hold their initial values on "
                 f"every rank (plain Adam moves the last, the output bias, by about lr a step): shards of N // p = "
                 f"{case.size // case.p} drop the remainder of N = {case.size}; pad to p x ceil(N / p)")
-    if weights_close(got, cases.plain_adam(case, first_step=2).weights, case):
+    if weights_close(got, plain_adam(case, first_step=2).weights, case):
         return ("the weights are those of Adam whose bias correction counts steps from 2: the first step must "
                 "divide by 1 - beta1 ** 1 and 1 - beta2 ** 1 (t = 1), then t = 2, ...")
-    if weights_close(got, cases.plain_adam(case, average=False).weights, case):
+    if weights_close(got, plain_adam(case, average=False).weights, case):
         return ("the weights are those of Adam on the SUM of the ranks' gradients: divide the reduce-scattered "
                 "gradient by p (each rank's gradient is its own batch's mean)")
     bad = first_mismatch(got, right.weights, rtol=0.0, atol=WEIGHT_TOL * case.lr)
@@ -87,12 +120,12 @@ def trajectory_of(case: Training, weights: np.ndarray) -> Adam | None:
     """The plain Adam run whose weights these are: the right one, or one of a known mistake in the
     arithmetic (the bias correction from t = 2; the gradients summed), with the moments a right
     optimizer would hold along it; None for any other weights."""
-    for adam in (cases.plain_adam(case), cases.plain_adam(case, first_step=2)):
+    for adam in (plain_adam(case), plain_adam(case, first_step=2)):
         if weights_close(weights, adam.weights, case):
             return adam
-    summed = cases.plain_adam(case, average=False)
+    summed = plain_adam(case, average=False)
     if weights_close(weights, summed.weights, case):
-        return Adam(summed.weights, summed.m / case.p, summed.v / case.p**2, summed.losses)
+        return Adam(summed.weights, summed.m / case.p, summed.v / case.p**2, summed.losses, summed.path)
     return None
 
 
@@ -190,6 +223,35 @@ def values_problem(case: Training, rank: int, state: dict[str, Any], adam: Adam)
         return (f"{head}: m is p = {case.p} times plain Adam's and v p^2 times: the gradients were summed, not "
                 "averaged; divide the reduce-scattered gradient by p (Adam's step hides it: it is scale-free but for eps)")
     return head
+
+
+def unshared_update(case: Training, rank: int, shard: tuple[int, int], sent: SentLog, adam: Adam) -> str | None:
+    """None if after every step the rank sent its shard of the updated weights (or of the update
+    itself) in one message of at most its padded shard: what its peers cannot compute without its
+    moments. A rank that updates every parameter itself (a whole-gradient allreduce) holds whole
+    moments, whatever its state() reports; its agent's copy of what it sent says so."""
+    lo, hi = shard
+    if hi <= lo:
+        return None
+    if sent.overflowed:
+        return f"rank {rank} sent more than the harness keeps a copy of: what it sent cannot be read"
+    longest = ceil(case.size / case.p)
+    before = cases.initial_weights(case).astype(np.float64)
+    for step, after in enumerate(adam.path, 1):
+        wanted = (after[lo:hi], (after - before)[lo:hi])
+        if not any(_carries(item.data, want, case, longest) for item in sent.items for want in wanted):
+            return (f"rank {rank} never sent its updated shard of the weights, [{lo}, {hi}), after step {step}: "
+                    "ZeRO hands each owner's updated shard to the others (the allgather); a rank whose peers never "
+                    "receive it updates every parameter itself, with whole moments")
+        before = after
+    return None
+
+
+def _carries(data: np.ndarray, want: np.ndarray, case: Training, longest: int) -> bool:
+    n = want.size
+    if not n <= data.size <= longest or data.dtype.kind != "f":
+        return False
+    return first_mismatch(data[:n].astype(np.float64), want, rtol=0.0, atol=WEIGHT_TOL * case.lr) is None
 
 
 # -- bytes -----------------------------------------------------------------------------------------

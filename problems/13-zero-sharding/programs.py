@@ -11,7 +11,7 @@ import numpy as np
 from distlab import IN_PLACE, MAX, SUM
 
 from . import cases
-from .cases import Baseline, Footprint, Memory, Training
+from .cases import Baseline, Footprint, Memory, RankData, Training
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,13 @@ def read_state(opt: Any) -> Any:
         return f"opt.state() gave no {{'start', 'm', 'v'}} ({type(exc).__name__}: {exc})"
 
 
-def train(comm: Any, solution: Any, case: Training) -> Trained:
+def train(comm: Any, solution: Any, case: RankData) -> Trained:
     # Every rank starts from the same weights; each step's gradient is of the rank's own batch.
-    rank = comm.Get_rank()
-    weights, losses = cases.initial_weights(case), []
+    weights, losses = case.weights.copy(), []
     opt = solution.ShardedAdam(comm, case.size, case.lr, (case.beta1, case.beta2), case.eps)
     for step in range(case.steps):
-        loss, grad = cases.local_gradient(case, weights, rank, step)
+        loss, grad = cases.loss_and_gradient(case, weights, *case.batches[step])
+        grad = grad.astype(np.float32)
         losses.append(loss)
         comm.compute(flops=6.0 * case.batch * case.size, label="forward+backward")
         comm.mark("step")
@@ -76,9 +76,10 @@ def data_parallel(comm: Any, solution: Any, baseline: Baseline) -> None:
     # The baseline the byte check compares with: what plain data parallel moves every step, one
     # allreduce of the whole float32 gradient (the harness's code; its updates do not matter here).
     case = baseline.training
-    weights = cases.initial_weights(case)
+    assert isinstance(case, RankData)
+    weights = case.weights.copy()
     for step in range(case.steps):
-        grad = cases.local_gradient(case, weights, comm.Get_rank(), step)[1]
+        grad = cases.loss_and_gradient(case, weights, *case.batches[step])[1].astype(np.float32)
         comm.mark("step")
         comm.Allreduce(IN_PLACE, grad, op=SUM)
     comm.mark("done")
@@ -135,7 +136,7 @@ def main(comm, solution, hidden="200", steps="10", stage="2", params="7.5e9", gp
         distlab tune 13 --param stage=0,1,2,3 --metric gb_per_rank
         distlab tune 13 --param gpus=1,4,16,64,256,1024 --fixed stage=2 --metric gb_per_rank"""
     case, rank = free_case(comm.Get_size(), hidden, steps), comm.Get_rank()
-    trained = train(comm, solution, case)
+    trained = train(comm, solution, case.for_rank(rank))
     held = np.array([trained.state["m"].size if isinstance(trained.state, dict) else 0], dtype=np.float64)
     comm.Allreduce(IN_PLACE, held, op=MAX)  # the most moments any rank holds
     rank0 = trained.weights.copy()
