@@ -306,6 +306,67 @@ def test_tolerances_keep_the_common_wrong_answers_twice_away(check: ModuleType, 
             assert (np.abs((case.p - 1) * grad) / (judging.ATOL + judging.RTOL * np.abs(grad))).max() >= 2
 
 
+def _carried(cases: ModuleType, case: Any, b2_share: Callable[[int], float]) -> dict[str, list[list[np.ndarray]]]:
+    """What each rank's allreduces carry in an honest TP MLP written another way: numpy, not torch, the sums in
+    another order; ``b2_share(rank)``: the multiple of b2 the rank puts into its partial sum (b2 is added after
+    the sum only where no rank did)."""
+    import math
+
+    erf = np.vectorize(math.erf)
+    x, gout, whole = cases.mlp_inputs(case)
+    n, sent, inputs = case.ffn // case.p, {"forward": [[] for _ in range(case.p)],
+                                          "backward": [[] for _ in range(case.p)]}, []
+    for w1, b1, w2, b2 in whole:
+        inputs.append(x)
+        parts = []
+        for rank in range(case.p):
+            cut = slice(rank * n, (rank + 1) * n)
+            z = x @ w1[cut].T + b1[cut]
+            parts.append(np.einsum("...f,hf->...h", 0.5 * z * (1 + erf(z / math.sqrt(2))), w2[:, cut])
+                         + b2_share(rank) * b2)
+            sent["forward"][rank].append(parts[-1].ravel())
+        x = np.sum(parts, axis=0) + (0 if any(b2_share(r) for r in range(case.p)) else b2)
+    for block in reversed(range(case.blocks)):
+        w1, b1, w2, _ = whole[block]
+        parts = []
+        for rank in range(case.p):
+            cut = slice(rank * n, (rank + 1) * n)
+            z = inputs[block] @ w1[cut].T + b1[cut]
+            slope = 0.5 * (1 + erf(z / math.sqrt(2))) + z * np.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+            parts.append(((gout @ w2[:, cut]) * slope) @ w1[cut])
+            sent["backward"][rank].append(parts[-1].ravel())
+        gout = np.sum(parts, axis=0)
+    return sent
+
+
+def test_the_allreduces_must_carry_the_partial_sums(cases: ModuleType, judging: ModuleType) -> None:
+    """The counting check reads what each allreduce carried (the agents' record): an honest TP MLP written
+    another way passes, with b2 after the sum, in one rank's partial sum or in every rank's (bias_every_rank,
+    which the values check names); junk of the right size fails, naming the rank, the allreduce and what it
+    should have carried (an outside tester sent zeros of the right size)."""
+    for case in (c for batch in cases.mlp_cases(SEED) for c in batch):
+        for share in (lambda r: 0.0, lambda r: float(r == case.p - 1), lambda r: 1.0):
+            assert judging.diagnose_carried(case, _carried(cases, case, share)) is None, case
+        sent = _carried(cases, case, lambda r: 0.0)
+        sent["forward"][1][0] = np.zeros_like(sent["forward"][1][0])
+        msg = judging.diagnose_carried(case, sent)
+        assert "rank 1's forward allreduce of block 0 carried something else" in msg
+        assert "partial sum of the row-parallel layer" in msg and "saw 0" in msg
+        sent = _carried(cases, case, lambda r: 0.0)
+        x, _, _ = cases.mlp_inputs(case)
+        sent["forward"][0][-1] = x.ravel()  # the block's input, echoed (right for block 0 only if it were x)
+        assert f"rank 0's forward allreduce of block {case.blocks - 1}" in judging.diagnose_carried(case, sent)
+        sent = _carried(cases, case, lambda r: 0.0)
+        sent["backward"][0][0] = 2 * sent["backward"][0][0]
+        msg = judging.diagnose_carried(case, sent)
+        assert f"rank 0's backward allreduce of block {case.blocks - 1} carried something else" in msg
+        assert "its part of the block's input gradient" in msg
+        sent["backward"][0][0] = sent["backward"][0][0][::2].astype(np.float32)
+        assert "float32 values, expected tokens x hidden" in judging.diagnose_carried(case, sent)
+        sent["backward"][0] = "the record of what rank 0 sent overflowed"
+        assert "overflowed" in judging.diagnose_carried(case, sent)
+
+
 def test_shards_follow_the_card(judging: ModuleType) -> None:
     whole = np.arange(24.0).reshape(4, 6)
     assert judging.shard("fc1.weight", whole, 1, 2).tolist() == whole[2:4].tolist()
@@ -452,9 +513,16 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
         {PLAN},
         ["the rule's answer without activations: the activations are missing"],
     ),
-    "forged_rule_and_whole_mlp.py": (
-        {PLAN, MLP},
-        ["plan raised RuntimeError: no cases module", "each rank holds only its own partial sum"],
+    "forged_rule_and_whole_mlp.py": (  # its allreduces carry zeros: no points for counting them
+        {PLAN, MLP, COUNT, TIME},
+        ["plan raised RuntimeError: no cases module", "each rank holds only its own partial sum",
+         "rank 0's forward allreduce of block 0 carried something else", "an allreduce carried something else"],
+    ),
+    "forged_junk_echo.py": (
+        {MLP, COUNT, TIME},
+        ["each rank holds only its own partial sum",
+         "rank 0's forward allreduce of block 0 carried something else: it must carry its partial sum of the "
+         "row-parallel layer", "an allreduce carried something else (see the check above)"],
     ),
     "row_split_wrong_dim.py": (
         {MLP, SPLIT, COUNT, TIME},
@@ -476,7 +544,11 @@ REAL_BUG = {
     "plan_no_activations.py": "the activations are missing",
     "row_split_wrong_dim.py": "RuntimeError: mat1 and mat2 shapes cannot be multiplied",
     "forged_rule_and_whole_mlp.py": "each rank holds only its own partial sum",
+    "forged_junk_echo.py": "forward allreduce of block 0 carried something else",
 }
+
+# What the counting check says of an allreduce that carries junk: said of the forged fixtures only.
+CARRIED_JUNK = "carried something else"
 
 
 def test_every_buggy_fixture_has_a_row() -> None:
@@ -503,7 +575,7 @@ def test_plan_messages_name_only_the_fixtures_own_misreading(name: str, cases: M
             if seed == SEED:  # what the plan check says, as its end-to-end run would print it
                 told = judging.diagnose_all_dp(table, answers) or wrong[0]  # as plan_table fails
                 assert all(needle in told for needle in BUGGY[name][1]), (BUGGY[name][1], told)
-        elif name.startswith("forged_"):  # the checker's rule is out of the ranks' reach: plan has none
+        elif name == "forged_rule_and_whole_mlp.py":  # the checker's rule is out of the ranks' reach: no plan
             assert wrong and all("plan raised RuntimeError: no cases module" in message for message in wrong)
         else:
             assert wrong == [], wrong
@@ -527,6 +599,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
         assert status == ("failed" if check_name in failing else "passed"), (check_name, run.out)
     for needle in needles:
         assert needle in run.messages(), f"{needle!r} missing from:\n{run.out}"
+    assert (CARRIED_JUNK in run.messages()) == name.startswith("forged_"), run.out
     assert f"distlab check 05 --seed {SEED}" in run.flat
     if name == "row_split_wrong_dim.py":
         # The MLP crashed, the plan was still graded on its own.

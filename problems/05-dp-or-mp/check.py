@@ -1,7 +1,8 @@
 """Checks for problem 05. The plan on a table of cases (eight named ones, then hidden ones) against
 the checker's own rule, a wrong layout's memory worked out to say why; then the tensor-parallel MLP
 on p = 2, 3 and 4 ranks: values against one device, each rank's share of the weights (1/p), one
-allreduce of tokens x hidden each way per block, and their time on the virtual clock."""
+allreduce of tokens x hidden each way per block carrying the rank's partial sum (forward) or its part of
+dL/dx (backward), as its agent recorded what it sent, and their time on the virtual clock."""
 
 from collections import Counter
 
@@ -37,7 +38,8 @@ def one_launch(t: CheckContext) -> Run:
     plan, named = plan_task(t.seed), len(cases.NAMED_CASES)
     t.say(f"{named} named cases and {len(plan.cases) - named} hidden ones; 16 bytes "
           "per parameter plus activations, least model parallelism first, TP before PP")
-    mlp = [Task(ranks=batch[0].p, cases=batch, label=f"the MLP cases with p = {batch[0].p}")
+    # The MLP tasks keep a copy of what each rank sends: the allreduces must carry the partial sums.
+    mlp = [Task(ranks=batch[0].p, cases=batch, label=f"the MLP cases with p = {batch[0].p}", record_sent=True)
            for batch in cases.mlp_cases(t.seed)]
     try:
         return t.launch(programs.run_cases, [plan, *mlp])
@@ -174,7 +176,8 @@ def weights_split(t: CheckContext, one_launch: Run) -> None:
 @CHECKS.check("one allreduce of tokens x hidden values in forward, one in backward, per block", points=2)
 def one_allreduce_each_way(t: CheckContext, one_launch: Run) -> None:
     run = mlp_run(one_launch)
-    for result in mlp_results(t, run):
+    results = mlp_results(t, run)
+    for result in results:
         case = result.case
         for rank, by_phase in enumerate(phases(t, result)):
             for phase, counts in by_phase.items():
@@ -188,6 +191,10 @@ def one_allreduce_each_way(t: CheckContext, one_launch: Run) -> None:
                          "activations (or their gradient), not the weights")
     outside_phases(t, run)
     t.say("one forward and one backward allreduce of tokens x hidden per block, on every rank")
+    for result in results:  # and what they carried, as each rank's agent copied it
+        if message := judging.wrong_carried(result):
+            t.fail(message)
+    t.say("each carries the rank's partial sum (forward) or its part of dL/dx (backward)")
 
 
 @CHECKS.check("TP communication time within 5% of two ring allreduces per block", points=2)
@@ -204,6 +211,8 @@ def tp_time(t: CheckContext, one_launch: Run) -> None:
                          "one allreduce each way per block before the time is graded",
                          f"{case.label()}: rank {rank} made {judging.allreduce_calls(by_phase['forward'])} in "
                          f"forward and {judging.allreduce_calls(by_phase['backward'])} in backward (see the check above)")
+            t.expect(judging.wrong_carried(result) is None, "allreduces that carry the partial sums before the time "
+                     "is graded", f"{case.label()}: an allreduce carried something else (see the check above)")
         bound = sum(2 * r.case.blocks * judging.ring_time(t, p, r.case.activation_bytes) for r in results)
         measured = t.measured_time(task_run)
         t.say(f"p = {p}: {measured * 1e6:.1f} us {t.clock} for {sum(2 * r.case.blocks for r in results)} "

@@ -10,8 +10,18 @@ from itertools import product
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from distlab.grading import COLLECTIVES, POINT_TO_POINT, CheckContext, Counts, cost
+from distlab.grading import (
+    COLLECTIVE,
+    COLLECTIVES,
+    POINT_TO_POINT,
+    CaseRun,
+    CheckContext,
+    Counts,
+    cost,
+)
 
 from . import cases
 from .cases import (
@@ -514,3 +524,103 @@ def ring_time(t: CheckContext, p: int, nbytes: int) -> float:
     alpha, beta = max(r.alpha_s for r in routes), max(r.beta_s_per_byte for r in routes)
     formula = cost.ring_allreduce_time(p, nbytes, alpha, beta)
     return formula if t.on_card_setting else max(formula, t.collective_time("Allreduce", p, nbytes))
+
+
+# == the tensor-parallel MLP: what the allreduces carry ===========================================
+# The counters say how many bytes each allreduce moved; the record of what each rank sent (the MLP tasks
+# ask for it: Task(record_sent=True)) says what they were. Each is recomputed here from the whole case,
+# block after block, from what the earlier blocks' allreduces carried: a forward allreduce carries the
+# rank's partial sum of the row-parallel layer (b2 in it or not: one rank may add it before the sum), a
+# backward one the rank's part of dL/dx. Junk of the right size (zeros, the block's own input) fails.
+
+CARRIED = "carried something else"
+CARRIES = {
+    "forward": "its partial sum of the row-parallel layer, gelu(x W1_r^T + b1_r) W2_r^T with its own shard "
+               "(b2 added once: after the sum, or into it by one rank)",
+    "backward": "its part of the block's input gradient, ((dL/dy W2_r) * gelu'(x W1_r^T + b1_r)) W1_r with its "
+                "own shard (f's backward sums these parts)",
+}
+
+
+def allreduced(result: CaseRun[MlpCase], rank: int, phase: str) -> list[np.ndarray] | str:
+    """What ``rank`` contributed to each Allreduce of this case's ``phase``, as its agent copied it when the call
+    started, in call order; a string when the record cannot tell (it overflowed: no evidence, no pass)."""
+    task = result.task
+    log = task.sent(rank)
+    if log.overflowed:
+        return (f"the record of what rank {rank} sent overflowed (it keeps 64 MiB): no evidence of "
+                "what its allreduces carried")
+    nth = next(i for i, case in enumerate(task.spec.cases or ()) if case is result.case)
+    starts = [i + 1 for i, (name, _) in enumerate(task.outcomes[rank].marks) if name == phase]
+    return [item.data for item in log.items
+            if item.after_marks == starts[nth] and item.op == "Allreduce" and item.peer == COLLECTIVE]
+
+
+def partials(case: MlpCase, a: np.ndarray, g: np.ndarray | None, weights: Weights) -> list[np.ndarray]:
+    """Per rank, its forward partial sum (``g`` None) or its part of dL/da for the output gradient ``g``: one
+    block on its input ``a``, with the rank's own shard of ``weights``, as nn.Linear and nn.GELU compute it."""
+    n, (w1, b1, w2, _) = case.ffn // case.p, weights
+    out = []
+    for rank in range(case.p):
+        cut = slice(rank * n, (rank + 1) * n)
+        x = torch.from_numpy(a).requires_grad_(g is not None)
+        partial = F.linear(F.gelu(F.linear(x, torch.from_numpy(w1[cut]), torch.from_numpy(b1[cut]))),
+                           torch.from_numpy(np.ascontiguousarray(w2[:, cut])))
+        if g is None:
+            out.append(partial.detach().numpy())
+        else:
+            out.append(torch.autograd.grad(partial, x, torch.from_numpy(g))[0].numpy())
+    return out
+
+
+def diagnose_carried(case: MlpCase, sent: dict[str, list[list[np.ndarray] | str]]) -> str | None:
+    """The first allreduce that did not carry what it must (None if all did). ``sent[phase][rank]``: what the
+    rank allreduced in that phase, in call order (backward: the last block first), or why there is no record."""
+    x0, gout, weights = mlp_inputs(case)
+    shape = x0.shape
+
+    def wrong(phase: str, block: int, rank: int, got: np.ndarray, want: np.ndarray) -> str | None:
+        head = f"{case.label()}: rank {rank}'s {phase} allreduce of block {block}"
+        if got.dtype != np.float64 or got.size != want.size:
+            return (f"{head} carried {got.size} {got.dtype} values, expected tokens x hidden = {want.size} float64: "
+                    f"{CARRIES[phase]}")
+        if close(got.reshape(shape), want):
+            return None
+        return f"{head} {CARRIED}: it must carry {CARRIES[phase]}; {worst(got.reshape(shape), want)}"
+
+    for phase, per_rank in sent.items():
+        for rank, items in enumerate(per_rank):
+            if isinstance(items, str):
+                return f"{case.label()}: {items}"
+            if len(items) != case.blocks:
+                return (f"{case.label()}: rank {rank}'s record holds {len(items)} allreduce(s) in {phase}, "
+                        f"expected {case.blocks}")
+    a, inputs = x0, []
+    for block, ws in enumerate(weights):  # forward: b2 may be in a partial sum, a multiple c of it
+        inputs.append(a)
+        bias, times = np.broadcast_to(ws[3], shape), 0.0
+        parts = partials(case, a, None, ws)
+        for rank, want in enumerate(parts):
+            got = np.asarray(sent["forward"][rank][block])
+            if got.dtype == np.float64 and got.size == want.size:
+                c = float(np.vdot(got.reshape(shape) - want, bias) / max(np.vdot(bias, bias), 1e-300))
+                want, times = want + c * bias, times + c
+            if message := wrong("forward", block, rank, got, want):
+                return message
+        # The next block's input, as the ranks had it: b2 counted as often as they put it in, at least once.
+        a = np.sum(parts, axis=0) + max(1.0, times) * ws[3]
+    g = gout
+    for i, block in enumerate(reversed(range(case.blocks))):  # backward: the last block first
+        parts = partials(case, inputs[block], g, weights[block])
+        for rank, want in enumerate(parts):
+            if message := wrong("backward", block, rank, np.asarray(sent["backward"][rank][i]), want):
+                return message
+        g = np.sum(parts, axis=0)
+    return None
+
+
+def wrong_carried(result: CaseRun[MlpCase]) -> str | None:
+    """diagnose_carried on what each rank of the case sent, as its agent recorded it."""
+    sent = {phase: [allreduced(result, rank, phase) for rank in range(result.ranks)]
+            for phase in ("forward", "backward")}
+    return diagnose_carried(result.case, sent)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlab import IN_PLACE, SUM
+from distlab import IN_PLACE, SUM  # noqa: F401 (you will need them)
 
 BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 master weights 4 + Adam m 4 + v 4
 
