@@ -172,7 +172,8 @@ def values_seen(comm, solution, cut):
 
 def sends_of_every_kind(comm, solution):
     """One send of each kind the sent log copies, each buffer changed right after its call (the
-    log keeps what was sent, not what the buffer later held); rank 0 is the Bcast's root."""
+    log keeps what was sent, not what the buffer later held); rank 0 is the Bcast's root. Then
+    two that leave no trace there."""
     import numpy as np
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -191,4 +192,8 @@ def sends_of_every_kind(comm, solution):
         comm.Send(np.array([7], dtype=np.int64), 1)
     elif rank == 1:
         comm.Recv(np.empty(1, dtype=np.int64), 0)
+    # What reaches no other rank is not logged: a communicator of one, a message to itself.
+    alone = comm.Split(rank, 0)
+    alone.Allgather(np.full(2, 5.0), np.empty(2))
+    comm.Sendrecv(np.ones(1), rank, 9, np.empty(1), rank, 9)
     return None

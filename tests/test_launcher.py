@@ -337,8 +337,9 @@ def test_each_rank_is_handed_its_own_view_of_an_argument_that_cuts_itself() -> N
 def test_a_task_that_asks_keeps_a_copy_of_everything_each_rank_sent(seal: bool) -> None:
     """Task(record_sent=True): the values each rank sent (point to point with their world
     destination, a collective's contribution with COLLECTIVE; a non-root's Bcast sends nothing),
-    as they were when the call started, and the marks before each; a task that does not ask
-    keeps nothing."""
+    as they were when the call started, the marks before each and the communicator; nothing that
+    reaches no other rank (an Allgather on a communicator of one, a message to itself); a task
+    that does not ask keeps nothing."""
     import numpy as np
 
     from distlab.runtime.comm.sent import COLLECTIVE
@@ -349,11 +350,11 @@ def test_a_task_that_asks_keeps_a_copy_of_everything_each_rank_sent(seal: bool) 
     assert result.ok, result.message
     for rank, outcome in enumerate(result.task_outcomes(0)):
         assert outcome.sent is not None and not outcome.sent.overflowed
-        seen = [(s.op, s.peer, s.data.dtype.name, s.data.tolist(), s.after_marks) for s in outcome.sent.items]
-        expected = [("Sendrecv", 1 - rank, "float64", [10.0 * rank] * 3, 0),
-                    ("Allreduce", COLLECTIVE, "float64", [10.0 * rank + 1] * 3, 1)]
+        seen = [(s.op, s.peer, s.data.dtype.name, s.data.tolist(), s.after_marks, s.group) for s in outcome.sent.items]
+        expected = [("Sendrecv", 1 - rank, "float64", [10.0 * rank] * 3, 0, (0, 1)),
+                    ("Allreduce", COLLECTIVE, "float64", [10.0 * rank + 1] * 3, 1, (0, 1))]
         if rank == 0:
-            expected += [("Bcast", COLLECTIVE, "int32", [0, 1, 2, 3], 1), ("Send", 1, "int64", [7], 1)]
+            expected += [("Bcast", COLLECTIVE, "int32", [0, 1, 2, 3], 1, (0, 1)), ("Send", 1, "int64", [7], 1, (0, 1))]
         assert seen == expected
         assert outcome.sent.nbytes == sum(np.asarray(e[3]).size * (4 if e[2] == "int32" else 8) for e in expected)
     assert all(outcome.sent is None for outcome in result.task_outcomes(1))

@@ -294,6 +294,7 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "reused_whole_buffers.py": ([STATE], ["keeps nothing whole-size between steps", "as much as plain Adam's whole m and v"]),
     "forged_calculator.py": ([CALC], ["raised StopIteration"]),
     "forged_unsharded_mmap.py": ([STATE], ["never sent its updated shard of the weights"]),
+    "forged_solo_allgather.py": ([STATE], ["never sent its updated shard of the weights"]),
 }
 
 # Each diagnosis that names a cause, and the fixtures whose bug it is: silent on every other one.
@@ -308,7 +309,7 @@ NAMES_ITS_BUG = {
     "fp16 gradients whole": {"stage2_whole_grads.py"},
     "keeps nothing whole-size between steps": {"reused_whole_buffers.py"},
     "raised StopIteration": {"forged_calculator.py"},
-    "never sent its updated shard": {"forged_unsharded_mmap.py"},
+    "never sent its updated shard": {"forged_unsharded_mmap.py", "forged_solo_allgather.py"},
 }
 
 

@@ -81,9 +81,16 @@ class Collectives:
         self._check_hung()
         self.stats.count_call(op, nbytes)
         if sent is not None and self._book.sent is not None:
-            self._book.sent.add(op, COLLECTIVE, sent, len(self._book.marked))
+            self._log_contribution(op, root, sent)
         self._slot.blocked(op, (ALL_PEERS,), nbytes, self._ctx)
         self._coll_started = (op, nbytes, root, time.perf_counter(), per_peer)
+
+    def _log_contribution(self, op: str, root: int, sent: np.ndarray) -> None:
+        """What this rank hands the others (sent.py): nothing on a communicator of one rank, nor
+        the root's own share of a rooted reduction or gather, which stays where it is."""
+        if self._size == 1 or (op in ("Gather", "Reduce") and root == self._engine.rank):
+            return
+        self._book.sent.add(op, COLLECTIVE, sent, len(self._book.marked), tuple(self._world_ranks))
 
     def _complete(self, run: Callable[[], None], start: Callable[[], EngineRequest],
                   buffers: Any) -> None:
@@ -202,7 +209,7 @@ class Collectives:
         self._check_hung()
         self.stats.count_call(op, nbytes)
         if sent is not None and self._book.sent is not None:
-            self._book.sent.add(op, COLLECTIVE, sent, len(self._book.marked))
+            self._log_contribution(op, root, sent)
         wall0 = time.perf_counter()
         inner = start()
         req = 0

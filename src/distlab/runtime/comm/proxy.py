@@ -163,9 +163,11 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         return self._book.by_communicator()
 
     def _log_sent(self, op: str, peer: int, array: np.ndarray) -> None:
+        """``peer``: a world rank; a send to this rank itself reaches no other and is not logged."""
         book = self._book
         assert book.sent is not None
-        book.sent.add(op, peer, array, len(book.marked))
+        if peer != self._world_ranks[self._engine.rank]:
+            book.sent.add(op, peer, array, len(book.marked), tuple(self._world_ranks))
 
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
