@@ -407,6 +407,83 @@ def test_over_the_whole_task_only_the_steps_messages_travel() -> None:
     assert "stage 0 called Barrier" in judging.task_traffic_message(Task(barrier=1), pipes)
 
 
+class SentStep:
+    """What contents_message reads of a Step: p, and each stage's declared operations."""
+
+    def __init__(self, pipe: Any, ops: list[list[tuple[str, int]]] | None = None) -> None:
+        self.p = pipe.p
+        self.ops = ops or [cases.operations(pipe.schedule, pipe.p, pipe.m, s) for s in range(pipe.p)]
+
+
+def honest_sends(pipe: Any, want: Any, weight: float = 1.0) -> list[list[tuple[int, np.ndarray]]]:
+    """Each stage's sends in the canonical order, carrying one process's values (the gradients
+    ``weight`` times theirs, as a loss weight of weight/m would make them)."""
+    sends: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(pipe.p)]
+    for s in range(pipe.p):
+        for kind, i in cases.operations(pipe.schedule, pipe.p, pipe.m, s):
+            if kind == "F" and s < pipe.p - 1:
+                sends[s].append((s + 1, want.activations[s][i].ravel().copy()))
+            if kind == "B" and s > 0:
+                sends[s].append((s - 1, weight * want.input_grads[s][i].ravel().copy()))
+    return sends
+
+
+def test_the_messages_must_carry_the_pipeline_s_activations_and_gradients() -> None:
+    """Junk of the right size fails, forward or back; values from float64 math in another order
+    (torch's Stages on one process), a wrong loss weight for the whole step and a gradient paired
+    with another micro-batch's activation are left to the gradient checks."""
+    pipe = cases.hidden(5).one_f_one_b[0]
+    want = judging.carried(pipe)[0]
+    step = SentStep(pipe)
+    assert judging.contents_message(pipe, step, honest_sends(pipe, want), want) is None
+    assert judging.contents_message(pipe, step, honest_sends(pipe, want, weight=pipe.m), want) is None
+    # Each micro-batch through the harness's Stages on one process, each gradient from the Stage's backward.
+    comms = [FakeComm(s) for s in range(pipe.p)]
+    stages = [programs.Stage(comms[s], pipe.for_rank(s), 0, programs.stage_module(pipe.for_rank(s), s))
+              for s in range(pipe.p)]
+    staged: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(pipe.p)]
+    for i in range(pipe.m):
+        x = None
+        for stage in stages:
+            x = stage.forward(i, x)
+            if stage.index < pipe.p - 1:
+                staged[stage.index].append((stage.index + 1, x.ravel()))
+        g = 1.0 / pipe.m
+        for stage in reversed(stages):
+            g = stage.backward(i, g)
+            if stage.index > 0:
+                staged[stage.index].append((stage.index - 1, g.ravel()))
+    assert judging.contents_message(pipe, step, staged, want) is None
+    rng = np.random.default_rng(0)
+
+    def said(s: int, peer: int, n: int, value: Any) -> str | None:
+        sends = honest_sends(pipe, want)
+        k = [j for j, (d, _) in enumerate(sends[s]) if d == peer][n]
+        sends[s][k] = (peer, value)
+        return judging.contents_message(pipe, step, sends, want)
+
+    junk = said(0, 1, 0, rng.standard_normal(cases.MICRO * cases.WIDTH))
+    assert junk and f"{pipe.label()}, step 0: stage 0's message 1 to stage 1 carried" in junk
+    assert "not stage 0's output activation of micro-batch 0" in junk
+    assert "stage 2's message 3 to stage 1 carried" in said(2, 1, 2, rng.standard_normal(cases.MICRO * cases.WIDTH))
+    assert "for micro-batch 0" in said(3, 2, 0, np.zeros(cases.MICRO * cases.WIDTH))  # no weight is 0
+    twice = said(1, 2, 1, want.activations[1][0].ravel())  # micro-batch 0's activation sent twice
+    assert twice and "stage 1's message 2 to stage 2" in twice
+    short = honest_sends(pipe, want)
+    short[1].pop()
+    assert f"stage 1 sent {pipe.m - 1} messages to stage 0" in judging.contents_message(pipe, step, short, want)
+    # Stage 1 pairs the first two gradients stage 2 sent with its micro-batches the other way round:
+    # its own backward of real gradients, which the gradient checks name; not junk.
+    swapped = honest_sends(pipe, want)
+    y, w, grads = want.activations[1], want.weights[1], want.input_grads[2]
+    back = [k for k, (d, _) in enumerate(swapped[1]) if d == 0]
+    for n, b in [(0, 1), (1, 0)]:
+        swapped[1][back[n]] = (0, ((grads[1 - b] * (1 - y[b] ** 2)) @ w).ravel())
+    assert judging.contents_message(pipe, step, swapped, want) is None
+    swapped[1][back[0]] = (0, ((grads[1] * (1 - y[1] ** 2)) @ (2 * w)).ravel())  # not this stage's backward
+    assert "stage 1's message 1 to stage 0 carried" in judging.contents_message(pipe, step, swapped, want)
+
+
 def test_what_a_rank_returns_never_crashes_the_gradient_check() -> None:
     pipe = cases.hidden(4).small[0]
     expected = judging.one_process(pipe)[0]
@@ -464,6 +541,11 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
     "forged_emulate.py": (GPIPE, ["view of the pipeline holds no weights of stage"], ALL),
     "forged_label_crash.py": (BUBBLE, ["the declared compute differs from the harness's: stage 0 declared 'forward x'",
                                        "which its Stage never declares"], ALL),
+    # Junk of the right sizes, in the right order, with the right labels: earned the bubble and the
+    # stash (5/13) before the checks read what the messages carried.
+    "forged_junk_messages.py": (BUBBLE, ["step 0: stage 0's message 1 to stage 1 carried",
+                                         "not stage 0's output activation of micro-batch 0",
+                                         "nor of any other micro-batch of the step"], ALL),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -475,6 +557,7 @@ NAMES_ITS_BUG = {
     "micro-batches are numbered 0 to m - 1": "warmup_without_min.diff",
     "view of the pipeline holds no": "forged_emulate.py",
     "which its Stage never declares": "forged_label_crash.py",
+    "each activation a stage sends on is the one its forward computed": "forged_junk_messages.py",
 }
 
 

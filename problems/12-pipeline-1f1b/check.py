@@ -17,7 +17,11 @@ The checks then read, in the supervisor:
 The spans the bubble and the stash are read from are declared from the learner's process, so each
 check that reads them first compares them with what the harness's Stage declares for the case
 (judging.declared_message): its labels, its stage times, one forward and one backward per
-micro-batch, each after the message it needs.
+micro-batch, each after the message it needs. Junk of the right sizes in that order would still
+pass them, so they also hold what every message carried (the task keeps a copy of each, taken by
+the rank's agent) against the pipeline computed here on the whole case (judging.carried_message):
+each activation sent on is the stage's output of a micro-batch, each gradient sent back the
+stage's backward of one.
 """
 
 from typing import Any, NamedTuple
@@ -42,9 +46,9 @@ def pipelines(t: CheckContext, plan: cases.Session) -> Run:
     for pipe in plan.gpipe + plan.one_f_one_b + plan.small:
         t.say(pipe.label())
     return t.launch(programs.run_cases, [
-        Task(cases.STAGES, cases=list(plan.gpipe), label="GPipe with m >= p"),
-        Task(cases.STAGES, cases=list(plan.one_f_one_b), label="1F1B with m >= p"),
-        Task(cases.STAGES, cases=list(plan.small), label="GPipe and 1F1B with m < p")])
+        Task(cases.STAGES, cases=list(plan.gpipe), label="GPipe with m >= p", record_sent=True),
+        Task(cases.STAGES, cases=list(plan.one_f_one_b), label="1F1B with m >= p", record_sent=True),
+        Task(cases.STAGES, cases=list(plan.small), label="GPipe and 1F1B with m < p", record_sent=True)])
 
 
 GPIPE_TASK, ONE_F_ONE_B_TASK, SMALL_TASK = range(3)  # the tasks of the launch, in order
@@ -122,7 +126,8 @@ def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
         bound = cases.expected_bubble(pipe, message_s(t))
         for k in range(STEPS):
             step = step_of(t, result, k)
-            if message := judging.declared_message(pipe, step, times=not t.learner_faults):
+            if message := (judging.declared_message(pipe, step, times=not t.learner_faults)
+                           or judging.carried_message(pipe, result.task, step, k, result.values)):
                 t.fail(message)
             if t.learner_faults:
                 t.say(f"{pipe.label()}: bubble {step.bubble} under your fault plan (not graded)")
@@ -147,7 +152,8 @@ def stash_is_bounded(t: CheckContext, pipelines: Run) -> None:
         pipe = result.case
         step = step_of(t, result, 0)
         if message := (judging.declared_message(pipe, step, times=not t.learner_faults)
-                       or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)):
+                       or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
+                       or judging.carried_message(pipe, result.task, step, 0, result.values)):
             t.fail(message)
         t.metric(f"stash {pipe.schedule} m={pipe.m}", step.peaks)
         t.say(f"{pipe.label()}: peak stash per stage {step.peaks}")
@@ -162,7 +168,8 @@ def fewer_micro_batches_than_stages(t: CheckContext, pipelines: Run) -> None:
     for result in runs:
         pipe, step = result.case, step_of(t, result, 0)
         problem = (judging.declared_message(pipe, step, times=not t.learner_faults)
-                   or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)) or (
+                   or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
+                   or judging.carried_message(pipe, result.task, step, 0, result.values)) or (
             None if t.learner_faults else
             judging.bubble_message(pipe, step, cases.expected_bubble(pipe, message_s(t)), BUBBLE_TOLERANCE))
         if problem:

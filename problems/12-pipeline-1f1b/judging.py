@@ -12,6 +12,8 @@ which no stage can compute without the others' data, must come with the messages
 Nothing a rank returns or declares may crash a check: what cannot be read is a failed check."""
 
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 from html import escape
 from typing import Any
 
@@ -38,15 +40,18 @@ RTOL, ATOL = 1e-9, 1e-12  # float64 sums in another order: about 1e-15 apart
 # == the schedule, read from the replay =============================================================
 
 
-def window(timeline: Any, rank: int, number: int, step: int) -> tuple[float, list[Any]]:
-    """The rank's mark of case ``number``'s step ``step`` (its virtual time) and its calls up to its next mark."""
+def window(timeline: Any, rank: int, number: int, step: int) -> tuple[float, list[Any], int]:
+    """The rank's mark of case ``number``'s step ``step`` (its virtual time), its calls up to its
+    next mark, and how many marks the rank had made once it made this one (what its sent log's
+    ``after_marks`` says of a send in the window)."""
     events, name = timeline.events(rank), f"case {number} step {step}"
     starts = [k for k, e in enumerate(events) if e.kind == "mark" and e.name == name]
     if not starts:
         raise ValueError(f"rank {rank}: no mark {name!r} in the trace")
     after = events[starts[0] + 1:]
     end = next((k for k, e in enumerate(after) if e.kind == "mark"), len(after))
-    return events[starts[0]].begin, after[:end]
+    marks = sum(1 for e in events[:starts[0] + 1] if e.kind == "mark")
+    return events[starts[0]].begin, after[:end], marks
 
 
 LABEL = re.compile(r"(forward|backward) (0|[1-9][0-9]{0,8})")
@@ -70,12 +75,13 @@ class Step:
     def __init__(self, task: Any, number: int, step: int, p: int) -> None:
         timeline = task.timeline()
         windows = [window(timeline, rank, number, step) for rank in range(p)]
-        self.start = min(mark for mark, _ in windows)
-        self.events = [spans for _, spans in windows]  # every call of each stage, in program order
-        self.compute = [[s for s in spans if s.kind == "compute"] for _, spans in windows]
-        self.sent = [[s.peer for s in spans if s.kind == "send"] for _, spans in windows]  # world ranks
-        self.collectives = [[s.name for s in spans if s.kind in ("coll", "icoll")] for _, spans in windows]
-        self.ops = [declared_operations(spans) for _, spans in windows]
+        self.start = min(mark for mark, _, _ in windows)
+        self.events = [spans for _, spans, _ in windows]  # every call of each stage, in program order
+        self.marks = [marks for _, _, marks in windows]  # the sent log's after_marks of this step's sends
+        self.compute = [[s for s in spans if s.kind == "compute"] for _, spans, _ in windows]
+        self.sent = [[s.peer for s in spans if s.kind == "send"] for _, spans, _ in windows]  # world ranks
+        self.collectives = [[s.name for s in spans if s.kind in ("coll", "icoll")] for _, spans, _ in windows]
+        self.ops = [declared_operations(spans) for _, spans, _ in windows]
         self.peaks = [peak_stash(ops) for ops in self.ops]
         ends = [s.end for spans in self.compute for s in spans]
         self.end = max(ends) if ends else self.start
@@ -285,6 +291,222 @@ def task_traffic_message(task: Any, pipes: list[Pipe]) -> str | None:
             return (f"over the whole task, stage {s} called {', '.join(others) or 'Barrier'} besides the harness's "
                     "Barrier before each step: activations and gradients go point to point")
     return None
+
+
+# == what the messages carried ======================================================================
+#
+# The counters and the trace say how many bytes went where, not what they were: junk of the right
+# size in the right order would pass every check above. The task keeps a copy of every buffer each
+# rank sent (Task(record_sent=True), taken by the rank's agent as the call started), and here each
+# step's messages are held against the pipeline the checker computes on the whole case:
+#
+# - a forward message from stage s must be stage s's output activation of one of the step's
+#   micro-batches (each once), exactly one process's within MESSAGE_RTOL;
+# - a backward message from the last stage must be the gradient of the batch's loss with respect
+#   to its input for one micro-batch (each once), up to one factor for the whole step: the loss's
+#   weight, whose value the gradient checks grade; from a stage s in between, its own backward of
+#   one micro-batch applied to one of the gradients stage s+1 sent (each once): the right one when
+#   each gradient meets its own micro-batch; another pairing is the gradient checks' to name.
+#
+# Step 1 starts from the weights SGD made of step 0's gradients, so its messages are graded only
+# where every stage handed back step 0's gradients right (else the gradient checks say why).
+
+MESSAGE_RTOL = 1e-6  # relative to the message's largest value; float64 in another order is 1e-15 off
+WEIGHT_RANGE = (1e-3, 1e3)  # the last stage's loss weight, relative to 1/m: any plausible one, not 0
+
+
+@dataclass(frozen=True, eq=False)
+class Carried:
+    """One step of the single-process pipeline: what each stage's messages must carry."""
+
+    activations: list[np.ndarray | None]  # stage s < p-1: (m, MICRO, WIDTH), its output per micro-batch
+    input_grads: list[np.ndarray | None]  # stage s > 0: (m, MICRO, fan_in), d(batch loss)/d(its input)
+    weights: list[np.ndarray]  # stage s: its linear layer's weight (fan_out x fan_in) during the step
+    grads: list[dict[str, np.ndarray]]  # stage s: its parameters' gradients of the step (one_process's)
+
+
+@lru_cache(maxsize=32)
+def carried(pipe: Pipe) -> tuple[Carried, ...]:
+    """Each step's Carried, from STEPS SGD steps of one process on the whole batch (as one_process)."""
+    modules = [programs.stage_module(pipe, s) for s in range(pipe.p)]
+    steps = []
+    for _ in range(STEPS):
+        x, inputs, outputs = programs.inputs(pipe), [], []
+        for module in modules:
+            if x.requires_grad:  # a stage's input: the previous stage's output, whose gradient is sent back
+                x.retain_grad()
+            inputs.append(x)
+            x = module(x)
+            outputs.append(x)
+        F.cross_entropy(x, programs.targets(pipe)).backward()
+        steps.append(Carried([_per_micro(pipe, outputs[s]) if s < pipe.p - 1 else None for s in range(pipe.p)],
+                             [_per_micro(pipe, inputs[s].grad) if s > 0 else None for s in range(pipe.p)],
+                             [next(module.parameters()).detach().numpy().copy() for module in modules],
+                             [programs.grads_of(module) for module in modules]))
+        for module in modules:
+            programs.sgd(module)
+    return tuple(steps)
+
+
+def _per_micro(pipe: Pipe, tensor: Any) -> np.ndarray:
+    """A batch's rows (m x MICRO) as (m, MICRO, width): micro-batch i is rows i*MICRO..."""
+    return tensor.detach().numpy().reshape(pipe.m, MICRO, -1).copy()
+
+
+def step_sends(task: Any, step: Step) -> list[list[tuple[int, np.ndarray]]] | str:
+    """Each stage's sends of the step, (destination, values) in call order, from its sent log; why
+    not, where the log cannot say (it overflowed, or the task did not keep it)."""
+    sends = []
+    for s in range(step.p):
+        try:
+            log = task.sent(s)
+        except (ValueError, LookupError, AttributeError) as error:
+            return f"stage {s}: no copy of what it sent ({error})"
+        if log.overflowed:
+            return (f"stage {s} sent more than its log keeps (it copies up to 64 MiB): what its messages carried "
+                    "is unknown")
+        sends.append([(item.peer, item.data) for item in log.items if item.after_marks == step.marks[s]])
+    return sends
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> bool:
+    return bool(np.max(np.abs(got - want)) <= MESSAGE_RTOL * max(float(np.max(np.abs(want))), 1e-12))
+
+
+def _values(array: Any, limit: int = 4) -> str:
+    """The first few values of a message, as the failure says them."""
+    try:
+        flat = np.asarray(array, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        return "values that are not numbers"
+    return "[" + ", ".join(f"{x:.4g}" for x in flat[:limit]) + (", ...]" if flat.size > limit else "]")
+
+
+def _readable(data: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    try:
+        array = np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return array.reshape(shape) if array.size == int(np.prod(shape)) and np.isfinite(array).all() else None
+
+
+def contents_message(pipe: Pipe, step: Step, sends: Any, want: Carried, k: int = 0) -> str | None:
+    """None when every message of training step ``k`` carried what the pipeline computes (see
+    above); else the first that did not: its stage, its number on its channel, what it carried and
+    what it should have. ``sends``: step_sends's."""
+    head = f"{pipe.label()}, step {k}: "
+    if isinstance(sends, str):
+        return head + sends
+    p, m = pipe.p, pipe.m
+    channels = [{n: [d for peer, d in sends[s] if peer == n] for n in (s - 1, s + 1) if 0 <= n < p} for s in range(p)]
+    orders = [{kind: [i for k, i in step.ops[s] if k == kind] for kind in "FB"} for s in range(p)]
+    for s in range(p):
+        for n, got in channels[s].items():
+            if len(got) != m:
+                return (head + f"stage {s} sent {len(got)} messages to stage {n} in this step; expected m = {m}, one "
+                        f"{'activation' if n > s else 'gradient'} per micro-batch")
+    for s in range(p - 1):  # the activations, in the forwards' direction
+        if message := _forwards_message(s, channels[s][s + 1], want.activations[s], orders[s]["F"]):
+            return head + message
+    received: list[np.ndarray] = []  # the gradients stage s+1 sent to stage s, as sent
+    for s in range(p - 1, 0, -1):  # the gradients, in the backwards' direction
+        message, received = _backwards_message(pipe, s, channels[s][s - 1], want, received, orders[s]["B"])
+        if message:
+            return head + message
+    return None
+
+
+def _which(order: list[int], n: int) -> int:
+    """The micro-batch of the stage's n-th forward (backward), by its declared order."""
+    return order[n] if n < len(order) else n
+
+
+def _forwards_message(s: int, got: list[np.ndarray], activations: np.ndarray, order: list[int]) -> str | None:
+    free = set(range(len(activations)))
+    for n, data in enumerate(got):
+        value = _readable(data, activations.shape[1:])
+        j = None if value is None else next((j for j in sorted(free) if _close(value, activations[j])), None)
+        if j is None:
+            i = _which(order, n)
+            return (f"stage {s}'s message {n + 1} to stage {s + 1} carried {_values(data)}, not stage {s}'s output "
+                    f"activation of micro-batch {i} ({_values(activations[i])}) nor of any other micro-batch "
+                    "of the step: each activation a stage sends on is the one its forward computed")
+        free.discard(j)
+    return None
+
+
+def _backwards_message(pipe: Pipe, s: int, got: list[np.ndarray], want: Carried, received: list[np.ndarray],
+                       order: list[int]) -> tuple[str | None, list[np.ndarray]]:
+    """Stage ``s``'s gradients to stage s-1 against what its backward gives; ``received``: the
+    gradients stage s+1 sent it (empty for the last stage). Returns why not, or the values sent."""
+    truth = want.input_grads[s]
+    shape = truth.shape[1:]
+    if s == pipe.p - 1:  # each micro-batch's own gradient, times one loss weight for the step
+        candidates = {(b, None): truth[b] for b in range(pipe.m)}
+    else:  # this stage's backward of micro-batch b applied to stage s+1's gradient a
+        slope = 1.0 - want.activations[s] ** 2  # tanh's, from the stage's output
+        product = np.einsum("arw,brw,wi->abri", np.stack(received), slope, want.weights[s])
+        candidates = {(b, a): product[a, b] for a in range(len(received)) for b in range(pipe.m)}
+    used_b, used_a, factor, values = set(), set(), None, []
+    for n, data in enumerate(got):
+        value = _readable(data, shape)
+        match = None
+        for (b, a), cand in ([] if value is None else candidates.items()):
+            if b in used_b or a in used_a:
+                continue
+            scale = 1.0
+            if a is None:  # the last stage: the factor of the loss's weight, one for the step
+                norm = float(np.sum(cand * cand))
+                scale = float(np.sum(value * cand)) / norm if norm > 0 else 0.0
+                low, high = WEIGHT_RANGE
+                if not low <= scale <= high or (factor is not None and abs(scale - factor) > 1e-6 * factor):
+                    continue
+            if _close(value, scale * cand):
+                match = (b, a, scale)
+                break
+        if match is None:
+            i = _which(order, n)
+            return (f"stage {s}'s message {n + 1} to stage {s - 1} carried {_values(data)}, not the gradient of the "
+                    f"batch's loss with respect to stage {s}'s input for micro-batch {i} ({_values(truth[i])}), "
+                    + ("nor that of any other micro-batch of the step, times one weight of the loss"
+                       if s == pipe.p - 1 else
+                       f"nor stage {s}'s backward of any micro-batch of the step applied to a gradient stage {s + 1} "
+                       "sent") + ": each gradient a stage sends back is the one its backward computed"), []
+        b, a, scale = match
+        used_b.add(b)
+        if a is not None:
+            used_a.add(a)
+        else:
+            factor = scale
+        values.append(value)
+    return None, values
+
+
+def gradients_right(pipe: Pipe, values: Any, step: int) -> bool:
+    """Whether every stage handed back one process's gradients on every step before ``step`` (so
+    that its weights in ``step`` are one process's, and so are its messages)."""
+    for k in range(step):
+        for s, want in enumerate(carried(pipe)[k].grads):
+            got = returned(values, s, "grads", k)
+            if not isinstance(got, dict):
+                return False
+            for name, w in want.items():
+                try:
+                    array = np.asarray(got.get(name), dtype=np.float64)
+                except (TypeError, ValueError, OverflowError):
+                    return False
+                if array.shape != w.shape or first_mismatch(array, w, rtol=RTOL, atol=ATOL):
+                    return False
+    return True
+
+
+def carried_message(pipe: Pipe, task: Any, step: Step, k: int, values: Any) -> str | None:
+    """contents_message for training step ``k`` of the pipeline (see above), None where not graded:
+    a step after wrong gradients, or one that declared no compute at all (the schedule's own checks
+    say that, as for declared_message)."""
+    if not any(step.compute) or (k > 0 and not gradients_right(pipe, values, k)):
+        return None
+    return contents_message(pipe, step, step_sends(task, step), carried(pipe)[k], k)
 
 
 def _ops_text(ops: list[tuple[str, int]]) -> str:
