@@ -160,3 +160,4 @@ def call_on_a_forged_communicator(comm):
     except Exception:  # noqa: BLE001 - the refusal is the agent's record, not this exception
         pass
     comm.Barrier()
+

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import test_launcher
-from conftest import DISTLAB, REPO, job_processes
+from conftest import DISTLAB, REPO, job_processes, run_cli
 from test_launcher import run
 
 import distlab
@@ -232,3 +232,80 @@ def test_a_checked_solution_reads_neither_the_checkout_s_history_nor_its_tests(t
     said = " ".join((done.stdout + done.stderr).split())
     assert (REPO / ".git").exists() and (REPO / "tests" / "fixtures" / "03" / "alt_isend.py").stat().st_size
     assert "git=[] alternative=FileNotFoundError" in said, said
+
+
+def test_a_result_that_names_a_function_through_a_dotted_path_runs_nothing_in_the_agent(tmp_path: Path) -> None:
+    """An outside tester ran code as root in the agent: the result's pickle named
+    ``<problem>.programs`` + ``np.lib._npyio_impl.pickle.loads`` (pickle follows dots; the
+    program imports numpy as np), around a pickle that runs anything. The agent now rebuilds only
+    classes of the package by their plain names: the check fails as tampering, and the code never
+    ran (it would have written the marker as root)."""
+    marker = tmp_path / "ran-in-the-agent"
+    solution = tmp_path / "solution.py"
+    solution.write_text(SMUGGLER.replace("MARKER", str(marker)))
+    proc = run_cli("check", "03", "--solution", str(solution), "--seed", "1", "--seal", "on", timeout=180)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and "tampered with its result" in out, out
+    assert "np.lib._npyio_impl.pickle.loads" in out, out
+    assert not marker.exists()
+
+
+# A solution of problem 03 whose every result is a pickle that reaches pickle.loads from the
+# problem's programs module, around one that writes MARKER.
+SMUGGLER = """
+import pickle, struct, sys
+from distlab import SUM
+
+
+class _Runs:
+    def __reduce__(self):
+        return (exec, ("open('MARKER', 'w').write('root' if __import__('os').getuid() == 0 else 'user')",))
+
+
+def _text(s):
+    return b"\\x8c" + bytes([len(s.encode())]) + s.encode()
+
+
+_program = next(name for name in sys.modules if name.startswith("distlab_problem_03") and name.endswith(".programs"))
+_inner = pickle.dumps(_Runs(), protocol=4)
+_evil = (b"\\x80\\x04" + _text(_program) + _text("np.lib._npyio_impl.pickle.loads") + b"\\x93"
+         + b"B" + struct.pack("<I", len(_inner)) + _inner + b"\\x85R.")
+sys.modules["distlab.runtime.rank.learner_main"].encode_value = lambda value: _evil
+
+
+def allreduce(comm, buf, op=SUM):
+    out = buf.copy()
+    comm.Allreduce(buf, out, op=op)
+    return out
+"""
+
+
+def test_the_agent_rebuilds_only_classes_of_the_package_by_their_plain_names() -> None:
+    import dataclasses
+    import pickle
+    import types
+
+    import numpy as np
+
+    from distlab.runtime.seal.values import UnsafeValue, read_value
+
+    package = types.ModuleType("distlab_problem_99_values")
+    cases = types.ModuleType("distlab_problem_99_values.cases")
+    sys.modules.update({package.__name__: package, cases.__name__: cases})
+    exec("import numpy as np\nfrom dataclasses import dataclass\n@dataclass\nclass Case:\n    n: int\n"
+         "def helper(x):\n    return x\n_hidden = 1\n", cases.__dict__)
+    try:
+        value = cases.Case(3)
+        assert read_value(pickle.dumps({"case": value, "a": np.arange(3.0)}, protocol=5), (package.__name__,))["case"] == value
+        assert dataclasses.is_dataclass(read_value(pickle.dumps(value, protocol=5), (package.__name__,)))
+
+        def naming(module: str, name: str) -> bytes:
+            return b"\x80\x04" + bytes([0x8C, len(module)]) + module.encode() + bytes([0x8C, len(name)]) + name.encode() + b"\x93."
+
+        for module, name in [(cases.__name__, "np.lib._npyio_impl.pickle.loads"), (cases.__name__, "helper"),
+                             (cases.__name__, "np"), (cases.__name__, "_hidden"), (cases.__name__, "dataclass"),
+                             (package.__name__ + ".reference", "Case"), ("numpy.dtypes", "np"), ("os", "system")]:
+            with pytest.raises(UnsafeValue, match="does not rebuild"):
+                read_value(naming(module, name), (package.__name__,))
+    finally:
+        del sys.modules[package.__name__], sys.modules[cases.__name__]

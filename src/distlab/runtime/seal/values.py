@@ -6,9 +6,10 @@ arrays, dataclasses and named tuples of their problem; but an ordinary ``pickle.
 callable the bytes name, which would hand the learner the agent (and, through the outcome file,
 the supervisor). ``read_value`` therefore unpickles with ``find_class`` limited to a list:
 containers and numbers of the standard library, NumPy's arrays, dtypes and scalars, CPU torch
-tensors (rebuilt by torch's own loader, which is weights-only), and the classes of the problem's
-own package (written by the problem's author, not the learner). Anything else is refused with the
-name it asked for, which the verdict reports as tampering or as an unsupported value.
+tensors (rebuilt by torch's own loader, which is weights-only), and the classes defined in the
+problem's own package (written by the problem's author, not the learner), by their plain names:
+neither its functions nor anything reached through a dotted name. Anything else is refused with
+the name it asked for, which the verdict reports as tampering or as an unsupported value.
 
 A failure travels as JSON of four strings (kind, summary, where, traceback): text the learner
 could forge, but only to fail its own check.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import sys
 from typing import Any
 
 # (module, name) pairs any value may use. NumPy 2 pickles under numpy._core, NumPy 1 under
@@ -56,11 +58,21 @@ class _ListedOnly(pickle.Unpickler):
         self._packages = packages
 
     def find_class(self, module: str, name: str) -> Any:
-        listed = (module, name) in _SAFE or module.startswith("numpy.dtypes")
+        if (module, name) in _SAFE:
+            return super().find_class(module, name)
+        # Otherwise a class, by its plain name, defined in a module this process has imported
+        # itself: the problem's package, or NumPy's dtype classes. Never a dotted name (pickle
+        # follows dots from attribute to attribute: "np.lib._npyio_impl.pickle.loads" from a
+        # problem module that imports numpy is pickle.loads), never a function (it would be called
+        # with the arguments the learner wrote), never a module imported because the bytes asked.
         own = any(module == p or module.startswith(p + ".") for p in self._packages)
-        if not (listed or own) or name.startswith("_") and not listed:
+        if (not (own or module == "numpy.dtypes") or not name.isidentifier() or name.startswith("_")
+                or module not in sys.modules):
             raise UnsafeValue(f"{module}.{name}")
-        return super().find_class(module, name)
+        found = getattr(sys.modules[module], name, None)
+        if not isinstance(found, type) or found.__module__ != module:
+            raise UnsafeValue(f"{module}.{name}")
+        return found
 
 
 def encode_value(value: Any) -> bytes:
