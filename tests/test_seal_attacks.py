@@ -304,7 +304,8 @@ def test_the_agent_rebuilds_only_classes_of_the_package_by_their_plain_names() -
 
         for module, name in [(cases.__name__, "np.lib._npyio_impl.pickle.loads"), (cases.__name__, "helper"),
                              (cases.__name__, "np"), (cases.__name__, "_hidden"), (cases.__name__, "dataclass"),
-                             (package.__name__ + ".reference", "Case"), ("numpy.dtypes", "np"), ("os", "system")]:
+                             (package.__name__ + ".reference", "Case"), (package.__name__ + ".judging", "Case"),
+                             ("numpy.dtypes", "np"), ("os", "system")]:
             with pytest.raises(UnsafeValue, match="does not rebuild"):
                 read_value(naming(module, name), (package.__name__,))
     finally:

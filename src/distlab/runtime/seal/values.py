@@ -17,10 +17,10 @@ could forge, but only to fail its own check.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import pickle
-import sys
 from typing import Any
 
 # (module, name) pairs any value may use. NumPy 2 pickles under numpy._core, NumPy 1 under
@@ -60,16 +60,15 @@ class _ListedOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _SAFE:
             return super().find_class(module, name)
-        # Otherwise a class, by its plain name, defined in a module this process has imported
-        # itself: the problem's package, or NumPy's dtype classes. Never a dotted name (pickle
-        # follows dots from attribute to attribute: "np.lib._npyio_impl.pickle.loads" from a
-        # problem module that imports numpy is pickle.loads), never a function (it would be called
-        # with the arguments the learner wrote), never a module imported because the bytes asked.
-        own = any(module == p or module.startswith(p + ".") for p in self._packages)
-        if (not (own or module == "numpy.dtypes") or not name.isidentifier() or name.startswith("_")
-                or module not in sys.modules):
+        # Otherwise a class, by its plain name, defined in the problem's package (its cases or its
+        # programs, imported here if need be) or among NumPy's dtype classes. Never a dotted name
+        # (pickle follows dots from attribute to attribute: "np.lib._npyio_impl.pickle.loads" from
+        # a problem module that imports numpy is pickle.loads), never a function (it would be
+        # called with the arguments the learner wrote), never another module the bytes name.
+        own = any(module in (p, f"{p}.cases", f"{p}.programs") for p in self._packages)
+        if not (own or module == "numpy.dtypes") or not name.isidentifier() or name.startswith("_"):
             raise UnsafeValue(f"{module}.{name}")
-        found = getattr(sys.modules[module], name, None)
+        found = getattr(importlib.import_module(module), name, None)
         if not isinstance(found, type) or found.__module__ != module:
             raise UnsafeValue(f"{module}.{name}")
         return found
