@@ -73,6 +73,19 @@ def test_staleness_counts_the_pushes_the_server_had_in_before_each_reply() -> No
     assert "sent worker rank 2 1 models for its 2 reads" in judging.reads_count_problem(case, reads[:3], [1, 2])
 
 
+def test_a_trace_with_a_push_after_the_last_is_told_not_crashed() -> None:
+    """A push after a worker's last, then a model sent (an outside tester's probe once made the loss
+    check index past the worker's steps): the applied check says the trace does not fit the steps."""
+    case = cases.Training("t", 1, ((1.0,), (1.0,)), 1.0, 0)  # two workers (ranks 1, 2), one step each
+    P, M = cases.PUSH, cases.MODEL
+    events = [("recv", 1, P), ("recv", 2, P), ("send", 1, M), ("send", 2, M), ("recv", 1, P),
+              ("recv", 1, P), ("recv", 1, P), ("send", 2, M)]  # rank 1: its last push, then two more (3 in all)
+    reads = judging.reads_in_trace(events, case, 0, [1, 2])
+    models = [[cases.initial_weights(case)] * 2 for _ in range(2)]
+    said = judging.applied_problem(case, reads, models, cases.initial_weights(case), [1, 2])
+    assert "the server's trace does not fit the workers' steps" in said and "3 gradients from rank 1" in said
+
+
 def test_the_cause_is_named_only_where_every_case_agrees() -> None:
     assert judging.OFF_BY_ONE in judging.staleness_cause([1, 0, 1])
     assert judging.staleness_cause([0, 0, 0]) == ""
@@ -286,6 +299,11 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
                                        cases.NOT_RECHECKED], [SYNC, STALE, SPEED, LOSS]),
     "forged_stragglers.py": (STALE, ["worker rank 1 declared", "the solution changed what they declare"],
                              [SYNC, LOSS]),
+    "forged_reorder.py": (STALE, ["worker rank 1 pushes at its step 0 where the harness's worker declares its compute",
+                                  judging.REORDERED], [SYNC, LOSS]),
+    "forged_trace.py": (SYNC, ["worker rank 1 sent rank 0 16 bytes tagged PUSH", judging.NOT_HARNESS], []),
+    "forged_extra_push.py": (SYNC, ["worker rank 1 " + judging.AFTER_LAST, "26 messages tagged PUSH"], []),
+    "forged_gradients.py": (SYNC, ["worker rank 1's push at clock 1 is " + judging.NOT_ITS_GRADIENT], []),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -297,6 +315,10 @@ NAMES_ITS_BUG = {
     cases.NOT_RECHECKED: "last_not_rechecked.py",
     "Does every push apply at once, and once?": "held_gradients.py",
     "the solution changed what they declare": "forged_stragglers.py",
+    judging.REORDERED: "forged_reorder.py",
+    judging.NOT_HARNESS: "forged_trace.py",
+    judging.AFTER_LAST: "forged_extra_push.py",
+    judging.NOT_ITS_GRADIENT: "forged_gradients.py",
 }
 
 

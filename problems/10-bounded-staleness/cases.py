@@ -3,7 +3,8 @@
 Every case is one run of the parameter server: one server (rank 0) and three workers training a
 logistic regression on batches they draw from their own stream. A case fixes the staleness bound
 s, each worker's number of steps, and each worker's compute time per step (a straggler's steps
-take 2-5x the base). The ranks use only the data and the case's compute times from here; the
+take 2-5x the base). A rank is handed only its part (``Case.for_rank``: the server the bound, the
+rate and the initial model; a worker its own batches and step times, never the seed); the
 expected values (synchronous training, the card's server simulated event by event, the loss) are
 computed in the checker.
 """
@@ -50,6 +51,44 @@ class Case:
             "steps " + ", ".join(map(str, self.steps))
         slow = sum(f > 1 for row in self.slow for f in row)
         return f"{self.what}: s = {self.staleness}, {self.workers} workers, {steps}, {slow} straggling steps"
+
+    def for_rank(self, rank: int) -> "ServerView | WorkerView":
+        """What rank ``rank`` is handed (the server rank 0, worker j rank j + 1): never the seed, which
+        would give any process every worker's batches and the whole run to simulate."""
+        if rank == 0:
+            return ServerView(self.what, self.workers, self.staleness, self.lr, initial_weights(self))
+        j = rank - 1
+        return WorkerView(self.what, j, self.workers, tuple(self.compute_s(j, c) for c in range(self.steps[j])),
+                          tuple(batch(self, j, c) for c in range(self.steps[j])))
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """The server's part of a case: the bound, the rate and the initial model; no worker's data."""
+
+    what: str
+    workers: int
+    staleness: int
+    lr: float
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """Worker ``index``'s part of a case: its own step times and batches, nothing of the others'."""
+
+    what: str
+    index: int
+    workers: int
+    seconds: tuple[float, ...]  # the compute of each of its steps, declared on the virtual clock
+    batches: tuple[tuple[np.ndarray, np.ndarray], ...]  # (X, y) of each of its steps
+
+    @property
+    def steps(self) -> int:
+        return len(self.seconds)
+
+    def compute_s(self, step: int) -> float:
+        return self.seconds[step]
 
 
 class Training(Case):

@@ -12,8 +12,14 @@ of the server's messages, which its proxy records as they happen (the agent's, o
 learner's process when sealed): every receive of a worker's push and every model sent back, in
 program order. The checker counts, at each model sent to worker j (the m-th: its read at clock
 m), the gradients each worker had in by then; the staleness is m minus the fewest. Nothing the
-learner's code reports enters it. The models the workers were sent and the server's final model
-are evidence, checked against gradient descent computed here, and the times are the replay's.
+learner's code reports enters it. Neither do the messages: every rank's agent keeps a copy of
+each buffer it sends (record_sent), and every check first holds the workers to the harness's
+protocol (judging.messages: the calls, their sizes, each push the gradient of the worker's own
+batch at the model it received) before it reads the models the server sent from those copies.
+The workers' programs run in the learner's process, so where they declare their compute (before
+each push) is checked as well as how long. Each rank is handed only its part of the case
+(Case.for_rank: no seed, no other worker's data). The server's final model is testimony, held to
+the gradients it received; the times are the replay's.
 """
 
 from distlab.grading import CheckContext, Checklist, Run, Task, first_mismatch
@@ -34,8 +40,8 @@ def plan(t: CheckContext) -> cases.Session:
 
 @CHECKS.run
 def every_case(t: CheckContext, plan: cases.Session) -> Run:
-    return t.launch(programs.run_case, [Task(c.workers + 1, case=c, label=c.label()) for c in plan.all()],
-                    online_clock=True)
+    return t.launch(programs.run_case, [Task(c.workers + 1, case=c, label=c.label(), record_sent=True)
+                                        for c in plan.all()], online_clock=True)
 
 
 @CHECKS.check("s = 0 reproduces synchronous training exactly", points=3)
@@ -43,11 +49,13 @@ def zero_is_synchronous(t: CheckContext, every_case: Run) -> None:
     run = every_case.cases(cases.Training)[0]
     case, models = run.case, cases.synchronous(run.case)
     t.say(f"{case.label()}; lr {case.lr}")
-    if problem := judging.answer_problem(run):
-        t.fail(problem)
+    sent = judging.messages(run)  # the models the server sent, as its agent copied them
+    for problem in (sent.problem, judging.answer_problem(run)):
+        if problem:
+            t.fail(problem)
     for c in range(len(models) - 1):  # the earliest wrong read: every gradient before it is synchronous
         for j in range(case.workers):
-            got = run.values[j + 1][c]
+            got = sent.models[j][c]
             if (wrong := first_mismatch(got, models[c], rtol=cases.RTOL, atol=1e-12)) is not None:
                 t.fail(judging.sync_read_problem(case, j + 1, c, got, models, wrong.describe()))
     if (wrong := first_mismatch(run.values[0], models[-1], rtol=cases.RTOL, atol=1e-12)) is not None:
@@ -61,7 +69,7 @@ def zero_is_synchronous(t: CheckContext, every_case: Run) -> None:
 def staleness_bounded(t: CheckContext, every_case: Run) -> None:
     runs = every_case.cases(cases.Training)  # s = 0, s = 3, the long straggler: in this order
     for run in runs:
-        if problem := judging.declared_problem(run):
+        if problem := judging.messages(run).problem or judging.declared_problem(run):
             t.fail(problem)
     reads = [judging.reads_of(run) for run in runs]
     for run, got in zip(runs, reads):
@@ -80,7 +88,7 @@ def staleness_bounded(t: CheckContext, every_case: Run) -> None:
 def stale_is_faster(t: CheckContext, plan: cases.Session, every_case: Run) -> None:
     run = every_case.cases(cases.Training)[1]
     case = run.case
-    if problem := judging.declared_problem(run):
+    if problem := judging.messages(run).problem or judging.declared_problem(run):
         t.fail(problem)
     samples = sum(case.steps) * cases.BATCH
     measured, sync = t.measured_time(run.task), cases.simulate(plan.synchronous).makespan
@@ -107,12 +115,12 @@ def stale_is_faster(t: CheckContext, plan: cases.Session, every_case: Run) -> No
 @CHECKS.check(f"the final loss with s = 3 within {LOSS_TOLERANCE:.0%} of synchronous training's", points=2)
 def loss_close(t: CheckContext, every_case: Run) -> None:
     run = every_case.cases(cases.Training)[1]
-    case = run.case
-    if problem := judging.answer_problem(run):
-        t.fail(problem)
+    case, sent = run.case, judging.messages(run)
+    for problem in (sent.problem, judging.answer_problem(run)):
+        if problem:
+            t.fail(problem)
     workers = judging.worker_ranks(case)
-    read_models = [run.values[rank] for rank in workers]
-    if problem := judging.applied_problem(case, judging.reads_of(run), read_models, run.values[0], workers):
+    if problem := judging.applied_problem(case, judging.reads_of(run), sent.models, run.values[0], workers):
         t.fail(problem)
     t.say("every model sent, and the final one, is the initial model minus lr x the gradients in by then")
     start, sync = cases.loss(case, cases.initial_weights(case)), cases.loss(case, cases.synchronous(case)[-1])
@@ -130,7 +138,7 @@ def finishers_released(t: CheckContext, every_case: Run) -> None:
     (run,) = every_case.cases(cases.Finishing)
     case, workers = run.case, judging.worker_ranks(run.case)
     t.say(case.label())
-    for problem in (judging.answer_problem(run), judging.declared_problem(run)):
+    for problem in (judging.messages(run).problem, judging.answer_problem(run), judging.declared_problem(run)):
         if problem:
             t.fail(problem)
     reads = judging.reads_of(run)

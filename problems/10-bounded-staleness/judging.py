@@ -1,10 +1,13 @@
 """What the checks of problem 10 need to read a run: the staleness of every read, taken from the
-server's own trace; a simulation of the parameter server on the checker's side (the synchronous
-time to beat, the time a stale-synchronous server can reach, and the models it trains); the
-messages that name a mistake."""
+server's own trace; the workers held to the harness's worker (its calls in its order, its step
+times, its messages' sizes and contents) and the models the server sent, from the copies the
+agents kept (record_sent); a simulation of the parameter server on the checker's side (the
+synchronous time to beat, the time a stale-synchronous server can reach, and the models it
+trains); the messages that name a mistake."""
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -111,8 +114,14 @@ def applied_problem(case: Case, reads: list[Read], read_models: list[list[np.nda
                     workers: list[int]) -> str | None:
     """Whether every model the server sent, and its final one, is the initial model minus lr times
     exactly the gradients it had received by then (pushes apply at once, each once). The gradients
-    are recomputed here from the models the workers read; the trace says which were in."""
+    are recomputed here from the models the server sent (its agent's copies); the trace says which were in."""
     W = case.workers
+    for r in reads:  # a trace the workers' steps cannot explain (a push after a worker's last): no index past them
+        if r.clock >= len(read_models[r.worker]) or any(n > case.steps[k] for k, n in enumerate(r.pushes)):
+            return (f"{case.label()}: the server's trace does not fit the workers' steps: worker rank "
+                    f"{workers[r.worker]}'s read at clock {r.clock} came after "
+                    f"{', '.join(f'{n} gradients from rank {workers[k]}' for k, n in enumerate(r.pushes))}, and the "
+                    f"workers have {', '.join(map(str, case.steps))} steps (one read a step)")
     sums = []  # sums[k][n]: the sum of worker k's first n gradients
     for k in range(W):
         grads = [cases.gradient(read_models[k][c], *cases.batch(case, k, c), W) for c in range(case.steps[k])]
@@ -153,9 +162,10 @@ def server_events(task: Any, server: int = 0) -> list[tuple[str, int | None, int
 
 
 def declared_problem(run: Any) -> str | None:
-    """The compute the harness's workers declared, against the case's own step times, or None.
-    The workers run next to the learner's code, which could rewrite what they declare (remove
-    the stragglers a server must cope with): the checker holds what they must declare."""
+    """The compute the harness's workers declared, against the case's own step times, and where
+    they declared it, or None. The workers run next to the learner's code, which could rewrite
+    what they declare (remove the stragglers a server must cope with) or where (push before the
+    compute, so that the compute overlaps the server's wait): the checker holds both."""
     case, timeline = run.case, run.task.timeline()
     for j, rank in enumerate(worker_ranks(case)):
         got = [span.seconds for span in timeline.events(rank, "compute")]
@@ -168,7 +178,153 @@ def declared_problem(run: Any) -> str | None:
             return (f"{case.label()}: worker rank {rank} declared {said} of compute where the harness's worker "
                     f"declares {meant}: the workers and their stragglers are the card's, and the solution "
                     "changed what they declare")
+    for j, rank in enumerate(worker_ranks(case)):
+        if problem := order_problem(run, j, rank):
+            return problem
     return None
+
+
+# -- the workers' messages and the server's models, as the agents recorded them ----------------------
+
+PUSH_BYTES, ANNOUNCE_BYTES, MODEL_BYTES = 8 * (2 + cases.FEATURES), 8, 8 * cases.FEATURES
+WORKER_CALLS = {("send", PUSH): "pushes", ("recv", MODEL): "receives its model",
+                ("send", cases.ANNOUNCE): "announces when its push leaves", ("compute", None): "declares its compute"}
+REORDERED = "the solution reordered the harness's worker"
+NOT_HARNESS = "not the harness's worker's messages"
+AFTER_LAST = "sent a push after its last"
+NOT_ITS_GRADIENT = "not the gradient of its own batch"
+TAGS = {PUSH: "PUSH", cases.ANNOUNCE: "ANNOUNCE", MODEL: "MODEL"}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a rank in program order: a send (its message), a message a wait received, a
+    compute, or any other call by its span's kind."""
+
+    kind: str
+    peer: int | None
+    tag: int | None
+    nbytes: int
+    key: tuple | None
+    end: float
+
+
+def calls(task: Any, rank: int) -> list[Call]:
+    """The rank's calls from its trace; marks, receives posted and waits that received nothing left out."""
+    out: list[Call] = []
+    for span in task.timeline().events(rank):
+        if span.kind == "send":
+            out.append(Call("send", span.peer, span.tag, span.nbytes, span.message, span.end))
+        elif span.kind == "wait":
+            out += [Call("recv", key[1], key[3], 0, key, span.end) for key in span.received]
+        elif span.kind == "compute":
+            out.append(Call("compute", None, None, 0, None, span.end))
+        elif span.kind not in ("mark", "recv"):
+            out.append(Call(span.kind, span.peer, span.tag, span.nbytes, None, span.end))
+    return out
+
+
+def order_problem(run: Any, j: int, rank: int) -> str | None:
+    """Whether worker ``j`` made the harness's worker's calls in its order, every step: receive the
+    model, announce when the push leaves (the compute's end, said before it), compute, push."""
+    case, steps = run.case, run.case.steps[j]
+    made = [c for c in calls(run.task, rank) if c.kind in ("send", "recv", "compute")]
+    got = [(c.kind, c.tag if c.kind != "compute" else None) for c in made]
+    want = [("send", PUSH)] + [("recv", MODEL), ("send", cases.ANNOUNCE), ("compute", None), ("send", PUSH)] * steps
+    if got != want:
+        at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        did = WORKER_CALLS.get(got[at], "makes another call") if at < len(got) else "stops"
+        does = WORKER_CALLS.get(want[at], "") if at < len(want) else "has stopped"
+        return (f"{run.case.label()}: worker rank {rank} {did} at its step {max(at - 1, 0) // 4} where the harness's "
+                f"worker {does} (each step: receive the model, announce, declare the compute, push): {REORDERED}, "
+                "and the compute no longer sits before its push")
+    announces = [item.data for item, c in zip(run.task.sent(rank).items, [c for c in made if c.kind == "send"])
+                 if c.tag == cases.ANNOUNCE]
+    for step, (said, compute) in enumerate(zip(announces, made[3::4])):
+        if abs(float(said[0]) - compute.end) > 1e-2 * case.compute_s(j, step):  # its clock: the replay's, +- a send
+            return (f"{case.label()}: worker rank {rank} announced its push of step {step} for {fmt_s(float(said[0]))} "
+                    f"where its compute ends at {fmt_s(compute.end)}: {REORDERED}'s announcements")
+    return None
+
+
+@dataclass
+class Messages:
+    """What travelled in one case: models[j][c], the model the server sent worker j for its read at
+    clock c; pushes[j][c], worker j's message at clock c (its clock, whether it is its last, and the
+    gradient of its step c - 1 at the model of its read c - 1; zeros at clock 0)."""
+
+    models: list[list[np.ndarray]]
+    pushes: list[list[np.ndarray]]
+    problem: str | None = None
+
+
+def messages(run: Any) -> Messages:
+    """Every worker's messages and every model the server sent, from the agents' copies, with the
+    first way they are not the harness's protocol (``problem``): a worker's calls (counts, peers,
+    tags, sizes) before the server's, then the contents, each push checked against the gradient of
+    the worker's own batch at the model it had received."""
+    case, task, ranks = run.case, run.task, worker_ranks(run.case)
+    out = Messages([[] for _ in ranks], [[] for _ in ranks])
+
+    def fail(text: str) -> Messages:
+        out.problem = f"{case.label()}: {text}"
+        return out
+
+    sends: dict[int, list[tuple[Call, np.ndarray]]] = {}
+    for rank in [*ranks, 0]:
+        made, log = [c for c in calls(task, rank) if c.kind == "send"], task.sent(rank)
+        if log.overflowed or len(log.items) != len(made) or any(i.peer != c.peer for i, c in zip(log.items, made)):
+            return fail(f"rank {rank}'s record of what it sent does not match its trace: missing evidence")
+        sends[rank] = [(c, i.data) for c, i in zip(made, log.items)]
+    for j, rank in enumerate(ranks):
+        made, steps = calls(task, rank), case.steps[j]
+        pushes = sum(c.kind == "send" and c.tag == PUSH for c in made)
+        if pushes > steps + 1:
+            return fail(f"worker rank {rank} {AFTER_LAST}: {pushes} messages tagged PUSH for its {steps} steps, where "
+                        f"the harness's worker sends {steps + 1} (one that asks for the first model, one a step)")
+        for c in made:
+            want = {("send", 0, PUSH): PUSH_BYTES, ("send", 0, cases.ANNOUNCE): ANNOUNCE_BYTES,
+                    ("recv", 0, MODEL): c.nbytes, ("compute", None, None): 0}.get((c.kind, c.peer, c.tag))
+            if want is None or c.nbytes != want:
+                what = (f"sent rank {c.peer} {c.nbytes} bytes tagged {TAGS.get(c.tag, c.tag)}" if c.kind == "send" else
+                        f"received from rank {c.peer} (tag {TAGS.get(c.tag, c.tag)})" if c.kind == "recv" else
+                        f"made a call of kind {c.kind}")
+                return fail(f"worker rank {rank} {what}, where the harness's worker sends the server, every step, a "
+                            f"PUSH of {PUSH_BYTES} bytes (its clock, whether it is its last, its gradient) and an "
+                            f"ANNOUNCE of {ANNOUNCE_BYTES}, and receives its MODEL: {NOT_HARNESS}")
+        if pushes != steps + 1 or sum(c.kind == "recv" for c in made) != steps:
+            return fail(f"worker rank {rank} sent {pushes} pushes and received "
+                        f"{sum(c.kind == 'recv' for c in made)} models for its {steps} steps: {NOT_HARNESS}")
+    models: dict[Any, np.ndarray] = {}
+    for c, data in sends[0]:
+        if c.peer not in ranks or c.tag != MODEL or c.nbytes != MODEL_BYTES or data.dtype != np.float64:
+            return fail(f"the server sent rank {c.peer} {c.nbytes} bytes tagged {TAGS.get(c.tag, c.tag)}, where the "
+                        f"harness's mailbox sends only MODELs, {MODEL_BYTES} bytes of float64, to the workers (box.reply)")
+        models[c.key] = data
+    replies = [sum(c.peer == rank for c, _ in sends[0]) for rank in ranks]  # a model not read would be the next case's
+    if (j := next((j for j in range(len(ranks)) if replies[j] != case.steps[j]), None)) is not None:
+        return fail(f"the server sent worker rank {ranks[j]} {replies[j]} models for its {case.steps[j]} reads: one "
+                    "reply per read, sent with box.reply")
+    taken = [sum(c.kind == "recv" and c.peer == rank and c.tag == PUSH for c in calls(task, 0)) for rank in ranks]
+    if (j := next((j for j in range(len(ranks)) if taken[j] != case.steps[j] + 1), None)) is not None:
+        return fail(f"the server took {taken[j]} of worker rank {ranks[j]}'s {case.steps[j] + 1} pushes: serve until "
+                    "box.next() returns None, and take every push through it")
+    for j, rank in enumerate(ranks):
+        out.models[j] = [models.get(c.key, np.zeros(0)) for c in calls(task, rank) if c.kind == "recv"]
+        out.pushes[j] = [data for c, data in sends[rank] if c.tag == PUSH]
+        if any(m.shape != (cases.FEATURES,) for m in out.models[j]):
+            return fail(f"a model worker rank {rank} received is not in the server's record: missing evidence")
+        for clock, data in enumerate(out.pushes[j]):
+            want = np.zeros(2 + cases.FEATURES)
+            if clock:
+                want[:2] = clock, clock == case.steps[j]
+                want[2:] = cases.gradient(out.models[j][clock - 1], *cases.batch(case, j, clock - 1), case.workers)
+            if data.dtype != np.float64 or not np.allclose(data, want, rtol=cases.RTOL, atol=1e-12):
+                said = (f"{NOT_ITS_GRADIENT} of step {clock - 1} at the model it received for that step (and its "
+                        "clock, and whether it is its last)" if clock else "not the harness's first push (zeros)")
+                return fail(f"worker rank {rank}'s push at clock {clock} is {said}: the solution changed what the "
+                            "harness's workers push")
+    return out
 
 
 def reads_of(run: Any) -> list[Read]:

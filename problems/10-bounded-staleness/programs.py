@@ -6,8 +6,9 @@ model at clock c (its c-th read), computes its gradient for the declared time of
 straggler's is 2-5x longer), and pushes it with a request for its next read. The mailbox hands
 the server these messages in the order they leave on the virtual clock: each worker announces
 when its next push will leave as soon as it has its model, so the mailbox always knows which
-message comes first without waiting for the later ones. The ranks judge nothing: the checks read
-the server's trace and the models the workers were sent."""
+message comes first without waiting for the later ones. Each rank is handed only its part of the
+case (``Case.for_rank``). The ranks judge nothing: the checks read the trace and the messages every
+rank sent, as its agent recorded them, never what a rank returns alone."""
 
 import math
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import cases
-from .cases import ANNOUNCE, MODEL, PUSH, Case
+from .cases import ANNOUNCE, MODEL, PUSH, Case, ServerView, WorkerView
 
 
 @dataclass(frozen=True)
@@ -126,31 +127,32 @@ class Mailbox:
         self._active.add(worker)
 
 
-def work(comm: Any, case: Case, index: int) -> list[np.ndarray]:
-    """Worker ``index`` (rank index + 1): every step, read, compute, push; returns the models it read."""
-    steps, reads = case.steps[index], []
+def work(comm: Any, case: WorkerView) -> list[np.ndarray]:
+    """Worker ``case.index`` (rank index + 1): every step, read, compute, push; returns the models it
+    read. The checks hold every worker to this order, these sizes and these contents."""
+    steps, reads = case.steps, []
     comm.Send(np.zeros(2 + cases.FEATURES), dest=0, tag=PUSH)  # clock 0: the read of step 0
     for step in range(steps):
         w = np.empty(cases.FEATURES)
         comm.Recv(w, source=0, tag=MODEL)
         reads.append(w.copy())
-        seconds = case.compute_s(index, step)
+        seconds = case.compute_s(step)
         comm.Send(np.array([comm.now() + seconds]), dest=0, tag=ANNOUNCE)  # when the push will leave
-        grad = cases.gradient(w, *cases.batch(case, index, step), case.workers)
+        grad = cases.gradient(w, *case.batches[step], case.workers)
         comm.compute(seconds=seconds, label="gradient")
         comm.Send(np.concatenate([[step + 1, step + 1 == steps], grad]), dest=0, tag=PUSH)
     return reads
 
 
-def run_case(comm: Any, solution: Any, case: Case) -> Any:
-    """One case: the server returns its final model (or, in words, what it returned instead); a
-    worker the models it read."""
-    rank, workers = comm.Get_rank(), list(range(1, case.workers + 1))
+def run_case(comm: Any, solution: Any, case: ServerView | WorkerView) -> Any:
+    """One case, as this rank's view of it (``Case.for_rank``): the server returns its final model
+    (or, in words, what it returned instead); a worker the models it read."""
+    workers = list(range(1, case.workers + 1))
     comm.mark(case.what)
-    if rank:
-        return work(comm, case, rank - 1)
+    if isinstance(case, WorkerView):
+        return work(comm, case)
     box = Mailbox(comm, workers, cases.FEATURES, case.staleness)
-    out = solution.server(comm, box, workers, cases.initial_weights(case), case.staleness, case.lr)
+    out = solution.server(comm, box, workers, case.weights.copy(), case.staleness, case.lr)
     if left := box.unfinished():  # the workers would wait for ever: say so now
         raise Stuck(f"the server returned before every worker was done: {left}. Serve until box.next() "
                     "returns None")
@@ -181,7 +183,7 @@ def main(comm, solution, staleness="sweep", steps="24", seed="1"):
         case = free_case(comm.Get_size() - 1, s, int(steps), int(seed))
         comm.Barrier()  # not the learner's: every run starts together
         start = comm.now()
-        model = run_case(comm, solution, case)
+        model = run_case(comm, solution, case.for_rank(comm.Get_rank()))
         comm.Barrier()
         if comm.Get_rank() == 0:
             samples = sum(case.steps) * cases.BATCH
