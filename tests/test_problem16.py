@@ -177,6 +177,20 @@ def test_the_wire_check_names_a_whole_allreduce_and_a_wide_allgather() -> None:
     wide = SimpleNamespace(op_bytes={"Reduce_scatter": 96, "Allreduce": 4, "Allgather": 4 * 48})
     text = judging.wire_problem(case, 2, [wide])
     assert "at step 0 rank 2 allgathered 192 bytes" in text and "reduce-scattered nothing" not in text
+    # every call counts (a receive is its sender's): the reference's step, then one that adds an Alltoall
+    assert judging.sent_bytes(case, 0, [step, SimpleNamespace(op_bytes={**step.op_bytes, "Recv": 400})]) is None
+    text = judging.sent_bytes(case, 3, [step, SimpleNamespace(op_bytes={**step.op_bytes, "Alltoall": 1536})])
+    assert "at step 1 rank 3 sent 1684 bytes (Alltoall 1536, Reduce_scatter 96" in text
+
+
+def test_the_reduce_scatters_payload_is_compared_within_two_float16_steps() -> None:
+    want = np.array([1.0, -2.5, np.inf, np.nan, 0.0, 6e-8], np.float16)
+    assert judging.same_float16(want.copy(), want)
+    assert judging.same_float16(np.nextafter(want, np.float16(np.inf)).astype(np.float16)[[0, 1, 4, 5]],
+                                want[[0, 1, 4, 5]])  # one float16 step off: a float32 ulp may round either way
+    for wrong in ([1.01, -2.5, np.inf, np.nan, 0, 6e-8], [1, -2.5, -np.inf, np.nan, 0, 6e-8],
+                  [1, -2.5, np.inf, 0, 0, 6e-8], [1, -2.5, np.inf, np.nan, 1e-6, 6e-8]):
+        assert not judging.same_float16(np.array(wrong, np.float16), want), wrong
 
 
 def test_the_picture_draws_from_numbers_only() -> None:
@@ -206,6 +220,9 @@ BUGGY: dict[str, tuple[set[str], str]] = {
     "cast_before_scale.py": ({WEIGHTS}, "what float16 makes of the gradients cast before the scale"),
     "flag_before_sum.py": ({SKIP, SCALE, WEIGHTS}, "a flag taken on each rank's own buffer before the reduce-scatter"),
     "allreduce_not_scatter.py": ({WIRE}, "and reduce-scattered nothing"),
+    # An outside tester's forgeries, 11/11 sealed before the wire check counted every call, harness step by step.
+    "forged_hidemark.py": ({WIRE}, "your own marks ['hidden'] do not end a step"),
+    "forged_alltoall.py": ({WIRE}, "every byte a rank sends counts, whatever the call"),
 }
 
 

@@ -6,7 +6,9 @@ written by the harness into one element of one rank's gradient at hidden steps, 
 and before train_step sees it. The checker replays the same training itself (cases.trace: the
 float16 sums, the unscaled float32 updates, the policy, the natural overflows of a scale grown
 too large) and compares every rank with it step by step: which steps were skipped, the scale after
-each step, and the weights. The first divergence is named with its step and its cause.
+each step, and the weights. The first divergence is named with its step and its cause. The wire
+is read off the ranks' agents: every byte of every call, counted from one harness "step" mark to
+the next, and a copy of what each rank's reduce-scatter carried, against its own scaled gradient.
 """
 
 import numpy as np
@@ -27,7 +29,8 @@ def hidden(t: CheckContext) -> list[cases.Case]:
 def trainings(t: CheckContext, hidden: list[cases.Case]) -> Run:
     for case in hidden:
         t.say(f"{case.label()}: " + "; ".join(f"step {i.step}: {i.label(case.p)}" for i in case.injections))
-    return t.launch(programs.run_training, [Task(ranks=c.p, case=c, label=f"the training, {c.label()}") for c in hidden])
+    return t.launch(programs.run_training, [Task(ranks=c.p, case=c, label=f"the training, {c.label()}", record_sent=True)
+                                            for c in hidden])
 
 
 @CHECKS.run
@@ -74,15 +77,31 @@ def weights_follow_trace(t: CheckContext, trainings: Run, traces: list[cases.Tra
 @CHECKS.check("gradients travel as float16 in a reduce-scatter: at most 2 bytes a weight per step, plus the flag",
               points=1)
 def float16_on_the_wire(t: CheckContext, trainings: Run) -> None:
+    # Every step's bytes, from one harness "step" mark to the next, as the ranks' agents counted them:
+    # a mark the learner sets ends no step, and no call (Alltoall, Send, the store...) goes uncounted.
     limit = 2 * cases.PARAMS + judging.WIRE_SLACK
     for result in trainings.cases():
+        most: list[int] = []  # each rank's largest step, in bytes reduced
         for rank in range(result.case.p):
-            moved = judging.wire_bytes(result.task, rank)
+            steps = judging.step_counts(result.task, rank)
+            if isinstance(steps, str):
+                t.fail(steps)
+            moved = judging.wire_bytes(steps)
+            most.append(max(moved, default=0))
             if not moved or not 0 < max(moved) <= limit:
+                own = judging.own_marks(result.task, rank)
                 t.fail(f"{result.case.label()}: rank {rank} reduced {max(moved, default=0)} bytes in a step; expected "
                        f"at most {limit} (2 bytes for each of the {cases.PARAMS} gradients, float16, and the flag)"
-                       + ("" if moved and max(moved) else ": no reduction at all"))
+                       + ("" if moved and max(moved) else ": no reduction at all")
+                       + (f" (counted from one harness \"step\" mark to the next: your own marks {own} do not end "
+                          "a step)" if own else ""))
             # Float16 and few bytes, but which collective, and what else travels: the card's design.
-            if problem := judging.wire_problem(result.case, rank, result.task.phases(rank, "step")):
+            if problem := judging.wire_problem(result.case, rank, steps):
                 t.fail(problem)
-        t.say(f"p = {result.case.p}: at most {max(judging.wire_bytes(result.task, 0))} bytes reduced a step on rank 0")
+            if problem := judging.sent_bytes(result.case, rank, steps):
+                t.fail(problem)
+            # And what the reduce-scatter carried: the rank's own scaled float16 gradient, every step.
+            if problem := judging.scatter_problem(result.case, rank, result.task, result.values[rank]):
+                t.fail(problem)
+        t.say(f"p = {result.case.p}: at most {most[0]} bytes reduced a step on rank 0; each rank's reduce-scatter "
+              "carried its own scaled float16 gradient, every step")

@@ -1,5 +1,6 @@
 """Reading problem 16's runs: each rank's skips, scales and weights against the policy's trace,
-step by step, and the first divergence named with its cause where the evidence rules out the rest."""
+step by step, and the first divergence named with its cause where the evidence rules out the rest;
+and its wire, from its agent's counters and copies of what it sent."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from .cases import PARAMS, SMALLEST_NORMAL, Case, Trace, one_step, policy_scales, trace
+from distlab.grading import Counts, TaskRun
+
+from .cases import (
+    PARAMS,
+    SMALLEST_NORMAL,
+    Case,
+    Trace,
+    injected,
+    loss_and_gradient,
+    one_step,
+    policy_scales,
+    trace,
+)
 
 WEIGHT_TOLERANCE = 0.02  # of each weight's path (the sum of its updates' sizes); see tests/test_problem16.py
 WIRE_SLACK = 16  # bytes a step may reduce beyond the float16 gradient: the overflow flag (one or two numbers)
@@ -205,7 +218,100 @@ def wire_problem(case: Case, rank: int, steps: list[Any]) -> str | None:
     return None
 
 
-def wire_bytes(task: Any, rank: int) -> list[int]:
+# -- the wire: every byte each rank sent, counted step by step, and what its reduce-scatter carried ---------
+
+STEP = "step"  # the mark programs.run_training sets before each step; a step's bytes run to the next one
+RECEIVED = ("Recv", "Irecv")  # bytes that came in: the sender's own counters count them
+SENT_RTOL, SENT_ATOL = 2.0**-9, 2.0**-23  # two float16 steps: a float32 ulp of the gradient may round either way
+
+
+def step_counts(task: TaskRun, rank: int) -> list[Counts] | str:
+    """The rank's counters (its agent's) over each step: from one "step" mark to the next, or to the
+    task's end, whatever marks the learner's code sets in between (a phase of the replay ends at the next
+    mark of any name, so a mark of one's own would hide what follows it). Bytes before the first mark
+    count in step 0. A string when the rank did not set exactly one "step" mark a step."""
+    case, outcome = task.case, task.outcomes[rank]
+    starts = [stats for name, stats in outcome.marks if name == STEP]
+    if len(starts) != case.steps:
+        return (f"{case.label()}: rank {rank} set {len(starts)} marks named {STEP!r}; the harness sets one before "
+                f"each of the {case.steps} steps, and a step's bytes are counted from one to the next")
+    nothing = type(outcome.stats)()  # counters at zero: step 0 holds whatever came before its mark
+    return [Counts.of(end.since(start)) for start, end in zip([nothing] + starts[1:], starts[1:] + [outcome.stats])]
+
+
+def own_marks(task: TaskRun, rank: int) -> list[str]:
+    """The names of the marks the rank set besides the harness's ("step" before each step, "done")."""
+    return sorted({name for name, _ in task.outcomes[rank].marks} - {STEP, "done"})
+
+
+def wire_bytes(steps: list[Any]) -> list[int]:
     """The bytes of the reductions (Reduce_scatter, Allreduce, Reduce) of each of the rank's steps."""
-    return [sum(c.op_bytes.get(op, 0) for op in ("Reduce_scatter", "Allreduce", "Reduce"))
-            for c in task.phases(rank, "step")]
+    return [sum(c.op_bytes.get(op, 0) for op in ("Reduce_scatter", "Allreduce", "Reduce")) for c in steps]
+
+
+def sent_bytes(case: Case, rank: int, steps: list[Counts]) -> str | None:
+    """None if every step's bytes, of every call but a receive (collectives, sends, the store), stay
+    within the design's: the float16 gradient and the flag reduced, the float32 shard allgathered."""
+    reduced, shard = 2 * PARAMS + WIRE_SLACK, 4 * PARAMS // case.p
+    for step, counts in enumerate(steps):
+        calls = {op: n for op, n in counts.op_bytes.items() if n and op not in RECEIVED}
+        if sum(calls.values()) > reduced + shard:
+            listed = ", ".join(f"{op} {n}" for op, n in sorted(calls.items(), key=lambda kv: -kv[1]))
+            return (f"{case.label()}: at step {step} rank {rank} sent {sum(calls.values())} bytes ({listed}); the "
+                    f"step's design sends at most {reduced + shard} ({reduced} reduced, the float16 gradient and the "
+                    f"flag, and {shard} allgathered, its float32 shard): every byte a rank sends counts, whatever "
+                    "the call")
+    return None
+
+
+def scatter_problem(case: Case, rank: int, task: TaskRun, steps: Any) -> str | None:
+    """None if, at every step, what the rank contributed to the step's reduce-scatter (its agent's copy,
+    taken as the call started) is its own gradient times its scale, cast to float16: the gradient the
+    checker computes from the whole case at the weights the rank held before the step, with the step's
+    faults. Cast before the scale is let through (the weights check names it)."""
+    log = task.sent(rank)
+    if log.overflowed:
+        return (f"{case.label()}: the record of what rank {rank} sent overflowed (it keeps 64 MiB): no evidence of "
+                "what its reduce-scatter carried")
+    names = [name for name, _ in task.outcomes[rank].marks]
+    carried: list[list[np.ndarray]] = [[] for _ in range(case.steps)]
+    for item in log.items:
+        if item.op == "Reduce_scatter":
+            step = min(max(names[:item.after_marks].count(STEP) - 1, 0), case.steps - 1)
+            carried[step].append(item.data)
+    for step, parts in enumerate(carried):
+        dtypes = sorted({str(part.dtype) for part in parts})
+        got = np.concatenate(parts) if parts else np.zeros(0, np.float16)
+        head = f"{case.label()}: at step {step} rank {rank}'s reduce-scatter carried "
+        if dtypes != ["float16"] or got.size != PARAMS:
+            what = " and ".join(f"{sum(p.size for p in parts if str(p.dtype) == d)} x {d}" for d in dtypes) or "nothing"
+            return head + (f"{what}; expected its {PARAMS} gradients, scaled, as float16 (one reduce-scatter a "
+                           "step sums them: rank r receives its shard of the sum)")
+        try:
+            weights = np.asarray(steps.weights[step - 1] if step else np.zeros(PARAMS), np.float32).reshape(PARAMS)
+            scale = float(steps.scales[step - 1]) if step else case.policy.init_scale
+        except (TypeError, ValueError, IndexError, AttributeError):
+            return head + "values the checker cannot compare: the rank's returned weights or scale are unreadable"
+        _, grad = loss_and_gradient(case, rank, step, weights)
+        grad = injected(case, rank, step, grad)
+        with np.errstate(all="ignore"):
+            right = (grad * np.float32(scale)).astype(np.float16)
+            first = (grad.astype(np.float16).astype(np.float32) * np.float32(scale)).astype(np.float16)
+        if not (same_float16(got, right) or same_float16(got, first)):
+            j = int(np.flatnonzero(~close_float16(got, right))[0])
+            return head + (f"{got[j]:.6g} at element {j}, where its gradient at its weights times its scale "
+                           f"{scale:g}, cast to float16, is {right[j]:.6g}: the reduce-scatter must carry the "
+                           "rank's own scaled float16 gradient, the one it sums")
+    return None
+
+
+def close_float16(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per element: the same inf or nan, or finite values within two float16 steps."""
+    a, b = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(all="ignore"):
+        near = np.isfinite(a) & np.isfinite(b) & (np.abs(a - b) <= SENT_RTOL * np.abs(b) + SENT_ATOL)
+    return near | (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+
+
+def same_float16(got: np.ndarray, want: np.ndarray) -> bool:
+    return bool(close_float16(got, want).all())
