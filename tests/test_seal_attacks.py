@@ -234,26 +234,26 @@ def test_a_checked_solution_reads_neither_the_checkout_s_history_nor_its_tests(t
     assert "git=[] alternative=FileNotFoundError" in said, said
 
 
-def test_a_result_that_names_a_function_through_a_dotted_path_runs_nothing_in_the_agent(tmp_path: Path) -> None:
-    """An outside tester ran code as root in the agent: the result's pickle named
-    ``<problem>.programs`` + ``np.lib._npyio_impl.pickle.loads`` (pickle follows dots; the
-    program imports numpy as np), around a pickle that runs anything. The agent now rebuilds only
-    classes of the package by their plain names: the check fails as tampering, and the code never
-    ran (it would have written the marker as root)."""
+@pytest.mark.parametrize("route", ["dotted path", "torch storage"])
+def test_a_result_that_smuggles_code_into_the_agent_runs_nothing_there(route: str, tmp_path: Path) -> None:
+    """Two ways outside testers ran code as root in the agent, which unpickles each result: a name
+    ``<problem>.programs`` + ``np.lib._npyio_impl.pickle.loads`` (pickle follows dots; the program
+    imports numpy as np), and ``torch.storage._load_from_bytes``, which is torch.load with
+    weights_only=False; each around a pickle that runs anything. Now the check fails as tampering
+    and the code never ran (it wrote the marker as root before the fix)."""
     marker = tmp_path / "ran-in-the-agent"
     solution = tmp_path / "solution.py"
-    solution.write_text(SMUGGLER.replace("MARKER", str(marker)))
+    solution.write_text((SMUGGLER + SMUGGLE_BY[route]).replace("MARKER", str(marker)))
     proc = run_cli("check", "03", "--solution", str(solution), "--seed", "1", "--seal", "on", timeout=180)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1 and "tampered with its result" in out, out
-    assert "np.lib._npyio_impl.pickle.loads" in out, out
     assert not marker.exists()
 
 
-# A solution of problem 03 whose every result is a pickle that reaches pickle.loads from the
-# problem's programs module, around one that writes MARKER.
+# A solution of problem 03 whose every result is a pickle that reaches an unpickler, around a
+# pickle that writes MARKER.
 SMUGGLER = """
-import pickle, struct, sys
+import io, pickle, struct, sys
 from distlab import SUM
 
 
@@ -262,6 +262,13 @@ class _Runs:
         return (exec, ("open('MARKER', 'w').write('root' if __import__('os').getuid() == 0 else 'user')",))
 
 
+def allreduce(comm, buf, op=SUM):
+    out = buf.copy()
+    comm.Allreduce(buf, out, op=op)
+    buf[...] = out
+"""
+SMUGGLE_BY = {
+    "dotted path": """
 def _text(s):
     return b"\\x8c" + bytes([len(s.encode())]) + s.encode()
 
@@ -271,13 +278,25 @@ _inner = pickle.dumps(_Runs(), protocol=4)
 _evil = (b"\\x80\\x04" + _text(_program) + _text("np.lib._npyio_impl.pickle.loads") + b"\\x93"
          + b"B" + struct.pack("<I", len(_inner)) + _inner + b"\\x85R.")
 sys.modules["distlab.runtime.rank.learner_main"].encode_value = lambda value: _evil
+""",
+    "torch storage": """
+import torch
 
 
-def allreduce(comm, buf, op=SUM):
-    out = buf.copy()
-    comm.Allreduce(buf, out, op=op)
-    return out
-"""
+class _Storage:
+    def __init__(self, data):
+        self.data = data
+
+    def __reduce__(self):
+        return (torch.storage._load_from_bytes, (self.data,))
+
+
+_saved = io.BytesIO()
+torch.save(_Runs(), _saved)
+_evil = pickle.dumps(_Storage(_saved.getvalue()), protocol=5)
+sys.modules["distlab.runtime.rank.learner_main"].encode_value = lambda value: _evil
+""",
+}
 
 
 def test_the_agent_rebuilds_only_classes_of_the_package_by_their_plain_names() -> None:

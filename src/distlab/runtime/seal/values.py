@@ -6,8 +6,9 @@ arrays, dataclasses and named tuples of their problem; but an ordinary ``pickle.
 callable the bytes name, which would hand the learner the agent (and, through the outcome file,
 the supervisor). ``read_value`` therefore unpickles with ``find_class`` limited to a list:
 containers and numbers of the standard library, NumPy's arrays, dtypes and scalars, CPU torch
-tensors (rebuilt by torch's own loader, which is weights-only), and the classes defined in the
-problem's own package (written by the problem's author, not the learner), by their plain names:
+tensors (their storage read by torch.load with weights_only=True: torch's own
+``_load_from_bytes``, which a tensor's pickle names, is a whole unpickler), and the classes
+defined in the problem's own package (written by the problem's author, not the learner), by their plain names:
 neither its functions nor anything reached through a dotted name. Anything else is refused with
 the name it asked for, which the verdict reports as tampering or as an unsupported value.
 
@@ -58,6 +59,10 @@ class _ListedOnly(pickle.Unpickler):
         self._packages = packages
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            # torch's own is torch.load(..., weights_only=False): a whole unpickler. A tensor's
+            # storage is read here with torch's restricted one instead.
+            return _storage_weights_only
         if (module, name) in _SAFE:
             return super().find_class(module, name)
         # Otherwise a class, by its plain name, defined in the problem's package (its cases or its
@@ -72,6 +77,12 @@ class _ListedOnly(pickle.Unpickler):
         if not isinstance(found, type) or found.__module__ != module:
             raise UnsafeValue(f"{module}.{name}")
         return found
+
+
+def _storage_weights_only(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def encode_value(value: Any) -> bytes:
