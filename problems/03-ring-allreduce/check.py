@@ -6,7 +6,7 @@ same runs are read for what went over the wire (no built-in collective, at most 
 import numpy as np
 
 from distlab import grading
-from distlab.grading import CheckContext, Checklist, Run, Task, faults
+from distlab.grading import CheckContext, CheckFailed, Checklist, Run, Task, faults
 
 from .judging import byte_bound, diagnose, unfed
 from .programs import Case, Timed, draw, run_cases
@@ -18,8 +18,12 @@ CHECKS = Checklist()
 def every_case(t: CheckContext) -> Run:
     """Every case, plus one timed case per rank count at the end: one launch serves four checks."""
     groups, timed = draw(t.seed)  # the card's rank counts and a hidden one; three timed cases
-    tasks = [Task(ranks=cases[0].p, cases=cases, label=f"the cases with p = {cases[0].p}") for cases in groups]
-    tasks += [Task(ranks=case.p, cases=[case], label=f"the timed case with p = {case.p}") for case in timed]
+    # Each case's counters are those of its phase, from the program's mark "case" to the next: marks
+    # the learner's code sets of other names cut nothing (Task.marks).
+    tasks = [Task(ranks=cases[0].p, cases=cases, label=f"the cases with p = {cases[0].p}", marks=("case",))
+             for cases in groups]
+    tasks += [Task(ranks=case.p, cases=[case], label=f"the timed case with p = {case.p}", marks=("case",))
+              for case in timed]
     return t.launch(run_cases, tasks)
 
 
@@ -27,10 +31,11 @@ def every_case(t: CheckContext) -> Run:
 def results_match(t: CheckContext, every_case: Run) -> None:
     t.say(f"p = {', '.join(str(task.spec.ranks) for task in every_case.tasks)}; float32, float64, "
           "int64; SUM and MAX; n = 0, 1, < p, not divisible by p, ~1 MiB")
+    phases = case_counts(every_case)
     for result in every_case.cases():
         if wrong := diagnose(result):
             t.fail(wrong)
-    for case, counts in case_counts(every_case):
+    for case, counts in phases:
         if wrong := unfed(case, counts):
             t.fail(wrong)
     t.metric("cases", len(every_case.cases()))
@@ -81,7 +86,7 @@ def time_within_ring_bound(t: CheckContext, every_case: Run) -> None:
         case = result.case
         t.expect(diagnose(result) is None, "a correct result before its time is graded",
                  f"{case.label()}: a rank holds a wrong result (see the first check)")
-        if wrong := unfed(case, tuple(result.task.phases(rank, "case")[0] for rank in range(case.p))):
+        if wrong := unfed(case, tuple(phases[0] for phases in case_phases(result.task))):
             t.fail(wrong)
         measured, bound = t.measured_time(result.task), ring_bound(t, case.p, case.n * 8)
         t.say(f"p = {case.p}, n = {case.n} float64 on {t.platform.name}: "
@@ -108,7 +113,7 @@ def one_slow_rank(t: CheckContext) -> Run:
     t.say(f"p = {p}, n = {case.n} float64; every send of rank {slow} is delayed by 20 ms")
     slow_link = faults.delay(src=slow, latency_s=0.02, wall=True, note="a slow link out of one rank, in real time too")
     plan = faults.plan(slow_link, seed=t.seed, where="03 slow-rank check")
-    task = Task(ranks=p, cases=[case], faults=plan, label=f"the slow-rank case (rank {slow} slow)")
+    task = Task(ranks=p, cases=[case], faults=plan, label=f"the slow-rank case (rank {slow} slow)", marks=("case",))
     return t.launch(run_cases, [task])
 
 
@@ -126,8 +131,19 @@ def survives_slow_rank(t: CheckContext, one_slow_rank: Run) -> None:
 
 def case_counts(run: Run) -> list[tuple[Case, tuple[grading.Counts, ...]]]:
     """Each case of ``run`` with every rank's calls and bytes over it: the phase of its mark "case"."""
-    return [pair for task in run.tasks
-            for pair in zip(task.spec.cases, zip(*(task.phases(rank, "case") for rank in range(task.spec.ranks))))]
+    return [pair for task in run.tasks for pair in zip(task.spec.cases, zip(*case_phases(task)))]
+
+
+def case_phases(task: grading.TaskRun) -> list[list[grading.Counts]]:
+    """Every rank's "case" phases, one per case (the program sets one mark a case; a rank with more
+    or fewer fails the check that reads them)."""
+    phases = [task.phases(rank, "case") for rank in range(task.spec.ranks)]
+    for rank, found in enumerate(phases):
+        if len(found) != len(task.spec.cases):
+            raise CheckFailed(f"{task.spec.label}: rank {rank} set {len(found)} marks \"case\" for "
+                              f"{len(task.spec.cases)} cases; the harness sets one per case (your own marks "
+                              "may have other names)")
+    return phases
 
 
 def ring_bound(t: CheckContext, p: int, nbytes: int) -> float:

@@ -52,6 +52,10 @@ class Task:
     # Every rank keeps a copy of each buffer it sends, read back with ``TaskRun.sent(rank)``:
     # evidence of what travelled, where the counters only tell how much.
     record_sent: bool = False
+    # The names of the marks the rank program sets. Given, the phases that counts() and phases()
+    # read begin and end only at marks of these names: a mark the learner's code sets for its own
+    # trace (or to cut a phase short and hide what follows) cuts nothing.
+    marks: tuple[str, ...] = ()
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
@@ -73,7 +77,8 @@ class TaskRun(runs.TaskRun):
 
     def counts(self, rank: int, phase: str | None = None, nth: int = 0) -> Counts:
         """The rank's calls and bytes over the task, or over the ``nth`` phase that starts at a
-        ``comm.mark(phase)`` (and ends at the rank's next mark or the task's end)."""
+        ``comm.mark(phase)`` (and ends at the rank's next mark, of a name in ``Task.marks`` if
+        the task lists them, or the task's end)."""
         return counts_of(self, rank, phase, nth)
 
     def cpus(self, rank: int) -> tuple[int, ...]:

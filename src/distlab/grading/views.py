@@ -70,11 +70,13 @@ def counts_of(task_run: TaskRun, rank: int, phase: str | None = None, nth: int =
 
 
 def phases_of(task_run: TaskRun, rank: int, phase: str) -> list[Counts]:
-    """The rank's counts in every phase named ``phase``, in order."""
+    """The rank's counts in every phase named ``phase``, in order. Where the task lists the
+    program's mark names (grading's ``Task.marks``), marks of other names are passed over."""
     outcome = task_run.outcomes[rank]
-    ends = [stats for _, stats in outcome.marks[1:]] + [outcome.stats]
-    return [Counts.of(end.since(start)) for (name, start), end in zip(outcome.marks, ends)
-            if name == phase]
+    harness = getattr(getattr(task_run, "spec", None), "marks", ())
+    marks = [(name, stats) for name, stats in outcome.marks if not harness or name in harness]
+    ends = [stats for _, stats in marks[1:]] + [outcome.stats]
+    return [Counts.of(end.since(start)) for (name, start), end in zip(marks, ends) if name == phase]
 
 
 @dataclass(frozen=True)
