@@ -118,6 +118,40 @@ def test_windows_read_backward_compute_launches_and_waits(judging: ModuleType) -
     assert w.blocked_in_backward == pytest.approx(0.5)
 
 
+def test_each_window_ends_where_the_agents_saw_its_traffic_done(judging: ModuleType) -> None:
+    """A step's window ends at train()'s mark "synced": only with exactly train()'s marks, and only once every
+    allreduce request posted before it has completed (a wait naming it, in the agent's record)."""
+    def step(early_mark: bool = False) -> list[tuple[Any, ...]]:
+        waited = [("wait", (1, 2), {}, 0, 0)]
+        synced = [("mark", "synced", 0, 0)]
+        return [("mark", "step", 0, 0), ("mark", "backward", 0, 0),
+                ("icoll", 1, "Allreduce", (0, 1), 0, 8, -1, 0, 0), ("icoll", 2, "Allreduce", (0, 1), 1, 8, -1, 0, 0),
+                *((synced + waited) if early_mark else (waited + synced))]
+
+    assert judging.unsettled(step() + step(), 0, "t", 2) is None
+    late = judging.unsettled(step() + step(early_mark=True), 0, "t", 2)
+    assert "traffic still in flight at the end of the step" in late and "step 1" in late
+    extra = judging.unsettled([*step()[:2], ("mark", "synced", 0, 0), *step()[2:]], 0, "t", 1)
+    assert "the marks differ from the harness's" in extra and "mark 4 is 'synced' where train()'s is none" in extra
+    assert "only the harness marks the steps" in judging.unsettled(step(), 0, "t", 2)
+
+
+def test_an_allreduce_must_carry_the_ranks_own_gradients(cases: ModuleType, judging: ModuleType) -> None:
+    """Each rank's allreduces carry its own shard's gradients, each parameter's once, whole or divided by p, in any
+    bucketing (check 3 judges that); zeros of the right size, or a parameter left out, do not."""
+    case = cases.Case("t", 2, (8, 16, 16, 4), 5, 10**9, 2, 0.1, 0.0)
+    want = judging.local_gradients(case)
+    grads = want[1][1]
+    assert judging.carried_wrong(case, 1, 1, [np.concatenate(grads)], grads) is None
+    halves = [np.concatenate(grads[:3]) / 2, np.concatenate(grads[3:][::-1]) / 2]  # pre-divided, other order
+    assert judging.carried_wrong(case, 1, 1, halves, grads) is None
+    zeros = judging.carried_wrong(case, 1, 1, [np.zeros(sum(g.size for g in grads))], grads)
+    assert "carried values that are not its own gradients" in zeros and "all zeros" in zeros
+    assert "carried values that are not its own gradients" in judging.carried_wrong(case, 1, 1, [np.concatenate(
+        want[1][0])], grads)  # another rank's
+    assert "none of them held the gradient of" in judging.carried_wrong(case, 1, 1, [np.concatenate(grads[1:])], grads)
+
+
 def test_backward_work_is_declared_just_before_each_layers_gradients(cases: ModuleType) -> None:
     case = cases.Case("t", 1, (8, 16, 16, 4), 3, 10**9, 1, 0.1, 1e-6, side_after=0, side_used=(True,))
     model = cases.build_model(case, 0)
@@ -264,6 +298,11 @@ BUGGY: dict[str, list[str]] = {
     "forged_overlap.py": ["the declared compute differs from the harness's",
                           "only the harness declares compute"],
     "forged_no_exchange.py": ["view of the case holds neither the data nor the initial weights of rank"],
+    # And two more: a "synced" mark set by the learner before its (exposed) wait; every rank's data gathered once
+    # and the global gradient computed locally, behind allreduces of zeros (each rank's agent now keeps what it sent).
+    "forged_sync_mark.py": ["the marks differ from the harness's", "only the harness marks the steps"],
+    "forged_gathered_gradient.py": ["carried values that are not its own gradients",
+                                    "no gradient of its own shard at the step's weights matches"],
 }
 PASSING = ["alt_tensor_hooks_strict.py"]
 
@@ -280,6 +319,8 @@ NAMES_ITS_BUG = {
     "was never reset and carried over from the step before": "ready_never_cleared.py",
     "only the harness declares compute": "forged_overlap.py",
     "view of the case holds neither the data nor the initial weights": "forged_no_exchange.py",
+    "only the harness marks the steps": "forged_sync_mark.py",
+    "carried values that are not its own gradients": "forged_gathered_gradient.py",
 }
 
 

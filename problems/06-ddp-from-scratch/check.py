@@ -23,8 +23,9 @@ CHECKS = Checklist()
 
 @CHECKS.run
 def trained(t: CheckContext) -> Run:
-    """The four cases of the main launch, one task each: one launch serves four checks."""
-    return t.launch(train, [Task(ranks=c.p, case=c, label=c.label) for c in cases.main_cases(t)])
+    """The four cases of the main launch, one task each: one launch serves four checks. Each rank's agent keeps
+    a copy of what it sends: the allreduces must carry the rank's own gradients, not just their bytes."""
+    return t.launch(train, [Task(ranks=c.p, case=c, label=c.label, record_sent=True) for c in cases.main_cases(t)])
 
 
 @CHECKS.check("weights after several steps equal single-process SGD on the global batch", points=4)
@@ -32,7 +33,8 @@ def weights_match(t: CheckContext, trained: Run) -> None:
     t.say(f"{len(trained.tasks)} cases, {trained.tasks[0].case.steps} SGD steps each, {cases.PER_RANK_BATCH} "
           "samples per rank per step; expected weights computed here by one process on the global batch")
     for result in trained.cases():
-        problem = judging.malformed(result) or judging.diagnose_weights(result) or judging.unexchanged(result)
+        problem = (judging.malformed(result) or judging.diagnose_weights(result) or judging.unexchanged(result)
+                   or judging.uncarried(result))
         if problem:
             t.fail(problem)
         t.say(f"{result.case.label}: every rank matches (widths {list(result.case.widths)})")
@@ -78,6 +80,11 @@ def one_collective_per_bucket(t: CheckContext, trained: Run) -> None:
                 wrong = judging.miscounted(where, buckets, sum(sizes), rank, step, count)
                 if wrong:
                     t.fail(wrong)
+        # Right counts of the wrong values are no buckets; judged where the weights are right (check 1 names the rest).
+        if not (judging.malformed(result) or judging.diagnose_weights(result)):
+            wrong = judging.uncarried(result)
+            if wrong:
+                t.fail(wrong)
         t.say(f"{where}: {buckets} allreduce(s) per step on every rank")
     t.metric("buckets", [len(result.case.buckets()) for result in trained.cases()])
 
@@ -86,6 +93,10 @@ def one_collective_per_bucket(t: CheckContext, trained: Run) -> None:
 def overlap(t: CheckContext, trained: Run) -> None:
     task_run = trained.tasks[-1]  # the overlap case comes last
     case, timeline = task_run.case, task_run.timeline()
+    for rank, trace in task_run.traces.items():  # each window ends where the agents saw its traffic done
+        unsettled = judging.unsettled(trace, rank, case.label, case.steps)
+        if unsettled:
+            t.fail(unsettled)
     per_rank = {r: judging.windows(timeline.events(r)) for r in timeline.ranks}
     nbuckets = len(case.buckets())
     worst, worst_step = 1.0, 0
@@ -125,7 +136,7 @@ def unused_parameter(t: CheckContext) -> None:
     skipped = [s for s in range(case.steps) if not case.side_used[s]]
     t.say(f"{case.label}: in those steps the side head's parameters get no gradient")
     try:  # a run of its own: an error is a fair answer here, a hang is not
-        run = t.launch(train, [Task(ranks=case.p, case=case, label=case.label)], stall_s=3.0)
+        run = t.launch(train, [Task(ranks=case.p, case=case, label=case.label, record_sent=True)], stall_s=3.0)
     except RunFailed as failed:
         result = failed.result
         if result.status != "error":
@@ -143,6 +154,9 @@ def unused_parameter(t: CheckContext) -> None:
     if malformed:
         t.fail(malformed)
     problem = judging.diagnose_weights(run.cases()[0])
+    forged = None if problem else judging.uncarried(run.cases()[0])  # the ranks' own gradients, a missing one zero?
+    if forged:
+        t.fail(forged)
     if problem:
         total = sum(case.backward_sizes())
         carried = [c.op_bytes.get("Allreduce", 0) for c in run.tasks[0].phases(0, "backward")]

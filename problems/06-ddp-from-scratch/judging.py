@@ -1,24 +1,32 @@
 """How problem 06 judges: the expected weights (single-process SGD on the whole case, which no rank holds) and the
 symptom that explains a difference; the collective counts of each step's phase (mark "backward" to mark "synced");
 how much of one step's communication hid behind backward on the virtual clock. What the ranks returned is the learner
-process's word: it is checked against what the agents recorded (bytes delivered, allreduce bytes per step, and the
-declared compute, which must be exactly the harness model's backward work, each bucket after its layers' work).
+process's word: it is checked against what the agents recorded (bytes delivered, allreduce bytes per step, what each
+allreduce carried, which must be the rank's own gradients, the marks, which must be exactly train()'s, each step's
+requests, all completed before its mark "synced", and the declared compute, which must be exactly the harness model's
+backward work, each bucket after its layers' work).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
 
-from distlab.grading import CaseRun, Counts, Span, Timeline, first_mismatch
+from distlab.grading import COLLECTIVE, CaseRun, Counts, Span, Timeline, first_mismatch
 
-from .cases import Case, Net, build_model, global_batch, layout, loss_of
+from .cases import Case, Net, build_model, global_batch, layout, loss_of, shard
 from .programs import flat_weights, sgd_step
 
 RTOL, ATOL = 2e-4, 2e-5  # float32 SGD: summation order differs between p ranks and one process
+# What an allreduce carried against the rank's own gradient, recomputed here at single-process SGD's weights (which
+# an honest rank holds up to float32 rounding): max |difference| <= GRAD_RTOL * max |gradient| + GRAD_ATOL.
+GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-6
+HARNESS_MARKS = ("step", "backward", "synced")  # train()'s marks, once per step in this order
 HIDDEN_TARGET = 0.5  # the catalog's "at least half of the communication hidden"
 
 
@@ -87,6 +95,125 @@ def unexchanged(result: CaseRun[Case]) -> str | None:
             if carried < total:
                 return (f"{case.label}: rank {rank}'s allreduces carried {carried} of the {total} bytes of gradients in "
                         f"step {step}: the weights cannot have come from the gradients averaged over the ranks")
+    return None
+
+
+# -- what each rank's allreduces carried (Task(record_sent=True): its agent's copy of each contribution) ----------
+# The counters say how many bytes went into the allreduces, not what they were: zeros of the right size, with the
+# global gradient computed elsewhere, count the same. The record says what each rank contributed; it must be the
+# rank's own gradients (its own shard, at the step's weights, each parameter once; whole, or already divided by p).
+
+
+@lru_cache(maxsize=16)
+def local_gradients(case: Case) -> tuple[tuple[tuple[np.ndarray, ...], ...], ...]:
+    """[step][rank][i]: the gradient of the i-th parameter in backward order (reverse parameter order) on rank's own
+    shard, at the weights of single-process SGD before that step (zeros where the step gives it no gradient)."""
+    torch.set_num_threads(1)
+    model = build_model(case, 0)
+    params = list(model.parameters())[::-1]
+
+    def grads(x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[np.ndarray, ...]:
+        model.zero_grad(set_to_none=True)
+        loss_of(*model(x, use_side=case.uses_side(step)), y).backward()
+        return tuple(np.zeros(q.numel()) if q.grad is None else q.grad.detach().numpy().astype(np.float64).ravel()
+                     for q in params)
+
+    out = []
+    for step in range(case.steps):
+        out.append(tuple(grads(*shard(case, rank, step), step) for rank in range(case.p)))
+        grads(*global_batch(case, step), step)
+        sgd_step(model, case.lr)
+    return tuple(out)
+
+
+def uncarried(result: CaseRun[Case]) -> str | None:
+    """None if in every step each rank's allreduces between its marks "backward" and "synced", as its agent copied
+    them, carried that rank's own gradient of every parameter once (``local_gradients``); else the first that did
+    not. Judged where the weights are right (then every rank held single-process SGD's weights in every step)."""
+    case = result.case
+    if case.p == 1:
+        return None
+    want = local_gradients(case)
+    for rank in range(result.ranks):
+        log = result.task.sent(rank)
+        if log.overflowed:
+            return (f"{case.label}: the record of what rank {rank} sent overflowed (it keeps 64 MiB): no evidence "
+                    "of what its allreduces carried")
+        marks = [name for name, _ in result.task.outcomes[rank].marks]
+        starts = [i + 1 for i, name in enumerate(marks) if name == "backward"][:case.steps]
+        for step, start in enumerate(starts):
+            items = [item.data for item in log.items
+                     if item.after_marks == start and item.op == "Allreduce" and item.peer == COLLECTIVE]
+            wrong = carried_wrong(case, rank, step, items, want[step][rank])
+            if wrong:
+                return wrong
+    return None
+
+
+def carried_wrong(case: Case, rank: int, step: int, items: list[np.ndarray], grads: tuple[np.ndarray, ...]) -> \
+        str | None:
+    """None if ``items`` (rank's allreduce contributions in ``step``, in call order) are made of its gradients
+    ``grads``, each parameter's once, whole (in any bucketing and order: other checks judge those)."""
+    names = [name for name, _, _ in reversed(layout(case))]
+    left = list(range(len(grads)))
+
+    def carries(got: np.ndarray, grad: np.ndarray) -> bool:
+        bound = GRAD_RTOL * float(np.max(np.abs(grad), initial=0.0)) + GRAD_ATOL
+        return any(float(np.max(np.abs(got * scale - grad), initial=0.0)) <= bound for scale in (1, case.p))
+
+    head = f"{case.label}, step {step}: rank {rank}'s allreduce"
+    for k, data in enumerate(items):
+        values, offset = np.asarray(data, dtype=np.float64).ravel(), 0
+        while offset < values.size:
+            hit = next((i for i in left if offset + grads[i].size <= values.size
+                        and carries(values[offset:offset + grads[i].size], grads[i])), None)
+            if hit is None:
+                rest = values[offset:]
+                seen = "all zeros" if not np.any(rest) else f"largest |value| {float(np.max(np.abs(rest))):.3g}"
+                return (f"{head} {k} carried values that are not its own gradients: from value {offset} of its "
+                        f"{values.size} on ({seen}) no gradient of its own shard at the step's weights matches, whole "
+                        f"or divided by p = {case.p}; each bucket's allreduce must carry the gradients backward left "
+                        "in p.grad on this rank, whose sum over the ranks is the global batch's gradient")
+            left.remove(hit)
+            offset += grads[hit].size
+    if left:
+        return (f"{head}s carried values that are not its own gradients: none of them held the gradient of "
+                f"{names[left[0]]}; every parameter's gradient goes into its bucket's allreduce once per step")
+    return None
+
+
+# -- the marks and the requests: where each step's window really ends -----------------------------------------
+
+
+def unsettled(traces: list[tuple[Any, ...]], rank: int, label: str, steps: int) -> str | None:
+    """None if ``rank``'s marks, as its agent recorded them, are exactly train()'s (step, backward, synced in each
+    step) and every nonblocking collective it posted had completed (a wait on its request) before the next mark
+    "synced"; else what was not. The overlap window ends at mark "synced": a mark set elsewhere, or traffic still
+    in flight past it, would cut the exposed wait out of the step."""
+    marks = [e[1] for e in traces if e[0] == "mark"]
+    if marks != list(HARNESS_MARKS) * steps:
+        want = HARNESS_MARKS * steps
+        n = next((i for i, (got, mark) in enumerate(zip(marks, want)) if got != mark), min(len(marks), len(want)))
+        seen, wanted = (repr(m[n]) if n < len(m) else "none" for m in (marks, want))
+        return (f"the marks differ from the harness's: {label}, rank {rank} recorded {len(marks)} mark(s), where "
+                f"train() sets {len(want)} ({', '.join(HARNESS_MARKS)} in each of the {steps} steps); mark {n + 1} "
+                f"is {seen} where train()'s is {wanted}: only the harness marks the steps (a DataParallel never "
+                "calls comm.mark)")
+    pending: dict[int, int] = {}  # request -> the step it was posted in
+    step = 0
+    for e in traces:
+        if e[0] == "icoll":
+            pending[e[1]] = step
+        elif e[0] == "wait":
+            for req in e[1]:
+                pending.pop(req, None)
+        elif e[0] == "mark" and e[1] == "synced":
+            if pending:
+                return (f"traffic still in flight at the end of the step: {label}, step {step}, rank {rank} had "
+                        f"{len(pending)} allreduce(s) not yet waited for when finish_gradient_sync() returned; every "
+                        "bucket's request completes (Request.Waitall) before it returns, so the step's window holds "
+                        "its whole communication")
+            step += 1
     return None
 
 

@@ -25,9 +25,9 @@ Rules of the game:
 Check it with `distlab check 06`; ask for a nudge with `distlab hint 06`.
 """
 
-import torch
+import torch  # noqa: F401 (you will need it)
 
-from distlab import IN_PLACE, Request
+from distlab import IN_PLACE, Request  # noqa: F401 (you will need them)
 
 
 def plan_buckets(nbytes, cap_bytes):
