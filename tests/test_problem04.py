@@ -298,6 +298,12 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
          "1-bit Adam's volume", "on the 1 Gb/s link"],
         [],
     ),
+    # The outside tester's attack: the 1-bit allreduce's bytes hidden after a mark of its own (Task.marks).
+    "forged_own_mark.py": (
+        ["your own mark(s) 'x' do not end the harness's phases", "every byte from one harness mark to the next counts"],
+        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
+        ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
+    ),
 }
 
 
@@ -311,6 +317,7 @@ REAL_BUG = {
     "fp16_as_float32.py": "float32 went on the wire",
     "fp16_overflow.py": "divide by p before casting",
     "forged_hidden_case.py": "expected non-negative integer",
+    "forged_own_mark.py": "do not end the harness's phases",
 }
 
 

@@ -413,6 +413,11 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
         ["view of the case holds no data of rank"],
         {"results equal": "failed", "training": "failed", "buffer memory bounded": "failed"},
     ),
+    "forged_own_mark.py": (
+        ["made 314 (Allreduce x313, Bcast x1)", "your own mark(s) 'x' do not end the harness's \"step\" phase"],
+        {"results equal": "passed", "collectives per step": "failed", "step at least 10x": "failed",
+         "buffer memory bounded": "passed"},
+    ),
 }
 
 
@@ -426,6 +431,7 @@ REAL_BUG = {
     "forged_recording_bypass.py": "the fusion must not stop the allocation probe",
     "forged_untraced_copies.py": "the buffer was built where tracemalloc does not look",
     "forged_local_recompute.py": "view of the case holds no data of rank",
+    "forged_own_mark.py": "do not end the harness's \"step\" phase",
 }
 
 

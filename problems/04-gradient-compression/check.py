@@ -18,7 +18,7 @@ from distlab.grading import CheckContext, Checklist, Run, Task, faults, uniform
 from . import cases, judging
 from .cases import N_PARAMS
 from .judging import as_array, bytes_line, close, describe, fp32_ring_bytes, wire_bytes
-from .programs import held_out_auc, run_case
+from .programs import held_out_auc, run_case, task_marks
 
 CHECKS = Checklist()
 
@@ -35,11 +35,14 @@ def everything(t: CheckContext, plan: cases.Plan) -> Run:
     slow = faults.plan(faults.delay(src=plan.slow_worker, latency_s=cases.SLOW_WORKER_DELAY_S,
                                     wall=True, note="a straggling worker: its sends leave 5 ms late"),
                        seed=t.seed, where="04 slow-worker case")
+    # The phases the checks read begin and end only at the harness's marks (Task.marks: a mark the learner's
+    # code sets of another name cuts nothing); judging.harness_marks counts them where the phases are read.
     tasks = [Task(ranks=1, case=plan.codec, label="the compressor unit cases")]
-    tasks += [Task(ranks=w.p, case=w, label=f"the reducers with p = {w.p}, n = {w.n}") for w in plan.wires]
-    tasks.append(Task(ranks=plan.adam.p, case=plan.adam, faults=slow,
+    tasks += [Task(ranks=w.p, case=w, label=f"the reducers with p = {w.p}, n = {w.n}", marks=task_marks(w))
+              for w in plan.wires]
+    tasks.append(Task(ranks=plan.adam.p, case=plan.adam, faults=slow, marks=task_marks(plan.adam),
                       label=f"1-bit Adam on known gradients (rank {plan.slow_worker} slow)"))
-    tasks.append(Task(ranks=plan.train.p, case=plan.train, label="the training runs"))
+    tasks.append(Task(ranks=plan.train.p, case=plan.train, label="the training runs", marks=task_marks(plan.train)))
     tasks += [Task(ranks=c.p, case=c, label=f"the timed {c.method} allreduce") for c in plan.timed]
     switch = uniform(max(task.ranks for task in tasks), cases.SLOW_ALPHA_S, cases.SLOW_BETA)
     return t.launch(run_case, tasks, platform=switch)
@@ -138,7 +141,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
                 t.fail(f"onebit_allreduce, p = {p}, n = {n}: rank {rank} sent {nbytes:.0f} bytes, "
                        f"{nbytes / fp32:.4f} of a float32 ring allreduce ({fp32:.0f}); expected at most "
                        f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes of scale per message)"
-                       + judging.onebit_bytes_symptom(nbytes / fp32, p))
+                       + (judging.own_marks_note(wire.task, rank) or judging.onebit_bytes_symptom(nbytes / fp32, p)))
             bounds = cases.chunk_bounds(n, p)
             if p > 1:  # the signs of every element outside its own chunk come from the other servers
                 judging.unfed(t, head + ", call 1", rank, judging.received_bytes(counts[rank], p),
@@ -250,6 +253,7 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
     fp32, bound = fp32_ring_bytes(N_PARAMS, case.p), judging.onebit_bytes_bound(N_PARAMS, case.p)
     w = case.warmup / case.steps
     want = cases.volume_ratio(w)
+    judging.harness_marks(t, training.task, f"1-bit Adam ({case.label()})")
     sent = [[wire_bytes(c, case.p) for c in training.task.phases(rank, "onebit")] for rank in range(case.p)]
     for rank, steps in enumerate(sent):
         for i, nbytes in enumerate(steps):  # the warmup's steps first, then the compressed ones
@@ -261,7 +265,7 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
                 t.fail(f"1-bit Adam ({case.label()}): rank {rank} sent {nbytes:.0f} bytes in step "
                        f"{i + 1}, after the warmup; expected at most {bound:.0f} (1/30 of "
                        f"float32's {fp32:.0f} plus the scales): only the 1-bit momentum may travel once "
-                       "the variance is frozen")
+                       "the variance is frozen" + judging.own_marks_note(training.task, rank))
         ratio = sum(steps) / (fp32 * case.steps)
         t.expect(abs(ratio / want - 1) <= cases.VOLUME_TOLERANCE, f"a volume of w + (1-w)/32 = {want:.4f} "
                  f"of float32 Adam's for w = {w:.2f} (within {cases.VOLUME_TOLERANCE:.0%})",

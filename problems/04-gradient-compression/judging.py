@@ -11,7 +11,7 @@ from distlab.grading import CaseRun, CheckContext, first_mismatch
 
 from . import cases
 from .cases import OpResult, wire_bytes
-from .programs import Adam, Raised, gradient, held_out_auc
+from .programs import Adam, Raised, gradient, held_out_auc, marks_set
 
 
 def as_array(value: Any) -> np.ndarray | None:
@@ -33,12 +33,35 @@ def op_results(t: CheckContext, values: list[Any], states: dict[str, int], head:
 
 
 def phase_counts(t: CheckContext, task: Any, rank: int, phase: str, head: str) -> Any:
-    """The rank's counts in its phase ``phase``; the check fails if the rank set no such mark."""
+    """The rank's counts in its phase ``phase``; the check fails if the rank set no such mark, or marks of the
+    harness's names other than the harness's (harness_marks)."""
     try:
-        return task.counts(rank, phase)
+        counts = task.counts(rank, phase)
     except KeyError:
         t.fail(f"{head}: rank {rank} set no mark {phase!r}, so its bytes cannot be counted: was the harness "
                "replaced?")
+    harness_marks(t, task, head, (rank,))
+    return counts
+
+
+def harness_marks(t: CheckContext, task: Any, head: str, ranks: Any = None) -> None:
+    """Fails the check if a rank set a mark of one of the harness's names (Task.marks) more or fewer times than
+    run_case does: the phases of those names, which the checks read, would then end early or begin late."""
+    want = marks_set(task.spec.case)
+    for rank in range(task.spec.ranks) if ranks is None else ranks:
+        for name in dict.fromkeys(want):
+            if (got := len(task.phases(rank, name))) != want.count(name):
+                t.fail(f"{head}: rank {rank} set {got} marks {name!r}; the harness sets {want.count(name)} (your "
+                       "own marks may have other names), so the phases its bytes are counted in cannot be read")
+
+
+def own_marks_note(task: Any, rank: int) -> str:
+    """A note naming the marks the rank set besides the harness's (its learner's code's), or ''."""
+    own = sorted({name for name, _ in task.timeline().marks(rank) if name not in task.spec.marks})
+    if not own:
+        return ""
+    return (f": your own mark(s) {', '.join(map(repr, own[:3]))} do not end the harness's phases; every byte from "
+            "one harness mark to the next counts")
 
 
 def received_bytes(counts: Any, p: int) -> float:
@@ -407,7 +430,7 @@ def adam_fed(t: CheckContext, case: cases.AdamCase, task: Any) -> None:
         steps = task.phases(rank, "step")
         if len(steps) != case.steps:
             t.fail(f"1-bit Adam: rank {rank} set {len(steps)} marks 'step' in {case.steps} steps: was run_adam "
-                   "replaced?")
+                   "replaced? (the harness sets one per step; your own marks may have other names)")
         for i, counts in enumerate(steps):
             if i < case.warmup:
                 floor, needs = n, f"the other ranks' gradients of {n} values, a byte each at the least"
@@ -423,6 +446,7 @@ def training_fed(t: CheckContext, case: cases.TrainCase, task: Any) -> None:
     if p == 1:
         return
     bounds = cases.chunk_bounds(n, p)
+    harness_marks(t, task, f"the training runs ({case.label()})")
     for rank in range(p):
         own = bounds[rank + 1] - bounds[rank]
         for how, floor, needs in (

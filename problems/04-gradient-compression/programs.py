@@ -213,6 +213,27 @@ def run_timed(comm: Any, solution: Any, case: cases.TimedCase) -> Any:
     return buf[:: max(1, n // 4096)].copy()
 
 
+def marks_set(case: Any) -> list[str]:
+    """Every mark run_case sets on each rank for ``case``, in order (run_wire's, run_adam's, train's):
+    the tasks name them (Task.marks), so that only they begin and end the phases the checks read, and
+    the checks count them, so that a mark the learner's code sets of one of these names is caught."""
+    if isinstance(case, cases.WireCase):
+        names = ["fp16", "fp16 large", "onebit 1", "onebit 2"]
+        for keep in case.keeps:
+            names += [f"topk {keep} ef 1", f"topk {keep} ef 2", f"topk {keep} plain"]
+        return names
+    if isinstance(case, cases.AdamCase):
+        return ["step"] * case.steps
+    if isinstance(case, cases.TrainCase):
+        return ["fp16"] * case.steps + ["onebit"] * case.steps
+    return []  # the codec and the timed allreduces set none
+
+
+def task_marks(case: Any) -> tuple[str, ...]:
+    """The names of the marks run_case sets for ``case`` (Task.marks)."""
+    return tuple(dict.fromkeys(marks_set(case)))
+
+
 def run_case(comm: Any, solution: Any, case: Any) -> Any:
     program = {cases.CodecCase: run_codec, cases.WireCase: run_wire, cases.AdamCase: run_adam,
                cases.TrainCase: run_training, cases.TimedCase: run_timed}[type(case)]

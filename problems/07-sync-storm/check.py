@@ -36,8 +36,10 @@ def storm(t: CheckContext, plan: Plan) -> Run:
     # tracemalloc in a rank whose gloo threads free tensors crashes the process (torch 2.x):
     # the allocation probe runs on MPI only; the size of every buffer is read on both engines.
     probe = t.backend == "mpi"
-    tasks = [Task(ranks=c.p, case=dataclasses.replace(c, probe=probe), label=f"training with {c.label()}")
-             for c in plan.cases]
+    # A step's counters are those of its phase, from the harness's mark "step" to the next: marks the learner's
+    # code sets of other names cut nothing (Task.marks; judging.unreduced counts the "step" marks).
+    tasks = [Task(ranks=c.p, case=dataclasses.replace(c, probe=probe), label=f"training with {c.label()}",
+                  marks=judging.MARKS) for c in plan.cases]
     for c in plan.perf:
         tasks += [Task(ranks=c.p, case=Timed(c, True), label=f"the timed fused step, p = {c.p}"),
                   Task(ranks=c.p, case=Timed(c, False), label=f"the timed per-tensor baseline, p = {c.p}")]
@@ -92,9 +94,10 @@ def collectives_per_step(t: CheckContext, storm: Run, wrong_sum: str | None) -> 
         for rank in range(case.p):
             for s, step in enumerate(result.task.phases(rank, "step")):
                 count, calls = collectives(step)
-                why = (": one collective per tensor; pack tensors into a buffer and reduce it once"
-                       if count >= case.tensors else
-                       ": is each buffer sent as soon as it holds threshold bytes (not sooner)?")
+                why = (judging.own_marks_note(result.task, rank) or
+                       (": one collective per tensor; pack tensors into a buffer and reduce it once"
+                        if count >= case.tensors else
+                        ": is each buffer sent as soon as it holds threshold bytes (not sooner)?"))
                 t.expect(count <= budget, f"at most {budget} collectives per step (ceil({total} / {case.threshold}) "
                          f"= {budget - len(by_dtype)} + {len(by_dtype)} dtypes)",
                          f"{case.label()}, step {s}: rank {rank} made {count} ({calls}){why}")

@@ -22,6 +22,7 @@ from . import cases as model
 from .cases import Case
 
 OWN_BUFFER = "pack each dtype in a buffer of its own"
+MARKS = ("step",)  # the marks the harness's program sets (Task.marks): one "step" per training step
 
 
 def per_tensor_sums(case: Case, params: dict, step: int) -> tuple[list[dict], dict]:
@@ -120,7 +121,8 @@ def unreduced(results: list[CaseRun]) -> str | None:
             steps = result.task.phases(rank, "step")
             if len(steps) != case.steps:
                 return (f"{case.label()}: rank {rank} ran {len(steps)} training step(s), not the harness's "
-                        f"{case.steps}")
+                        f"{case.steps}: it set {len(steps)} marks \"step\" where the harness sets one per step "
+                        "(your own marks may have other names)")
             for s, step in enumerate(steps):
                 if (sent := carried(step)) < total:
                     calls = collectives(step)[1] or "no collective at all"
@@ -256,17 +258,24 @@ Buffers = list[list[list[tuple[str, int]]]]  # per rank, per step: (dtype, bytes
 
 
 def agent_sizes(task: Any, rank: int) -> list[list[int]]:
-    """Per "step" phase of the rank, the bytes of each Allreduce (or Iallreduce) as its agent traced it."""
+    """Per "step" phase of the rank, the bytes of each Allreduce (or Iallreduce) as its agent traced it. A phase
+    ends at the next "step" mark or the task's end: a mark of another name (the learner's) cuts nothing."""
     steps: list[list[int]] = []
-    inside = False
     for span in task.timeline().events(rank):
-        if span.kind == "mark":
-            inside = span.name == "step"
-            if inside:
-                steps.append([])
-        elif inside and span.kind in ("coll", "icoll") and span.name == "Allreduce":
+        if span.kind == "mark" and span.name == "step":
+            steps.append([])
+        elif steps and span.kind in ("coll", "icoll") and span.name == "Allreduce":
             steps[-1].append(int(span.nbytes))
     return steps
+
+
+def own_marks_note(task: Any, rank: int) -> str:
+    """A note naming the marks the rank set besides the harness's (its learner's code's), or ''."""
+    own = sorted({name for name, _ in task.timeline().marks(rank) if name not in MARKS})
+    if not own:
+        return ""
+    return (f": your own mark(s) {', '.join(map(repr, own[:3]))} do not end the harness's \"step\" phase; every "
+            "collective from one \"step\" mark to the next counts")
 
 
 def buffers_seen(result: CaseRun) -> Buffers:
