@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from distlab.grading import CheckContext, Checklist, Run, Task, faults, uniform
+from distlab.grading import CheckContext, Checklist, Run, Task, uniform
 
 from . import cases, judging
 from .cases import N_PARAMS
@@ -32,11 +32,8 @@ def plan(t: CheckContext) -> cases.Plan:
 @CHECKS.run
 def everything(t: CheckContext, plan: cases.Plan) -> Run:
     """One launch for every check, its tasks in the order of the checks."""
-    slow = faults.plan(faults.delay(src=plan.slow_worker, latency_s=cases.SLOW_WORKER_DELAY_S,
-                                    wall=True, note="a straggling worker: its sends leave 5 ms late"),
-                       seed=t.seed, where="04 slow-worker case")
-    # The phases the checks read begin and end only at the harness's marks (Task.marks: a mark the learner's
-    # code sets of another name cuts nothing); judging.harness_marks counts them where the phases are read.
+    slow = judging.slow_worker(plan, t.seed)
+    # Phases begin and end at the harness's marks only (Task.marks; judging.harness_marks counts them).
     tasks = [Task(ranks=1, case=plan.codec, label="the compressor unit cases")]
     tasks += [Task(ranks=w.p, case=w, label=f"the reducers with p = {w.p}, n = {w.n}", marks=task_marks(w))
               for w in plan.wires]
@@ -57,10 +54,9 @@ def codec_round_trip(t: CheckContext, everything: Run) -> None:
           "multiples of 8), decompress alone, 3 calls of compress_with_feedback")
     for (x, chunks, what), packed, roundtrip in zip(case.vectors, result.compressed, result.roundtrip):
         judging.judge_compress(t, x, chunks, what, packed, roundtrip)
-    signs, scales, n = case.given
-    want = judging.sim_decompress(signs, scales, n)
+    want = judging.sim_decompress(*case.given)
     if not close(result.decompressed, want, rtol=1e-6):
-        t.fail(f"decompress(signs, scales, {n}) with 4 given chunks: {describe(result.decompressed, want)}")
+        t.fail(f"decompress(signs, scales, {case.given[2]}) with 4 given chunks: {describe(result.decompressed, want)}")
     x, error0, chunks = case.feedback
     error = error0.copy()
     for call, (rebuilt, got_error) in enumerate(result.feedback, start=1):

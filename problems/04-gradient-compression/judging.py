@@ -7,11 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CaseRun, CheckContext, first_mismatch
+from distlab.grading import CaseRun, CheckContext, FaultPlan, faults, first_mismatch
 
 from . import cases
 from .cases import OpResult, wire_bytes
 from .programs import Adam, Raised, gradient, held_out_auc, marks_set
+
+
+def slow_worker(plan: cases.Plan, seed: int) -> FaultPlan:
+    """1-bit Adam's straggler: one worker's sends leave 5 ms late, in wall time too."""
+    return faults.plan(faults.delay(src=plan.slow_worker, latency_s=cases.SLOW_WORKER_DELAY_S, wall=True,
+                                    note="a straggling worker: its sends leave 5 ms late"),
+                       seed=seed, where="04 slow-worker case")
 
 
 def as_array(value: Any) -> np.ndarray | None:
