@@ -541,6 +541,9 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
     "forged_emulate.py": (GPIPE, ["view of the pipeline holds no weights of stage"], ALL),
     "forged_label_crash.py": (BUBBLE, ["the declared compute differs from the harness's: stage 0 declared 'forward x'",
                                        "which its Stage never declares"], ALL),
+    # A step's window used to end at any mark: compute hidden after the learner's own (13/13).
+    "forged_own_mark.py": (GPIPE, ["stage 0 set 12 marks 'between' where the program sets 6",
+                                   "your own marks may have other names"], ALL),
     # Junk of the right sizes, in the right order, with the right labels: earned the bubble and the
     # stash (5/13) before the checks read what the messages carried.
     "forged_junk_messages.py": (BUBBLE, ["step 0: stage 0's message 1 to stage 1 carried",
@@ -558,6 +561,7 @@ NAMES_ITS_BUG = {
     "view of the pipeline holds no": "forged_emulate.py",
     "which its Stage never declares": "forged_label_crash.py",
     "each activation a stage sends on is the one its forward computed": "forged_junk_messages.py",
+    "your own marks may have other names": "forged_own_mark.py",
 }
 
 

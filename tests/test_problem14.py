@@ -145,6 +145,25 @@ def test_point_times_read_the_marks_of_every_rank() -> None:
     assert judging.point_times(Task(), 2) == [4.0, 1.5]  # first rank's start to last rank's end
 
 
+def test_point_times_pass_over_the_learners_own_marks_and_the_program_s_are_counted() -> None:
+    from types import SimpleNamespace
+
+    class Timeline:
+        ranks = [0, 1]
+
+        def marks(self, rank: int) -> list[tuple[str, float]]:  # "mine": the learner's, mid-point
+            return [("between", 0.0), ("point 0", 1.0 + rank), ("mine", 1.5), ("done", 4.0 + rank), ("between", 5.0),
+                    ("point 1", 6.0), ("mine", 6.1), ("done", 6.5 + rank)]
+
+    g = replace(cases.session(3).grid, points=cases.session(3).grid.points[:2])
+    task = SimpleNamespace(timeline=Timeline, spec=SimpleNamespace(marks=judging.task_marks(g)))
+    assert judging.point_times(task, 2) == [4.0, 1.5]
+    assert judging.program_marks(g) == ["between", "point 0", "done", "between", "point 1", "done", "between"]
+    assert judging.task_marks(g) == ("between", "done", "point 0", "point 1")
+    run = cases.session(3).sparse[0]
+    assert judging.program_marks([run]) == ["between"] + [run.what] * run.data.steps + ["done"]
+
+
 def test_a_rank_is_handed_only_its_own_part_of_a_case() -> None:
     """A server gets its shard's initial rows, a worker its own batches (and the table's key on the
     allreduce path); no rank can rebuild another worker's batches, and cases.py trains nothing."""
@@ -397,6 +416,10 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     # The attacks: a rank's view holds no other worker's data and cases.py no single-process SGD (in
     # judging.py now); a server's rows of the wrong shape are named, not a crash of the checker.
     "forged_tables.py": ([TRAIN, DUPS, BYTES, COST, MODEL], ["has no attribute 'train'"], []),
+    # Marks of its own: a name the program never sets cuts nothing; one it sets ("done"), set again, is named.
+    "forged_own_mark.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
+                           ["rank 3 set 9 marks 'done' where the program sets 3", "your own marks may have other names"],
+                           []),
     "forged_row_shape.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
                             ["server 0's rows after training has shape (3, 3), expected", "it neither pulled nor pushed"],
                             []),
@@ -413,6 +436,7 @@ NAMES_ITS_BUG = {
     "the gradient is float64": "float64_dense.py",
     "has no attribute 'train'": "forged_tables.py",
     "rows after training has shape": "forged_row_shape.py",
+    "your own marks may have other names": "forged_own_mark.py",
 }
 
 

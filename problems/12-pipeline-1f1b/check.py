@@ -45,10 +45,16 @@ def plan(t: CheckContext) -> cases.Session:
 def pipelines(t: CheckContext, plan: cases.Session) -> Run:
     for pipe in plan.gpipe + plan.one_f_one_b + plan.small:
         t.say(pipe.label())
+    # A step's window runs from one of the program's marks to the next: marks the learner's code sets
+    # of other names cut nothing (Task.marks), and a rank that set one of the program's names itself
+    # fails the checks that read the steps (judging.marks_message).
     return t.launch(programs.run_cases, [
-        Task(cases.STAGES, cases=list(plan.gpipe), label="GPipe with m >= p", record_sent=True),
-        Task(cases.STAGES, cases=list(plan.one_f_one_b), label="1F1B with m >= p", record_sent=True),
-        Task(cases.STAGES, cases=list(plan.small), label="GPipe and 1F1B with m < p", record_sent=True)])
+        Task(cases.STAGES, cases=list(plan.gpipe), label="GPipe with m >= p", record_sent=True,
+             marks=judging.task_marks(len(plan.gpipe))),
+        Task(cases.STAGES, cases=list(plan.one_f_one_b), label="1F1B with m >= p", record_sent=True,
+             marks=judging.task_marks(len(plan.one_f_one_b))),
+        Task(cases.STAGES, cases=list(plan.small), label="GPipe and 1F1B with m < p", record_sent=True,
+             marks=judging.task_marks(len(plan.small)))])
 
 
 GPIPE_TASK, ONE_F_ONE_B_TASK, SMALL_TASK = range(3)  # the tasks of the launch, in order
@@ -75,7 +81,10 @@ def nth(value: Any, n: int) -> Any:
 
 def step_of(t: CheckContext, result: Ran, k: int) -> judging.Step:
     """Training step ``k`` of the pipeline on the virtual clock; a failed check if its marks are not
-    in the trace (they are the harness's, but set from the learner's process)."""
+    in the trace, or not the program's alone (they are the harness's, but set from the learner's
+    process, which may call comm.mark itself)."""
+    if message := judging.marks_message(result.task):
+        t.fail(message)
     try:
         return judging.Step(result.task, result.number, k, result.case.p)
     except ValueError as error:

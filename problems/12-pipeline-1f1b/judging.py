@@ -40,18 +40,59 @@ RTOL, ATOL = 1e-9, 1e-12  # float64 sums in another order: about 1e-15 apart
 # == the schedule, read from the replay =============================================================
 
 
-def window(timeline: Any, rank: int, number: int, step: int) -> tuple[float, list[Any], int]:
+def program_marks(cases_in_task: int) -> list[str]:
+    """The marks programs.train sets on every rank of a task of ``cases_in_task`` pipelines, in
+    order: "case <number> step <k>" as each step starts, "between" as it ends."""
+    return [name for number in range(cases_in_task) for k in range(STEPS)
+            for name in (f"case {number} step {k}", "between")]
+
+
+def task_marks(cases_in_task: int) -> tuple[str, ...]:
+    """The names of those marks, for Task(marks=...): a step's window runs from one of them to the
+    next, and a mark the learner's code sets of another name cuts nothing."""
+    return tuple(sorted(set(program_marks(cases_in_task))))
+
+
+def marks_message(task: Any) -> str | None:
+    """None if every rank set exactly the program's marks, in its order; else the first rank that
+    set one more, one fewer or another in its place (the learner's code calling comm.mark with a
+    name the program uses: it would end a step's window early and hide what followed)."""
+    spec = task.spec
+    want, names = program_marks(len(spec.cases)), set(spec.marks)
+    for rank in range(spec.ranks):
+        got = [name for name, _ in task.outcomes[rank].marks if name in names]
+        if got == want:
+            continue
+        name = next((n for n in sorted(names) if got.count(n) != want.count(n)), None)
+        if name is not None:
+            head = f"{spec.label}: stage {rank} set {got.count(name)} marks {name!r} where the program sets {want.count(name)}"
+        else:  # the same marks, in another order
+            j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+            head = f"{spec.label}: stage {rank}'s mark #{j} is {got[j]!r} where the program sets {want[j]!r}"
+        return (f"{head}: the harness marks each step's start and end itself, and a step is read from one of its "
+                "marks to the next (your own marks may have other names)")
+    return None
+
+
+def window(timeline: Any, rank: int, number: int, step: int,
+           names: Any = ()) -> tuple[float, list[Any], tuple[int, int]]:
     """The rank's mark of case ``number``'s step ``step`` (its virtual time), its calls up to its
-    next mark, and how many marks the rank had made once it made this one (what its sent log's
-    ``after_marks`` says of a send in the window)."""
+    next mark of the program's (``names``; any mark where none are given: the learner's own, of
+    other names, end nothing), and the range of how many marks the rank had made at a call of the
+    window (what its sent log's ``after_marks`` says of a send in the window: the learner's own
+    marks inside it count there too)."""
     events, name = timeline.events(rank), f"case {number} step {step}"
-    starts = [k for k, e in enumerate(events) if e.kind == "mark" and e.name == name]
+
+    def program(e: Any) -> bool:
+        return e.kind == "mark" and (not names or e.name in names)
+
+    starts = [k for k, e in enumerate(events) if program(e) and e.name == name]
     if not starts:
         raise ValueError(f"rank {rank}: no mark {name!r} in the trace")
     after = events[starts[0] + 1:]
-    end = next((k for k, e in enumerate(after) if e.kind == "mark"), len(after))
+    end = next((k for k, e in enumerate(after) if program(e)), len(after))
     marks = sum(1 for e in events[:starts[0] + 1] if e.kind == "mark")
-    return events[starts[0]].begin, after[:end], marks
+    return events[starts[0]].begin, after[:end], (marks, marks + sum(1 for e in after[:end] if e.kind == "mark"))
 
 
 LABEL = re.compile(r"(forward|backward) (0|[1-9][0-9]{0,8})")
@@ -73,11 +114,11 @@ class Step:
     """One step of one case on the virtual clock: every stage's operations and compute spans."""
 
     def __init__(self, task: Any, number: int, step: int, p: int) -> None:
-        timeline = task.timeline()
-        windows = [window(timeline, rank, number, step) for rank in range(p)]
+        timeline, names = task.timeline(), getattr(getattr(task, "spec", None), "marks", ())
+        windows = [window(timeline, rank, number, step, names) for rank in range(p)]
         self.start = min(mark for mark, _, _ in windows)
         self.events = [spans for _, spans, _ in windows]  # every call of each stage, in program order
-        self.marks = [marks for _, _, marks in windows]  # the sent log's after_marks of this step's sends
+        self.marks = [marks for _, _, marks in windows]  # the sent log's after_marks of this step's sends (a range)
         self.compute = [[s for s in spans if s.kind == "compute"] for _, spans, _ in windows]
         self.sent = [[s.peer for s in spans if s.kind == "send"] for _, spans, _ in windows]  # world ranks
         self.collectives = [[s.name for s in spans if s.kind in ("coll", "icoll")] for _, spans, _ in windows]
@@ -365,7 +406,7 @@ def step_sends(task: Any, step: Step) -> list[list[tuple[int, np.ndarray]]] | st
         if log.overflowed:
             return (f"stage {s} sent more than its log keeps (it copies up to 64 MiB): what its messages carried "
                     "is unknown")
-        sends.append([(item.peer, item.data) for item in log.items if item.after_marks == step.marks[s]])
+        sends.append([(item.peer, item.data) for item in log.items if step.marks[s][0] <= item.after_marks <= step.marks[s][1]])
     return sends
 
 

@@ -37,12 +37,18 @@ def everything(t: CheckContext, plan: cases.Session) -> Run:
     late = faults.plan(faults.delay(src=main.late, latency_s=cases.LATE_S, wall=True,
                                     note="a worker on a congested host: its messages leave 5 ms late"),
                        seed=t.seed, where="the 14 parameter-server cases")
-    cluster = uniform(grid.servers + grid.workers, grid.alpha, grid.beta)
+    cluster, dense = uniform(grid.servers + grid.workers, grid.alpha, grid.beta), replace(grid, mode="dense")
+    # Each step's counters and each grid point's time run from one of the program's marks to the
+    # next: marks the learner's code sets of other names cut nothing (Task.marks), and a rank that
+    # set one of the program's names itself fails the checks that read them (judging.marks_problem).
+    marks = judging.task_marks
     return t.launch(programs.run_case, [
-        Task(main.servers + main.workers, cases=list(plan.sparse), faults=late, label="the parameter server's cases"),
-        Task(main.workers, cases=list(plan.dense), label="the allreduce baseline's cases"),
-        Task(grid.servers + grid.workers, case=grid, platform=cluster, label="the grid, parameter server"),
-        Task(grid.workers, case=replace(grid, mode="dense"), platform=cluster, label="the grid, allreduce"),
+        Task(main.servers + main.workers, cases=list(plan.sparse), faults=late, label="the parameter server's cases",
+             marks=marks(list(plan.sparse))),
+        Task(main.workers, cases=list(plan.dense), label="the allreduce baseline's cases", marks=marks(list(plan.dense))),
+        Task(grid.servers + grid.workers, case=grid, platform=cluster, label="the grid, parameter server",
+             marks=marks(grid)),
+        Task(grid.workers, case=dense, platform=cluster, label="the grid, allreduce", marks=marks(dense)),
         Task(1, case=replace(grid, mode="model"), label="the cost model on the grid")])
 
 
@@ -63,6 +69,8 @@ def same_embeddings(t: CheckContext, everything: Run) -> None:
                    "must apply the same summed gradient; is the allreduce missing?")
         if problem := judging.table_problem(data, case.workers, table, f"worker {w}'s table after training"):
             t.fail(f"{dense.case.label()}: {problem}" + "; dense_step updates `table` in place" * ("initial" in problem))
+    if problem := judging.marks_problem(sparse.task) or judging.marks_problem(dense.task):
+        t.fail(problem)
     if problem := judging.pushes_problem(sparse, "the servers' table after training"):
         t.fail(f"{case.label()}: {problem}")
     if problem := judging.exchange_problem(dense, "the table"):
@@ -90,6 +98,8 @@ def duplicates_summed(t: CheckContext, everything: Run) -> None:
     for case, path, table in tables:
         if problem := judging.duplicates_problem(data, case.workers, table, f"{path}'s table after one step"):
             t.fail(f"{case.label()}: {problem}")
+    if problem := judging.marks_problem(sparse.task) or judging.marks_problem(dense.task):
+        t.fail(problem)
     if problem := judging.pushes_problem(sparse, "the parameter server's table after one step"):
         t.fail(f"{sparse.case.label()}: {problem}")
     if problem := judging.exchange_problem(dense, "the allreduce's table after one step"):
@@ -100,6 +110,8 @@ def duplicates_summed(t: CheckContext, everything: Run) -> None:
 @CHECKS.check("a worker's bytes follow the rows its batch touches, not the table", points=3)
 def bytes_follow_touched_rows(t: CheckContext, everything: Run) -> None:
     main, _, million = everything.cases()[:3]
+    if problem := judging.marks_problem(main.task):
+        t.fail(problem)
     per_row: dict[str, list[float]] = {}
     for run in (main, million):
         for w in range(run.case.workers):
@@ -121,6 +133,8 @@ def bytes_follow_touched_rows(t: CheckContext, everything: Run) -> None:
 def steps_cost_what_the_card_says(t: CheckContext, plan: cases.Session, everything: Run) -> None:
     grid, (sparse, dense) = plan.grid, [r.task for r in everything.cases()[5:7]]
     t.say(f"{len(grid.points)} points, {grid.label()}")
+    if problem := judging.marks_problem(sparse) or judging.marks_problem(dense):
+        t.fail(problem)
     measured, costs = [judging.point_times(task, len(grid.points)) for task in (sparse, dense)], judging.grid_costs(grid)
     for i in range(len(grid.points)):
         if not judging.moved_rows(sparse, grid, i):
@@ -144,6 +158,8 @@ def cost_model_agrees(t: CheckContext, plan: cases.Session, everything: Run) -> 
     answers = model.values[0]
     if problem := judging.broken_answer(answers, len(grid.points)):
         t.fail(problem)
+    if problem := judging.marks_problem(sparse.task) or judging.marks_problem(dense.task):
+        t.fail(f"not graded: {problem}")
     if not all(judging.moved_rows(sparse.task, grid, i) for i in range(len(grid.points))):
         t.fail("not graded: the parameter-server steps of the grid did not move the touched rows (see the byte check)")
     if judging.declared_problem(sparse.task, grid):

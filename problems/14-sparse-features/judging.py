@@ -251,13 +251,63 @@ def bytes_problem(run: CaseRun, worker: int, step: int) -> tuple[int, str | None
 # -- time on the grid ------------------------------------------------------------------------------
 
 
+# -- the harness's marks ---------------------------------------------------------------------------
+
+
+def program_marks(case: Any) -> list[str]:
+    """The marks programs.run_case sets on every rank, in order, for ``case`` (a list of cases, a
+    grid or one case): "between" before each case, its phase at every step, "done" after it."""
+    if isinstance(case, list):
+        return [name for one in case for name in ["between", *program_marks(one)]]
+    if isinstance(case, Grid):
+        if case.mode == "model":
+            return []
+        return [name for i, (data, _) in enumerate(case.points)
+                for name in ["between", *[f"point {i}"] * data.steps, "done"]] + ["between"]
+    return [case.what] * case.data.steps + ["done"]
+
+
+def task_marks(case: Any) -> tuple[str, ...]:
+    """The names of the marks the program sets for ``case``, for Task(marks=...): the phases and
+    the spans on the replay begin and end at those alone, not at the learner's own marks."""
+    return tuple(sorted(set(program_marks(case))))
+
+
+def harness_marks(task: Any, rank: int) -> list[tuple[str, float]]:
+    """The rank's marks on the replay of the names the program sets (all where the task names none)."""
+    names = getattr(getattr(task, "spec", None), "marks", ())
+    return [(name, at) for name, at in task.timeline().marks(rank) if not names or name in names]
+
+
+def marks_problem(task: TaskRun) -> str | None:
+    """None if every rank set exactly the program's marks, in its order; else the first rank that
+    set one more, one fewer or another in its place (the learner's code calling comm.mark with a
+    name the program uses: it would cut a phase, or a grid point's time, short)."""
+    spec = task.spec
+    want, names = program_marks(list(spec.cases) if spec.cases is not None else spec.case), set(spec.marks)
+    for rank in range(spec.ranks):
+        got = [name for name, _ in task.outcomes[rank].marks if name in names]
+        if got == want:
+            continue
+        name = next((n for n in sorted(names) if got.count(n) != want.count(n)), None)
+        if name is not None:
+            head = (f"{spec.label}: rank {rank} set {got.count(name)} marks {name!r} where the program sets "
+                    f"{want.count(name)}")
+        else:  # the same marks, in another order
+            j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+            head = f"{spec.label}: rank {rank}'s mark #{j} is {got[j]!r} where the program sets {want[j]!r}"
+        return (f"{head}: the harness marks every step itself, and its phases and times run from one of its "
+                "marks to the next (your own marks may have other names)")
+    return None
+
+
 def point_times(task: TaskRun, count: int) -> list[float]:
     """Each grid point's span on the replay: from the first rank's "point i" mark to the last
-    rank's next mark (every rank starts a point as it leaves the barrier before it); infinite for
-    a point no rank marked."""
+    rank's next mark of the harness's (every rank starts a point as it leaves the barrier before
+    it); infinite for a point no rank marked. Marks of other names, the learner's own, cut nothing."""
     timeline, spans = task.timeline(), [[float("inf"), 0.0] for _ in range(count)]
     for rank in timeline.ranks:
-        marks = timeline.marks(rank)
+        marks = harness_marks(task, rank)
         for (name, at), (_, until) in zip(marks, marks[1:]):
             if (i := point_index(name, count)) is not None:
                 span = spans[i]
@@ -277,11 +327,12 @@ def declared_problem(task: TaskRun, g: Grid) -> str | None:
     "lookup" and again for "add". Declared compute comes from the learner's process (a patched shard
     can skip it), and the step's time and the cost model's agreement are read off it."""
     timeline, count = task.timeline(), len(g.points)
+    names = getattr(getattr(task, "spec", None), "marks", ())
     for s in range(g.servers):
         declared: dict[tuple[int, str], float] = {}
         at: int | None = None
         for span in timeline.events(s):
-            if span.kind == "mark":
+            if span.kind == "mark" and (not names or span.name in names):  # the learner's own: nothing
                 at = point_index(span.name, count)
             elif span.kind == "compute" and at is not None:
                 declared[at, span.name] = declared.get((at, span.name), 0.0) + span.seconds
