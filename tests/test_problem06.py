@@ -322,6 +322,10 @@ NAMES_ITS_BUG = {
     "only the harness marks the steps": "forged_sync_mark.py",
     "carried values that are not its own gradients": "forged_gathered_gradient.py",
 }
+# ...or also on a fixture whose bug can show that way on some schedules: ready_never_cleared launches
+# buckets before backward filled them, and a loaded machine's timing can leave the weights right in
+# one case while an allreduce carried a stale gradient (seen once in the full suite).
+MAY_ALSO = {("carried values that are not its own gradients", "ready_never_cleared.py")}
 
 
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
@@ -383,7 +387,8 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: dict[str, Che
     for text in BUGGY[name]:
         assert text in run.flat, f"{text!r} missing from:\n{run.out}"
     for phrase, owner in NAMES_ITS_BUG.items():
-        assert (phrase in run.flat) == (owner == name), (phrase, run.out)
+        if (phrase, name) not in MAY_ALSO:
+            assert (phrase in run.flat) == (owner == name), (phrase, run.out)
     assert run.results is not None and run.results["score"] < run.results["max_score"]
     assert f"distlab check 06 --seed {SEED}" in run.flat
 
