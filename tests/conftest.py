@@ -111,8 +111,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """Two workers more than the cores (pyproject caps it at 4): a test waits on its job's processes
-    much of the time (a deadlock to be named, a deadline, a rank to start), and the extra workers use
-    that time. On 2 cores: 855 s with two workers, 768 s with three (same tree); the suite then grew
-    with this session's forged fixtures to 958 s with three, a fresh clone's CI."""
-    return len(os.sched_getaffinity(0)) + 2
+    """One worker more than the cores (pyproject caps it at 4): a test waits on its job's processes
+    part of the time (a deadlock to be named, a deadline, a rank to start), and a third worker on 2
+    cores used that time: the suite took 768 s against 855 s with two, on the same tree."""
+    return len(os.sched_getaffinity(0)) + 1
