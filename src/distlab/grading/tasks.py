@@ -22,8 +22,8 @@ from typing import Any, Generic, NoReturn, Sequence, TypeVar, overload
 
 from .. import runs
 from ..platforms import Platform
-from ..runtime.faults.plans import FaultPlan
 from ..runtime.comm.sent import SentLog
+from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
 from ..runtime.supervisor import LaunchResult
 from .failures import RunFailed

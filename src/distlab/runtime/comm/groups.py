@@ -21,9 +21,8 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..engines.base import UNDEFINED, Engine
-from .stats import CommStats
-
 from .sent import SentLog
+from .stats import CommStats
 
 if TYPE_CHECKING:  # the learner's client (runtime/seal/client.py) uses Group, not the clock
     from ..clock.online import Timekeeper

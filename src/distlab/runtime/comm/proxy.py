@@ -43,8 +43,8 @@ from .groups import Communicators, RankBook
 from .objects import ObjectCalls
 from .probes import Probes
 from .rankstate import NullSlot, RankSlot
-from .sent import SentLog
 from .requests import IN_PLACE, Request, _buffer, _Completed, _fill_status, peer_rank
+from .sent import SentLog
 from .stats import CommStats
 from .store import StoreAccess
 from .survivors import Survivors
