@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import DISTLAB, PROBLEMS, run_cli
 
 
@@ -72,12 +71,38 @@ def test_passing_your_own_file_unlocks_the_solution_and_records_progress(workspa
     assert "passed" in run_cli("list").stdout
 
 
+def test_several_solutions_are_graded_on_one_seed_as_each_would_be_alone(workspace: Path, tmp_path: Path) -> None:
+    """`distlab check 03 --solution A --solution B`: each graded in turn on the same hidden
+    variants (one seed drawn for all), a table of the scores, a JSON list in the order given, and
+    exit 1 unless every one passed; each verdict is the one its check alone gives."""
+    buggy = str(Path(__file__).parent / "fixtures" / "03" / "no_allgather.py")
+    listed = tmp_path / "results.json"
+    both = run_cli("check", "03", "--solution", "reference", "--solution", buggy, "--seal", "off",
+                   "--json", str(listed))
+    out = " ".join(both.stdout.split())
+    assert both.returncode == 1, out
+    results = json.loads(listed.read_text())
+    assert [r["solution"] for r in results] == [str(PROBLEMS / "03-ring-allreduce" / "reference.py"), buggy]
+    assert [r["passed"] for r in results] == [True, False] and results[0]["seed"] == results[1]["seed"]
+    seed = results[0]["seed"]
+    assert f"2 solutions · seed {seed}" in out and "12/12 │ passed" in out, out
+    assert out.count("distlab check 03 · ") == 2
+    alone = tmp_path / "alone.json"
+    single = run_cli("check", "03", "--solution", buggy, "--seal", "off", "--seed", str(seed), "--json", str(alone))
+    assert single.returncode == 1
+    verdict = json.loads(alone.read_text())
+    assert [(c["name"], c["status"], c["message"]) for c in verdict["checks"]] == [
+        (c["name"], c["status"], c["message"]) for c in results[1]["checks"]]
+    assert not (workspace / "progress.json").exists()  # neither is the learner's own file
+
+
 def test_errors_are_one_sentence_with_exit_code_2() -> None:
     for args, needle in [
         (("show", "42"), "no problem '42'"),
         (("show", "17"), "coming but not written yet"),
         (("check", "03", "--backend", "smoke-signals"), "unknown backend"),
         (("check", "03", "--solution", "/nonexistent/x.py"), "does not exist"),
+        (("check", "03", "--solution", "reference", "--solution", "/nonexistent/x.py"), "does not exist"),
         (("check", "03", "--time-limit", "0"), "must be a positive number"),
         (("frobnicate",), "No such command"),
     ]:

@@ -184,12 +184,15 @@ def watch_mode(
 @app.command()
 def check(
     problem: str = typer.Argument(..., help="number or slug"),
-    solution: Optional[str] = typer.Option(
-        None, help="'reference', 'starter' or a path (default: your workspace file)"
+    solution: Optional[list[str]] = typer.Option(
+        None, help="'reference', 'starter' or a path (default: your workspace file); give it again "
+        "to grade several solutions on the same hidden variants, one after the other"
     ),
     backend: str = typer.Option("mpi", help="mpi or gloo"),
     seed: Optional[int] = typer.Option(None, help="replay the hidden variants of a seed"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the results here"),
+    json_out: Optional[Path] = typer.Option(
+        None, "--json", help="also write the results here (several solutions: a list, in order)"
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="stacks and traces in full"),
     time_limit: Optional[float] = typer.Option(
         None, "--time-limit", help="seconds each run may take (default: the card's time limit)"
@@ -206,24 +209,40 @@ def check(
 ) -> None:
     """Runs the problem's checks on real ranks and grades the solution."""
     from .grading import results as results_io
-    from .grading.runner import Options
+    from .grading.runner import Options, draw_seed
 
     backend, seed, time_limit = opts.backend(backend), opts.seed(seed), opts.time_limit(time_limit)
     entry = _bank().ready_problem(problem)
     ws = Workspace()
-    path = _solution_for(entry, solution, ws)
+    paths = [_solution_for(entry, s, ws) for s in solution] if solution else [_solution_for(entry, None, ws)]
     clock = opts.clock(clock)
     sealed = opts.seal(seal, clock)
     # Refused now, not after the checks: the results must have somewhere to go, and never over
-    # the learner's progress or their own file.
+    # the learner's progress or their own files.
     json_out = opts.json_path(json_out, keep={
-        "your progress file": ws.progress_file, "the solution file being checked": path,
+        "your progress file": ws.progress_file,
+        **{f"the solution file {p.name} being checked": p for p in paths},
     })
+    if len(paths) > 1 and seed is None:
+        seed = draw_seed()  # one draw for all: each solution meets the same hidden variants
     options = Options(backend, seed, time_limit, platform, faults, clock, seal=sealed)
-    results = _check_and_record(entry, path, options, verbose, own=solution is None)
+    graded = [_check_and_record(entry, path, options, verbose, own=not solution) for path in paths]
+    if len(graded) > 1:
+        _print_batch(graded)
     if json_out:
-        results_io.write(results, json_out)
-    raise typer.Exit(0 if results.passed else 1)
+        results_io.write(graded[0] if len(graded) == 1 else graded, json_out)
+    raise typer.Exit(0 if all(results.passed for results in graded) else 1)
+
+
+def _print_batch(graded: list["Any"]) -> None:
+    """The scores of several solutions checked in one command, in the order given."""
+    table = Table(title=f"{len(graded)} solutions · seed {graded[0].seed}", title_justify="left")
+    for column in ("solution", "score", "verdict"):
+        table.add_column(column)
+    for results in graded:
+        table.add_row(escape(results.solution), f"{results.score}/{results.max_score}",
+                      "passed" if results.passed else "failed")
+    console.print(table)
 
 
 @app.command()

@@ -99,9 +99,11 @@ class Results:
         return document
 
 
-def write(results: Results, path: Path) -> None:
-    """Writes atomically: a reader never sees half a file, and a failed write leaves no temp file."""
-    write_atomically(path, json.dumps(results.to_json(), indent=2, default=_plain) + "\n")
+def write(results: Results | list[Results], path: Path) -> None:
+    """Writes atomically: a reader never sees half a file, and a failed write leaves no temp file.
+    Several solutions' results (one `distlab check` of several) are written as a list, in order."""
+    document = results.to_json() if isinstance(results, Results) else [r.to_json() for r in results]
+    write_atomically(path, json.dumps(document, indent=2, default=_plain) + "\n")
 
 
 def _plain(value: Any) -> Any:

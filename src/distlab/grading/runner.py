@@ -69,12 +69,17 @@ def load_checklist(entry: Entry) -> Checklist:
     return checks
 
 
+def draw_seed() -> int:
+    """A session's seed when none is given. As wide as the exam's: the hidden variants follow from
+    the seed, and a rank that could try every seed in its time limit could find its own data among
+    them (cases.py is read there)."""
+    return secrets.randbelow(10**9)
+
+
 def check_problem(entry: Entry, solution: Path, options: Options, reporter: Reporter) -> Results:
     card = entry.card()
     opts.backend(options.backend, card.backends, entry.number)
-    # As wide as the exam's: the hidden variants follow from the seed, and a rank that could try
-    # every seed in its time limit could find its own data among them (cases.py is read there).
-    seed = options.seed if options.seed is not None else secrets.randbelow(10**9)
+    seed = options.seed if options.seed is not None else draw_seed()
     started = time.monotonic()
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [],
