@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -125,19 +126,72 @@ class CheckRuns:
 
     A test file holds one in a module-scoped fixture, so that tests reading the same run (its
     console, its JSON, its metrics) share it: a check takes seconds to a minute.
+
+    ``together`` names runs, each ``("--solution", FIXTURE)``, made by one `distlab check` of
+    several solutions the first time any of them is asked for: the CLI's start, the checker's
+    imports (torch, for a problem that trains a model) and the zygote of the ranks are paid once
+    for all of them, not once each (about half of a torch problem's fixture time). Each comes back
+    as its own Checked: its part of the console, its results, its exit status (0 passed, 1 not).
     """
 
-    def __init__(self, problem: str, *, seed: int | None, timeout: float) -> None:
+    def __init__(self, problem: str, *, seed: int | None, timeout: float,
+                 together: Sequence[tuple[str, ...]] = ()) -> None:
         self.problem, self.seed, self.timeout = problem, seed, timeout
         self._cache: dict[tuple[tuple[str, ...], float | None], Checked] = {}
+        for args in together:
+            assert len(args) == 2 and args[0] == "--solution" and _unsealed_fixture(args), (
+                f"only fixtures checked with their default options run together, not {args}")
+        self._together = list(together)
 
     def __call__(self, *args: str, time_limit: float | None = None, fresh: bool = False) -> Checked:
         """The run with ``args``; ``fresh=True`` runs it again (and caches the new run)."""
         key = (args, time_limit)
+        if not fresh and key not in self._cache and time_limit is None and args in self._together:
+            self._run_together()
         if fresh or key not in self._cache:
             self._cache[key] = run_check(self.problem, *args, seed=self.seed, timeout=self.timeout,
                                          time_limit=time_limit)
         return self._cache[key]
+
+    def _run_together(self) -> None:
+        waiting = [args for args in self._together if (args, None) not in self._cache]
+        for args, checked in zip(waiting, check_together(self.problem, [a[1] for a in waiting],
+                                                         seed=self.seed, timeout=self.timeout)):
+            self._cache[(args, None)] = checked
+
+
+def check_together(problem: str, solutions: list[str], *, seed: int | None, timeout: float,
+                   probe_leftovers: bool = True) -> list[Checked]:
+    """One `distlab check PROBLEM --solution A --solution B ... --seal off --json FILE`, cut into
+    a Checked per solution: the console at each solution's header line, the JSON list in order.
+    ``timeout`` is per solution; the leftover probe, made once at the end, counts for each
+    (``probe_leftovers`` as run_check's)."""
+    header = f"distlab check {problem} · "
+    extra = ("--seal", "off", *(("--seed", str(seed)) if seed is not None else ()))
+    with tempfile.TemporaryDirectory(prefix=f"dl{problem}-") as scratch:
+        json_path = Path(scratch) / "results.json"
+        start = time.monotonic()
+        proc = run_cli("check", problem, *(a for s in solutions for a in ("--solution", s)), *extra,
+                       "--json", str(json_path), timeout=timeout * len(solutions))
+        wall = time.monotonic() - start
+        left = leftovers() if probe_leftovers else []
+        listed = json.loads(json_path.read_text()) if json_path.exists() else None
+    lines = proc.stdout.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(header)]
+    table = next((i for i, line in enumerate(lines) if line.startswith(f"{len(solutions)} solutions · ")),
+                 len(lines))
+    if listed is None or len(starts) != len(solutions):  # the command failed as a whole: each says so
+        out = proc.stdout + proc.stderr
+        return [Checked(("--solution", s, *extra), proc.returncode, out, " ".join(out.split()), None,
+                        wall, left) for s in solutions]
+    checked = []
+    for i, solution in enumerate(solutions):
+        out = "".join(lines[starts[i]:starts[i + 1] if i + 1 < len(starts) else table]) + proc.stderr
+        results = listed[i]
+        assert results["solution"] == str(Path(solution).resolve()), (results["solution"], solution)
+        checked.append(Checked(("--solution", solution, *extra), 0 if results["passed"] else 1, out,
+                               " ".join(out.split()), results, results["wall_s"], left))
+    return checked
 
 
 def assert_same_verdict(sealed: Checked, unsealed: Checked) -> None:
@@ -371,6 +425,12 @@ def fixture_solution(problem: str, name: str, into: Path | None = None) -> Path:
         target.write_bytes(text.encode())
         _materialized[key] = target
     return _materialized[key]
+
+
+def fixture_runs(problem: str, names: Sequence[str]) -> list[tuple[str, str]]:
+    """The arguments that check each named fixture (``NAME.py`` or ``NAME.diff``) of ``problem``,
+    for ``CheckRuns(together=...)``."""
+    return [("--solution", str(fixture_solution(problem, Path(name).stem + ".py"))) for name in names]
 
 
 def fixture_diffs() -> list[Path]:

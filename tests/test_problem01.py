@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, run_cli
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, leftovers
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    fixture_runs,
+    fixture_solution,
+    leftovers,
+)
 
 from distlab.runtime.jobspec import problem_package
 
@@ -36,7 +43,8 @@ cases, programs, judging = (importlib.import_module(f"{PACKAGE}.{m}") for m in (
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("01", seed=SEED, timeout=240)
+    return CheckRuns("01", seed=SEED, timeout=240,
+                     together=fixture_runs("01", [*sorted(BUGGY), "alt_pull_requests.py"]))
 
 
 def fixture(name: str) -> tuple[str, ...]:

@@ -21,7 +21,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from conftest import PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, load_file
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    fixture_runs,
+    fixture_solution,
+    load_file,
+)
 
 from distlab.runtime.clock.replay import replay
 from distlab.runtime.faults.model import draw
@@ -297,7 +304,8 @@ def test_choice_verdicts_name_the_symptom() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("02", seed=SEED, timeout=150)
+    return CheckRuns("02", seed=SEED, timeout=150,
+                     together=fixture_runs("02", [*sorted(BUGGY), "alt_polyfit.py"]))
 
 
 FIT, SPIKES, PREDICT, CHOOSE, RING = (

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS, job_processes, run_cli
-from e2e import Checked, CheckRuns, assert_clean, assert_output_has, fixture_solution
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    assert_output_has,
+    fixture_runs,
+    fixture_solution,
+)
 
 from distlab.grading import Counts
 from distlab.runtime.jobspec import problem_package
@@ -244,7 +251,8 @@ def _plans_equal(a: Any, b: Any) -> bool:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("04", seed=SEED, timeout=180)
+    return CheckRuns("04", seed=SEED, timeout=180,
+                     together=fixture_runs("04", [*sorted(BUGGY), "alt_point_to_point.py"]))
 
 
 # name -> (substrings the output must contain, checks that must fail, checks that must pass)

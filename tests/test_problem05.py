@@ -29,6 +29,7 @@ from e2e import (
     CheckRuns,
     assert_clean,
     assert_same_verdict,
+    fixture_runs,
     fixture_solution,
     leftovers,
     load_file,
@@ -466,7 +467,8 @@ def test_malformed_values_are_named_not_crashed_on(cases: ModuleType, programs: 
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("05", seed=SEED, timeout=240)
+    return CheckRuns("05", seed=SEED, timeout=240,
+                     together=fixture_runs("05", sorted(END_TO_END)))
 
 
 PLAN, MLP, SPLIT, COUNT, TIME = ("plan picks", "TP MLP", "each rank keeps", "one allreduce", "TP communication")

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, fixture_solution, leftovers, load_file, run_check
+from e2e import (
+    Checked,
+    check_together,
+    fixture_solution,
+    leftovers,
+    load_file,
+    run_check,
+)
 
 from distlab.runtime.jobspec import problem_package
 
@@ -336,15 +343,18 @@ def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> dict[str, Checked]:
-    """Every CLI run of this file, two at a time (each waits on its ranks much of the time)."""
-    runs: dict[str, tuple[str, ...]] = {"reference": ("--solution", "reference"), "starter": ()}
-    for name in [*BUGGY, *PASSING]:
-        runs[name] = ("--solution", str(fixture_solution("06", name)))
+    """Every CLI run of this file, two at a time (each waits on its ranks much of the time): the
+    fixtures in one `distlab check` of them all (e2e.CheckRuns says why), beside the reference
+    and then the starter, each checked as a learner checks it."""
+    fixtures = [*BUGGY, *PASSING]
     with ThreadPoolExecutor(max_workers=2) as pool:
         # Not probed one by one: two runs side by side would see each other's ranks as leftovers.
-        futures = {name: pool.submit(run_check, "06", *args, seed=SEED, timeout=240, probe_leftovers=False)
-                   for name, args in runs.items()}
-        done = {name: future.result() for name, future in futures.items()}
+        together = pool.submit(check_together, "06", [str(fixture_solution("06", name)) for name in fixtures],
+                               seed=SEED, timeout=240, probe_leftovers=False)
+        alone = {name: pool.submit(run_check, "06", *args, seed=SEED, timeout=240, probe_leftovers=False)
+                 for name, args in {"reference": ("--solution", "reference"), "starter": ()}.items()}
+        done = {name: future.result() for name, future in alone.items()}
+        done.update(zip(fixtures, together.result()))
     left = leftovers()
     for run in done.values():
         run.leftovers = left

@@ -29,6 +29,7 @@ from e2e import (
     CheckRuns,
     assert_clean,
     assert_output_has,
+    fixture_runs,
     fixture_solution,
     leftovers,
     load_file,
@@ -366,7 +367,8 @@ def test_plan_is_a_pure_function_of_the_seed() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("07", seed=SEED, timeout=240)
+    return CheckRuns("07", seed=SEED, timeout=240,
+                     together=fixture_runs("07", [*sorted(BUGGY), "alt_arena.py"]))
 
 
 def fixture(name: str) -> tuple[str, ...]:

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import FIXTURES, PROBLEMS
-from e2e import Checked, CheckRuns, assert_clean, fixture_solution, load_file
+from e2e import (
+    Checked,
+    CheckRuns,
+    assert_clean,
+    fixture_runs,
+    fixture_solution,
+    load_file,
+)
 
 from distlab.runtime.jobspec import problem_package
 from distlab.runtime.trace.chrome import validate_chrome_trace
@@ -307,7 +314,8 @@ def test_reference_trace_is_valid_with_one_track_per_rank() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("08", seed=SEED, timeout=170)
+    return CheckRuns("08", seed=SEED, timeout=170,
+                     together=fixture_runs("08", [*sorted(BUGGY), "alt_send_recv.py"]))
 
 
 # fixture -> (the check that must fail, substrings its message must contain)

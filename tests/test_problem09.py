@@ -28,6 +28,7 @@ from e2e import (
     CheckRuns,
     assert_fails_with_symptom,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     problem_modules,
 )
@@ -218,7 +219,8 @@ def test_whatever_a_rank_returns_gives_a_named_failure_not_a_crash() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("09", seed=SEED, timeout=170)
+    return CheckRuns("09", seed=SEED, timeout=170,
+                     together=fixture_runs("09", sorted(BUGGY)))
 
 
 # fixture -> (the check that must fail, substrings its message must contain)

@@ -28,6 +28,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     problem_modules,
@@ -279,7 +280,8 @@ def test_a_wrong_synchronous_read_names_only_the_cause_its_model_shows() -> None
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("10", seed=SEED, timeout=120)
+    return CheckRuns("10", seed=SEED, timeout=120,
+                     together=fixture_runs("10", sorted(BUGGY)))
 
 
 SYNC, STALE, SPEED, LOSS, FINISH = ("s = 0 reproduces", "observed staleness", "throughput with s = 3",

@@ -23,6 +23,7 @@ from e2e import (
     CheckRuns,
     assert_fails_with_symptom,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     problem_modules,
 )
@@ -73,7 +74,8 @@ def test_the_picture_is_drawn_from_a_ring_of_numbers_only() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("11", seed=SEED, timeout=170)
+    return CheckRuns("11", seed=SEED, timeout=170,
+                     together=fixture_runs("11", sorted(BUGGY)))
 
 
 # fixture -> (the check that must fail, substrings its message must contain)

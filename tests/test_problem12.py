@@ -32,6 +32,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     problem_modules,
@@ -521,7 +522,7 @@ def test_the_picture_replays_the_orders_it_is_given_and_refuses_others() -> None
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("12", seed=SEED, timeout=180)
+    return CheckRuns("12", seed=SEED, timeout=180, together=fixture_runs("12", sorted(BUGGY)))
 
 
 GPIPE, ONE_F, BUBBLE, STASH, SMALL = ("GPipe: every", "1F1B: every", "bubble within", "stashed activations",
@@ -574,7 +575,7 @@ def test_every_buggy_fixture_has_a_row_and_a_diagnosis() -> None:
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     read, must, failing = BUGGY[name]
-    run = checked("--solution", str(fixture_solution("12", Path(name).stem + ".py")))
+    run = checked(*fixture_runs("12", [name])[0])
     assert_fails_with_symptom(run, name, read, must, NAMES_ITS_BUG)
     assert sorted(run.failed()) == sorted(run.check(n)["name"] for n in failing), run.out
 

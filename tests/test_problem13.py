@@ -29,6 +29,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     load_file,
@@ -276,7 +277,8 @@ def test_the_figure_draws_every_stage() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("13", seed=SEED, timeout=120)
+    return CheckRuns("13", seed=SEED, timeout=120,
+                     together=fixture_runs("13", sorted(BUGGY)))
 
 
 WEIGHTS, STATE, BYTES, CALC = "the weights equal", "each rank holds its 1/p", "bytes per step", "the memory calculator"

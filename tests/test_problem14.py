@@ -27,6 +27,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     load_file,
@@ -395,7 +396,8 @@ def test_the_card_tells_where_the_rule_of_thumb_holds() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("14", seed=SEED, timeout=180)
+    return CheckRuns("14", seed=SEED, timeout=180,
+                     together=fixture_runs("14", sorted(BUGGY)))
 
 
 TRAIN, DUPS, BYTES, COST, MODEL = ("both paths train", "duplicate ids", "a worker's bytes", "each step within",

@@ -30,6 +30,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     problem_modules,
@@ -308,7 +309,8 @@ def test_the_free_run_bounds() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("15", seed=SEED, timeout=240)
+    return CheckRuns("15", seed=SEED, timeout=240,
+                     together=fixture_runs("15", sorted(BUGGY)))
 
 
 SPLIT, PLACE, GRADIENT, TRAINING, IDLE = "split_batch", "place", "sync_gradients", "4 SGD steps", "idle time"

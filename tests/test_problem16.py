@@ -29,6 +29,7 @@ from e2e import (
     assert_passes,
     assert_starter_fails,
     fixture_names,
+    fixture_runs,
     fixture_solution,
     leftovers,
     problem_modules,
@@ -207,7 +208,8 @@ def test_the_picture_draws_from_numbers_only() -> None:
 
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
-    return CheckRuns("16", seed=SEED, timeout=180)
+    return CheckRuns("16", seed=SEED, timeout=180,
+                     together=fixture_runs("16", sorted(BUGGY)))
 
 
 # Each fixture: the checks that fail and the words of its own diagnosis, which no other run shows.
