@@ -8,6 +8,7 @@ forged request read as tampering; a detached child gone with the run.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -243,11 +244,25 @@ def test_a_result_that_smuggles_code_into_the_agent_runs_nothing_there(route: st
     and the code never ran (it wrote the marker as root before the fix)."""
     marker = tmp_path / "ran-in-the-agent"
     solution = tmp_path / "solution.py"
-    solution.write_text((SMUGGLER + SMUGGLE_BY[route]).replace("MARKER", str(marker)))
+    code = SMUGGLE_BY[route].replace("SAVED", repr(torch_saved_runner(marker)) if route == "torch storage" else "")
+    solution.write_text(SMUGGLER.replace("MARKER", str(marker)) + code)
     proc = run_cli("check", "03", "--solution", str(solution), "--seed", "1", "--seal", "on", timeout=180)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1 and "tampered with its result" in out, out
     assert not marker.exists()
+
+
+def torch_saved_runner(marker: Path) -> bytes:
+    """What torch.save writes for an object whose unpickling writes ``marker``."""
+    import torch
+
+    class Runs:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (exec, (f"open({str(marker)!r}, 'w').write('root' if __import__('os').getuid() == 0 else 'user')",))
+
+    saved = io.BytesIO()
+    torch.save(Runs(), saved)
+    return saved.getvalue()
 
 
 # A solution of problem 03 whose every result is a pickle that reaches an unpickler, around a
@@ -279,21 +294,16 @@ _evil = (b"\\x80\\x04" + _text(_program) + _text("np.lib._npyio_impl.pickle.load
          + b"B" + struct.pack("<I", len(_inner)) + _inner + b"\\x85R.")
 sys.modules["distlab.runtime.rank.learner_main"].encode_value = lambda value: _evil
 """,
+    # The saved file is made here, by the test (torch_saved_runner): a solution that imported torch
+    # would pay torch's import in every rank of every launch of the check, 20 s of the suite.
     "torch storage": """
-import torch
+def _text(s):
+    return b"\\x8c" + bytes([len(s.encode())]) + s.encode()
 
 
-class _Storage:
-    def __init__(self, data):
-        self.data = data
-
-    def __reduce__(self):
-        return (torch.storage._load_from_bytes, (self.data,))
-
-
-_saved = io.BytesIO()
-torch.save(_Runs(), _saved)
-_evil = pickle.dumps(_Storage(_saved.getvalue()), protocol=5)
+_saved = SAVED
+_evil = (b"\\x80\\x04" + _text("torch.storage") + _text("_load_from_bytes") + b"\\x93"
+         + b"B" + struct.pack("<I", len(_saved)) + _saved + b"\\x85R.")
 sys.modules["distlab.runtime.rank.learner_main"].encode_value = lambda value: _evil
 """,
 }
