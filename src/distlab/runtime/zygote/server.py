@@ -44,7 +44,12 @@ from typing import Any
 
 from .wire import RANK_MODULE
 
-BASE_PRELOAD = ("numpy", RANK_MODULE)
+# The platforms are read by every rank's clock as its task starts (0.2 s a rank: their rendering
+# imports rich), so the zygote imports them once.
+BASE_PRELOAD = ("numpy", RANK_MODULE, "distlab.platforms")
+# What torch imports at a process's first backward (sympy, through its shape analysis): 0.65 s of
+# CPU in every rank of every launch of a problem that trains a model, paid once here instead.
+WITH_TORCH = ("torch.fx.experimental.symbolic_shapes",)
 # What a zygote may be started to import besides its base: heavy, and safe to fork after import (they
 # start no thread at import with OMP_NUM_THREADS=1, the ranks' setting).
 PRELOADABLE = frozenset({"torch", "torch.distributed", "distlab.runtime.engines.gloo",
@@ -60,7 +65,8 @@ def main() -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + sys.argv[1])  # first, so that askers queue while the imports run
     listener.listen(64)
-    for name in (*BASE_PRELOAD, *(m for m in sys.argv[2:] if m in PRELOADABLE)):
+    wanted = [m for m in sys.argv[2:] if m in PRELOADABLE]
+    for name in (*BASE_PRELOAD, *wanted, *(WITH_TORCH if "torch" in wanted else ())):
         importlib.import_module(name)
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
