@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,14 @@ def test_the_timeline_gives_each_call_its_virtual_span_and_each_message_its_flow
     assert ring and all(m.posted <= m.start <= m.end <= timeline.makespan for m in ring)
     assert {m.op for m in timeline.messages} >= {"send", "Allreduce"}
     assert timeline.compute_s[2] == pytest.approx(1e-3)
+
+
+def test_marks_differ_names_the_first_rank_whose_harness_marks_are_not_the_program_s(task_run) -> None:  # type: ignore[no-untyped-def]
+    """Only the marks named in Task(marks=...) count ("reduce" is left out here); a count that
+    differs is named with the mark, the same marks in another order with the first out of place."""
+    listed = dataclasses.replace(task_run, spec=dataclasses.replace(task_run.spec, marks=("ring", "step"),
+                                                                    label="phases"))
+    assert listed.marks_differ(["ring", "step", "step"]) is None
+    assert listed.marks_differ(["ring", "step"]) == "phases: rank 0 set 2 marks 'step' where the program sets 1"
+    assert listed.marks_differ(["step", "ring", "step"], "stage") == (
+        "phases: stage 0's mark #0 is 'ring' where the program sets 'step'")

@@ -57,18 +57,7 @@ def marks_message(task: Any) -> str | None:
     """None if every rank set exactly the program's marks, in its order; else the first rank that
     set one more, one fewer or another in its place (the learner's code calling comm.mark with a
     name the program uses: it would end a step's window early and hide what followed)."""
-    spec = task.spec
-    want, names = program_marks(len(spec.cases)), set(spec.marks)
-    for rank in range(spec.ranks):
-        got = [name for name, _ in task.outcomes[rank].marks if name in names]
-        if got == want:
-            continue
-        name = next((n for n in sorted(names) if got.count(n) != want.count(n)), None)
-        if name is not None:
-            head = f"{spec.label}: stage {rank} set {got.count(name)} marks {name!r} where the program sets {want.count(name)}"
-        else:  # the same marks, in another order
-            j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-            head = f"{spec.label}: stage {rank}'s mark #{j} is {got[j]!r} where the program sets {want[j]!r}"
+    if head := task.marks_differ(program_marks(len(task.spec.cases)), "stage"):
         return (f"{head}: the harness marks each step's start and end itself, and a step is read from one of its "
                 "marks to the next (your own marks may have other names)")
     return None

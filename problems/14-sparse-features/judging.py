@@ -284,18 +284,7 @@ def marks_problem(task: TaskRun) -> str | None:
     set one more, one fewer or another in its place (the learner's code calling comm.mark with a
     name the program uses: it would cut a phase, or a grid point's time, short)."""
     spec = task.spec
-    want, names = program_marks(list(spec.cases) if spec.cases is not None else spec.case), set(spec.marks)
-    for rank in range(spec.ranks):
-        got = [name for name, _ in task.outcomes[rank].marks if name in names]
-        if got == want:
-            continue
-        name = next((n for n in sorted(names) if got.count(n) != want.count(n)), None)
-        if name is not None:
-            head = (f"{spec.label}: rank {rank} set {got.count(name)} marks {name!r} where the program sets "
-                    f"{want.count(name)}")
-        else:  # the same marks, in another order
-            j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-            head = f"{spec.label}: rank {rank}'s mark #{j} is {got[j]!r} where the program sets {want[j]!r}"
+    if head := task.marks_differ(program_marks(list(spec.cases) if spec.cases is not None else spec.case)):
         return (f"{head}: the harness marks every step itself, and its phases and times run from one of its "
                 "marks to the next (your own marks may have other names)")
     return None

@@ -97,6 +97,26 @@ class TaskRun(runs.TaskRun):
                              "give it Task(record_sent=True)")
         return log
 
+    def marks_differ(self, want: Sequence[str], who: str = "rank") -> str | None:
+        """None if every rank set exactly ``want`` of the marks named in ``Task(marks=...)``, in
+        that order; else what the first rank that did not set differs in: one name set more or
+        fewer times ("<label>: rank 1 set 3 marks 'x' where the program sets 2"), or the first
+        mark out of order. The learner's code can call comm.mark with a harness's name, which
+        would cut a phase short; marks of other names are its own and cut nothing. ``who`` names
+        a rank in the message ("stage" in a pipeline)."""
+        names, want = set(self.spec.marks), list(want)
+        for rank in range(self.spec.ranks):
+            got = [name for name, _ in self.outcomes[rank].marks if name in names]
+            if got == want:
+                continue
+            head = f"{self.spec.label}: {who} {rank}"
+            name = next((n for n in sorted(names) if got.count(n) != want.count(n)), None)
+            if name is not None:
+                return f"{head} set {got.count(name)} marks {name!r} where the program sets {want.count(name)}"
+            j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+            return f"{head}'s mark #{j} is {got[j]!r} where the program sets {want[j]!r}"
+        return None
+
     def phases(self, rank: int, phase: str) -> list[Counts]:
         """The rank's counts in every phase named ``phase``, in order."""
         return phases_of(self, rank, phase)
