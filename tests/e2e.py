@@ -127,7 +127,8 @@ class CheckRuns:
     A test file holds one in a module-scoped fixture, so that tests reading the same run (its
     console, its JSON, its metrics) share it: a check takes seconds to a minute.
 
-    ``together`` names runs, each ``("--solution", FIXTURE)``, made by one `distlab check` of
+    ``together`` names runs, each ``("--solution", FIXTURE)`` (or with ``"--seed", S`` after it,
+    the same S for all, where ``seed`` is None), made by one `distlab check` of
     several solutions the first time any of them is asked for: the CLI's start, the checker's
     imports (torch, for a problem that trains a model) and the zygote of the ranks are paid once
     for all of them, not once each (about half of a torch problem's fixture time). Each comes back
@@ -139,8 +140,9 @@ class CheckRuns:
         self.problem, self.seed, self.timeout = problem, seed, timeout
         self._cache: dict[tuple[tuple[str, ...], float | None], Checked] = {}
         for args in together:
-            assert len(args) == 2 and args[0] == "--solution" and _unsealed_fixture(args), (
-                f"only fixtures checked with their default options run together, not {args}")
+            assert (len(args) == 2 or (len(args) == 4 and args[2] == "--seed" and seed is None)) and (
+                args[0] == "--solution" and _unsealed_fixture(args) and args[2:] == together[0][2:]), (
+                f"only fixtures checked with their default options and one seed run together, not {args}")
         self._together = list(together)
 
     def __call__(self, *args: str, time_limit: float | None = None, fresh: bool = False) -> Checked:
@@ -155,8 +157,9 @@ class CheckRuns:
 
     def _run_together(self) -> None:
         waiting = [args for args in self._together if (args, None) not in self._cache]
+        seed = int(waiting[0][3]) if len(waiting[0]) == 4 else self.seed
         for args, checked in zip(waiting, check_together(self.problem, [a[1] for a in waiting],
-                                                         seed=self.seed, timeout=self.timeout)):
+                                                         seed=seed, timeout=self.timeout)):
             self._cache[(args, None)] = checked
 
 
