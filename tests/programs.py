@@ -117,6 +117,36 @@ def address_space_limit(comm, solution):
     return resource.getrlimit(resource.RLIMIT_AS)[0] >> 20
 
 
+def threads_that_allocate(comm, solution, threads):
+    """How much address space (MiB) ``threads`` threads take that each malloc while all live."""
+    import ctypes
+    import threading
+
+    def vm_size_mib():
+        status = open("/proc/self/status").read()
+        return int(status.split("VmSize:")[1].split()[0]) >> 10
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    before = vm_size_mib()
+    all_in, measured = threading.Barrier(threads + 1), threading.Event()
+
+    def allocate():
+        libc.malloc(4096)  # a thread's first malloc is where glibc gives it an arena
+        all_in.wait()
+        measured.wait()
+
+    workers = [threading.Thread(target=allocate) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    all_in.wait()
+    grown = vm_size_mib() - before
+    measured.set()
+    for worker in workers:
+        worker.join()
+    return grown
+
+
 def marked_phases(comm, solution, n):
     """Three phases: a ring exchange ("ring"), an Allreduce ("reduce"), then two "step"s of one
     Send each to the right neighbour's matching Recv."""

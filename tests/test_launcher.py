@@ -231,6 +231,17 @@ def test_the_memory_limit_is_enforced_and_named() -> None:
     assert "memory limit exceeded" in result.message and "900 MiB" in result.message
 
 
+def test_threads_under_the_memory_limit_cost_their_stacks_not_an_arena_each() -> None:
+    # glibc would reserve 64 MiB of address space for each new thread's arena: a gloo rank that
+    # makes process groups (two threads each) then ran out of its limit with 220 MB resident.
+    threads = 12
+    result = run(make_job("threads_that_allocate", [Task(ranks=1, args=(threads,))]), deadline_s=30)
+    assert result.status == "ok", result.message
+    grown_mib = result.task_outcomes(0)[0].value
+    stacks_mib = threads * 8  # the default thread stack
+    assert grown_mib < stacks_mib + 2 * 64, f"{threads} threads took {grown_mib} MiB of address space"
+
+
 def test_the_cpu_limit_is_enforced_and_named() -> None:
     limits = Limits(cpu_seconds=2)
     result = run(make_job("burn_cpu", [Task(ranks=1)], limits=limits), deadline_s=30)
