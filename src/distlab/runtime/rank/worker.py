@@ -126,16 +126,19 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
     # Started before the engine joins: it loads the program and the learner's file meanwhile.
     learner = _start_learner(seed, job, job_dir, rank, stack_file) if job.seal else None
 
-    engine = surviving_engine(job, job_dir, slot, joined_as) if job.survivors else make_engine(job.backend)
     handed = None
-    if job.mpi_monitoring and backend == "mpi":
-        # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
-        # counts beyond that was sent around the proxy (runtime/supervisor/mpi_monitoring.py).
-        engine, handed = harness_engine(engine)
     outcome = RankOutcome(rank=rank, tasks=[])
     solution_path = Path(job.solution_file) if job.solution_file else None
     task_index = 0
     try:
+        # Inside the try: a rank still meeting its peers when one that already met them dies
+        # fails here ("Connection closed by peer"), and reports it like any lost peer, so the
+        # supervisor names the rank that died rather than this one.
+        engine = surviving_engine(job, job_dir, slot, joined_as) if job.survivors else make_engine(job.backend)
+        if job.mpi_monitoring and backend == "mpi":
+            # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
+            # counts beyond that was sent around the proxy (runtime/supervisor/mpi_monitoring.py).
+            engine, handed = harness_engine(engine)
         if learner is None:
             program = _load_program(Path(job.program_file), job.program_module, job.program)
             forbid_finalize(backend)
