@@ -117,6 +117,19 @@ def address_space_limit(comm, solution):
     return resource.getrlimit(resource.RLIMIT_AS)[0] >> 20
 
 
+def leftover_message(comm, solution, leave):
+    """Rank 0 sends rank 1 one float with tag 7: ``leave`` (1.0) it is never received; otherwise
+    (2.0) rank 1 receives a float with tag 7 from rank 0 and returns it."""
+    rank = comm.Get_rank()
+    if rank == 0:
+        comm.Send(np.array([1.0 if leave else 2.0]), dest=1, tag=7)
+    if rank == 1 and not leave:
+        got = np.zeros(1)
+        comm.Recv(got, source=0, tag=7)
+        return float(got[0])
+    return None
+
+
 def threads_that_allocate(comm, solution, threads):
     """How much address space (MiB) ``threads`` threads take that each malloc while all live."""
     import ctypes

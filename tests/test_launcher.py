@@ -76,6 +76,16 @@ def test_a_batch_runs_smaller_tasks_on_sub_communicators() -> None:
     assert result.task_outcomes(1)[0].value[0] == 1.0  # rank 0 of 2 hears from rank 1
 
 
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_message_one_task_left_unreceived_never_reaches_the_next(backend: str) -> None:
+    # Each task runs on a communicator of its own, whole world or not (a new context).
+    for world in (2, 3):  # tasks on the launch's whole world, then on a sub-communicator of it
+        tasks = [Task(ranks=2, args=(True,)), Task(ranks=2, args=(False,)), Task(ranks=world, args=(False,))]
+        result = run(make_job("leftover_message", tasks, backend=backend), deadline_s=30)
+        assert result.ok, result.message
+        assert result.task_outcomes(1)[1].value == 2.0, f"{world} ranks: the first task's message arrived"
+
+
 def test_waiting_mpi_ranks_sleep_between_polls_unless_graded_on_wall_time() -> None:
     """Oversubscribed ranks that wait sleep between polls (runtime/supervisor/start.py, mpi_env);
     on --clock wall they keep sched_yield, whose wake-up adds no latency to what is measured."""

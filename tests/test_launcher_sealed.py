@@ -17,6 +17,7 @@ from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_a_batch_runs_smaller_tasks_on_sub_communicators,
     test_a_learner_exception_names_the_file_and_line_and_ends_the_peers,
     test_a_message_larger_than_its_receive_buffer_is_named_on_both_engines,
+    test_a_message_one_task_left_unreceived_never_reaches_the_next,
     test_abort_in_a_rank_is_reported_as_a_crash,
     test_an_infinite_loop_ends_at_the_deadline_with_every_stack,
     test_mpi_finalize_in_the_solution_is_named_at_once_not_at_the_deadline,

@@ -185,6 +185,13 @@ class Engine(Protocol):
         """Ends every rank of the job at once."""
         ...
 
+    def drop_unreceived(self) -> int:
+        """Once every member is here (collective), receives and drops the messages sent to this
+        rank on this group that no receive took; how many. The harness calls it at the end of a
+        task, before freeing the task's group: Open MPI gives a freed communicator's context to
+        the next one made, where such a message would match a receive of the next task."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -167,6 +167,9 @@ class CountedEngine:
     def abort(self, code: int) -> None:
         self._inner.abort(code)
 
+    def drop_unreceived(self) -> int:
+        return self._inner.drop_unreceived()
+
     def close(self) -> None:
         self._inner.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -201,7 +202,9 @@ class _EagerSends:
     One daemon thread waits on the pending works in order and drops them (and their copies) once
     each receiver has taken its message. A failed transfer (its peer died) is kept and raised by
     the next call into any engine of this process: the send itself has long returned, as an eager
-    MPI send has when its failure shows.
+    MPI send has when its failure shows. A send that fails once its group is closing is no
+    failure: nobody received it while the group lived (a task's message left unreceived), and
+    the group's members closing their ends is what failed it.
     """
 
     def __init__(self) -> None:
@@ -209,21 +212,22 @@ class _EagerSends:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def add(self, work: Any, keep: Any) -> None:
+    def add(self, work: Any, keep: Any, closing: Callable[[], bool]) -> None:
+        """``closing``: whether the group it was sent on is being closed (or is)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._reap, daemon=True)
             self._thread.start()
-        self._queue.put((work, keep))
+        self._queue.put((work, keep, closing))
 
     def _reap(self) -> None:
         while True:
-            work, keep = self._queue.get()
+            work, keep, closing = self._queue.get()
             try:
                 work.wait()
             except BaseException as exc:  # noqa: BLE001 - reported by the engine later
-                if self.error is None:
+                if self.error is None and not closing():
                     self.error = exc
-            del work, keep
+            del work, keep, closing
             self._queue.task_done()
 
     def drain(self, timeout_s: float) -> bool:

@@ -288,6 +288,18 @@ class MpiEngine:
     def abort(self, code: int) -> None:
         self._comm.Abort(code)
 
+    def drop_unreceived(self) -> int:
+        MPI = _mpi()
+        # A message sent before the barrier is in this rank's queue once the barrier is done (the
+        # sender sent it first, on the same connection); larger ones are sent only when received.
+        self._comm.Barrier()
+        status, dropped = MPI.Status(), 0
+        while self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            scratch = bytearray(status.Get_count(MPI.BYTE))
+            self._comm.Recv([scratch, MPI.BYTE], status.Get_source(), status.Get_tag())
+            dropped += 1
+        return dropped
+
     def close(self) -> None:
         if self._comm is _mpi().COMM_WORLD or any(self._comm is m for m, _ in _MERGED):
             # The rank's last close: processes a spawn connected stay connected until every

@@ -240,8 +240,14 @@ def _run_task(
 ) -> TaskOutcome | None:
     # A rank that joined the running job runs the task on the communicator that admitted it.
     members = list(range(engine.size if joined() else task.ranks))
+    # Each task of several runs on a communicator of its own, a new context even where it has
+    # every rank (MPI_Comm_dup's reason to be): a message one task sent and never received
+    # cannot match a receive of the next. A launch's only task keeps the world, as a task with
+    # process faults or survivors must (their deaths and newcomers change the world's members;
+    # rank/survival.py), and each of those runs alone in its launch.
+    own_context = len(job.task_labels) > 1 and not joined()
     # Both splits are collective over every rank of the job, members or not.
-    group = engine if len(members) == engine.size else split_off(engine, members)
+    group = split_off(engine, members) if own_context or len(members) != engine.size else engine
     plan = task.faults if task.faults is not None else job.faults
     platform = task.platform if task.platform is not None else job.platform
     clocked = platform is not None and (job.online_clock or plan is not None)
@@ -277,9 +283,9 @@ def _run_task(
                              comm.marked, comm.stats_by_communicator(), cpus(), comm.sent)
         comm.release_store()
         if group is not engine:
-            _release(group)
+            _release(group, own_context)
         if side is not None:
-            _release(side)
+            _release(side, own_context)  # with the time stamps of messages left unreceived
     if len(members) != engine.size:
         # Ranks outside the group wait here while the group runs the task.
         slot.set(IDLE)
@@ -287,11 +293,15 @@ def _run_task(
     return result
 
 
-def _release(group: Engine) -> None:
-    """Frees a group the harness made for a task that has finished. Its close is collective (a
-    gloo sub-group's is a barrier): a peer the fault plan killed fails it, and that is no failure
-    of this rank, whose task is done; the group is then kept until the process exits."""
+def _release(group: Engine, next_task: bool) -> None:
+    """Frees a group the harness made for a task that has finished, and where a task of the
+    launch follows (``next_task``), the messages sent on it that nobody received, which the next
+    group could otherwise receive. Its close is collective (a gloo sub-group's is a barrier): a
+    peer the fault plan killed fails it, and that is no failure of this rank, whose task is done;
+    the group is then kept until the process exits."""
     try:
+        if next_task:
+            group.drop_unreceived()
         group.close()
     except RuntimeError:  # gloo's "connection closed by peer"; the supervisor judges the death
         pass
