@@ -240,12 +240,14 @@ def _run_task(
 ) -> TaskOutcome | None:
     # A rank that joined the running job runs the task on the communicator that admitted it.
     members = list(range(engine.size if joined() else task.ranks))
-    # Each task of several runs on a communicator of its own, a new context even where it has
-    # every rank (MPI_Comm_dup's reason to be): a message one task sent and never received
-    # cannot match a receive of the next. A launch's only task keeps the world, as a task with
-    # process faults or survivors must (their deaths and newcomers change the world's members;
-    # rank/survival.py), and each of those runs alone in its launch.
-    own_context = len(job.task_labels) > 1 and not joined()
+    # Each task after the first runs on a communicator of its own, a new context even where it
+    # has every rank (MPI_Comm_dup's reason to be): a message an earlier task sent and never
+    # received cannot match a receive of this one. The first task needs none (nothing came
+    # before it; a gloo group costs a rendezvous), so a launch's only task keeps the world, as a
+    # task with process faults or survivors must (their deaths and newcomers change the world's
+    # members; rank/survival.py), and each of those runs alone in its launch.
+    own_context = index > 0 and not joined()
+    next_task = index + 1 < len(job.task_labels)
     # Both splits are collective over every rank of the job, members or not.
     group = split_off(engine, members) if own_context or len(members) != engine.size else engine
     plan = task.faults if task.faults is not None else job.faults
@@ -283,9 +285,9 @@ def _run_task(
                              comm.marked, comm.stats_by_communicator(), cpus(), comm.sent)
         comm.release_store()
         if group is not engine:
-            _release(group, own_context)
+            _release(group, next_task)
         if side is not None:
-            _release(side, own_context)  # with the time stamps of messages left unreceived
+            _release(side, next_task)  # with the time stamps of messages left unreceived
     if len(members) != engine.size:
         # Ranks outside the group wait here while the group runs the task.
         slot.set(IDLE)
