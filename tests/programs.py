@@ -130,6 +130,18 @@ def leftover_message(comm, solution, leave):
     return None
 
 
+def threads_until_refused(comm, solution):
+    """Starts threads that wait, until one cannot start."""
+    import threading
+
+    done = threading.Event()
+    try:
+        while True:
+            threading.Thread(target=done.wait, daemon=True).start()
+    finally:
+        done.set()
+
+
 def threads_that_allocate(comm, solution, threads):
     """How much address space (MiB) ``threads`` threads take that each malloc while all live."""
     import ctypes

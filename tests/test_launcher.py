@@ -241,6 +241,26 @@ def test_the_memory_limit_is_enforced_and_named() -> None:
     assert "memory limit exceeded" in result.message and "900 MiB" in result.message
 
 
+def test_a_thread_that_finds_no_room_under_the_memory_limit_is_named() -> None:
+    limits = Limits(address_space_mb=900)
+    result = run(make_job("threads_until_refused", [Task(ranks=1)], limits=limits), deadline_s=30)
+    assert result.status == "error"
+    assert result.message.startswith("rank 0: memory limit exceeded: a new thread found no room for its stack "
+                                     "(can't start new thread); the rank may use 900 MiB"), result.message
+
+
+def test_a_thread_refused_far_from_the_memory_limit_is_not_blamed_on_it() -> None:
+    import resource
+
+    from distlab.runtime.rank.failures import error_from
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        pytest.skip("this test process runs under an address-space limit")
+    # Here there is no address-space limit: the other cause (too many tasks) is open.
+    error = error_from(RuntimeError("can't start new thread"), None, 0, Limits(address_space_mb=900))
+    assert (error.kind, error.summary) == ("exception", "RuntimeError: can't start new thread")
+
+
 def test_threads_under_the_memory_limit_cost_their_stacks_not_an_arena_each() -> None:
     # glibc would reserve 64 MiB of address space for each new thread's arena: a gloo rank that
     # makes process groups (two threads each) then ran out of its limit with 220 MB resident.

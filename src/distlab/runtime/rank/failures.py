@@ -6,6 +6,7 @@ Used by the rank (runtime/rank/worker.py) and, under the seal, by the learner pr
 
 from __future__ import annotations
 
+import resource
 import traceback
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def error_from(exc: BaseException, solution: Path | None, task_index: int, limit
     elif isinstance(exc, MemoryError):
         kind = "memory"
         summary = f"memory limit exceeded: the rank may use {limits.address_space_mb} MiB"
+    elif (used_mb := _thread_found_no_room(exc)) is not None:
+        kind = "memory"
+        summary = (f"memory limit exceeded: a new thread found no room for its stack ({exc}); the rank "
+                   f"may use {limits.address_space_mb} MiB of address space and reached {used_mb} MiB")
     elif isinstance(exc, rank_limits.CpuLimitExceeded):
         kind = "cpu"
         summary = f"CPU time limit exceeded: the rank may use {limits.cpu_seconds} s of CPU"
@@ -50,3 +55,33 @@ def error_from(exc: BaseException, solution: Path | None, task_index: int, limit
     where = innermost_frame_in(exc.__traceback__, solution) if solution else ""
     detail = format_for(exc, solution) if solution else traceback.format_exc()
     return RankError(kind, summary, where, detail, task_index)
+
+
+# How far below its address-space limit a process can be when a thread fails to start for want
+# of room: a thread stack (RLIMIT_STACK) and a malloc arena's 64 MiB reservation.
+_ARENA_MB = 64
+
+
+def _thread_found_no_room(exc: BaseException) -> int | None:
+    """The process's largest address space in MiB, if ``exc`` says a thread could not start
+    (Python's "can't start new thread"; C++'s std::thread, as in gloo, "Resource temporarily
+    unavailable") and that space came within a stack and an arena of its limit; None otherwise.
+    The peak (VmPeak), not the present size: the threads that took the room may be gone by now.
+    EAGAIN from pthread_create has one other cause, the number of tasks (RLIMIT_NPROC,
+    threads-max), which being this close to the address-space limit rules out as the one that
+    mattered."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not (
+            "can't start new thread" in text or "Resource temporarily unavailable" in text):
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    stack_mb = 8 if stack == resource.RLIM_INFINITY else stack >> 20
+    try:
+        with open("/proc/self/status") as status:
+            used_mb = next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmPeak:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return used_mb if used_mb + stack_mb + _ARENA_MB > limit >> 20 else None
