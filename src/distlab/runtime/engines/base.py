@@ -192,6 +192,13 @@ class Engine(Protocol):
         the next one made, where such a message would match a receive of the next task."""
         ...
 
+    def unreceived_anywhere(self) -> bool:
+        """Collective over this group: whether a message that any member sent, on any group of
+        its process, may still wait for a receive. True where a sender cannot tell (MPI's eager
+        sends complete before they are received). The harness asks it between tasks: a task
+        after one that left none can run on the world without a new context."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -167,6 +167,9 @@ class CountedEngine:
     def abort(self, code: int) -> None:
         self._inner.abort(code)
 
+    def unreceived_anywhere(self) -> bool:
+        return self._inner.unreceived_anywhere()
+
     def drop_unreceived(self) -> int:
         return self._inner.drop_unreceived()
 

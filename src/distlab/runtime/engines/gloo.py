@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ops import Op
+from ...ops import MAX, Op
 from .base import ANY_SOURCE, ANY_TAG, UNDEFINED, GroupNames, child_path
 from .gloo_blocks import BlockCollectives
 from .gloo_orphans import Orphans
@@ -61,6 +61,9 @@ from .gloo_parts import (
 # How long the world's ``close`` waits for background (eager) sends to be taken by their receivers
 # before it tears the process group down anyway.
 _DRAIN_S = 2.0
+
+# How long a buffered send may take to report that its receiver took it, between tasks.
+_SETTLE_S = 0.05
 
 # Every sub-group made in this process and not closed yet (a close is collective: see close).
 _SUB_GROUPS: list[Any] = []
@@ -323,6 +326,15 @@ class GlooEngine(BlockCollectives):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+    def unreceived_anywhere(self) -> bool:
+        # A gloo sender knows: a buffered send is pending until its receiver takes it (a send
+        # just taken gets a moment to say so); a message to itself waits in the mailbox; an
+        # abandoned receive would take a later message (gloo_orphans.py).
+        here = bool(self._mailbox.queued) or len(self._orphans) > 0 or not _EAGER.drain(_SETTLE_S)
+        flags = np.array([int(here)], dtype=np.int64)
+        self.allreduce(flags.copy(), flags, MAX)
+        return bool(flags[0])
 
     def drop_unreceived(self) -> int:
         # Closing a sub-group drops them (its sends fail, and are no failure: gloo_parts.py).

@@ -268,6 +268,11 @@ class _SelfMailbox:
                 return
         self._queued.append((tag, data.copy()))
 
+    @property
+    def queued(self) -> int:
+        """How many messages wait for a receive."""
+        return len(self._queued)
+
     def take(self, buf: np.ndarray, tag: int) -> int | None:
         for i, (got_tag, data) in enumerate(self._queued):
             if tag in (ANY_TAG, got_tag):

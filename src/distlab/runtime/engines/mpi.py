@@ -288,6 +288,9 @@ class MpiEngine:
     def abort(self, code: int) -> None:
         self._comm.Abort(code)
 
+    def unreceived_anywhere(self) -> bool:
+        return True
+
     def drop_unreceived(self) -> int:
         MPI = _mpi()
         # A message sent before the barrier is in this rank's queue once the barrier is done (the

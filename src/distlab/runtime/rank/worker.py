@@ -149,9 +149,11 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
             run = learner.run_task
         cpus = learner.cpus if learner is not None else _own_cpus
         tasks = pickle.loads(job.tasks_blob)  # its cases are classes of the program's package
+        own_context = False  # the first task: nothing came before it
         for task_index, task in enumerate(tasks):
             slot.task = task_index
-            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run, cpus))
+            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run, cpus, own_context))
+            own_context = task_index + 1 < len(tasks) and engine.unreceived_anywhere()
         if learner is not None:
             learner.finish()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job ends
@@ -236,17 +238,18 @@ def _own_cpus() -> tuple[int, ...]:
 
 def _run_task(
     engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner,
-    cpus: Callable[[], tuple[int, ...]] = _own_cpus,
+    cpus: Callable[[], tuple[int, ...]] = _own_cpus, own_context: bool = False,
 ) -> TaskOutcome | None:
+    """``own_context``: the task runs on a communicator of its own, a new context even where it
+    has every rank (MPI_Comm_dup's reason to be), so that a message an earlier task sent and
+    nobody received cannot match a receive of this one. The caller asks for it after a task that
+    may have left one (always on MPI, whose senders cannot tell; on gloo only then, as a gloo
+    group costs a rendezvous). A launch's first task keeps the world, and so does its only one,
+    as a task with process faults or survivors must (their deaths and newcomers change the
+    world's members; rank/survival.py): each of those runs alone in its launch."""
     # A rank that joined the running job runs the task on the communicator that admitted it.
     members = list(range(engine.size if joined() else task.ranks))
-    # Each task after the first runs on a communicator of its own, a new context even where it
-    # has every rank (MPI_Comm_dup's reason to be): a message an earlier task sent and never
-    # received cannot match a receive of this one. The first task needs none (nothing came
-    # before it; a gloo group costs a rendezvous), so a launch's only task keeps the world, as a
-    # task with process faults or survivors must (their deaths and newcomers change the world's
-    # members; rank/survival.py), and each of those runs alone in its launch.
-    own_context = index > 0 and not joined()
+    own_context = own_context and not joined()
     next_task = index + 1 < len(job.task_labels)
     # Both splits are collective over every rank of the job, members or not.
     group = split_off(engine, members) if own_context or len(members) != engine.size else engine
