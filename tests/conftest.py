@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from distlab.runtime.zygote.client import ZYGOTE_MODULE
 from distlab.runtime.rank.learner_fork import LEARNER_PROCESS_NAME
+from distlab.runtime.zygote.client import ZYGOTE_MODULE
 from distlab.runtime.zygote.server import RANK_PROCESS_NAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,22 +92,6 @@ def is_rank_process(proc: Path) -> bool:
         return (proc / "comm").read_bytes().strip() in (RANK_PROCESS_NAME, LEARNER_PROCESS_NAME)
     except OSError:
         return False
-
-
-# The heaviest files first (worker-seconds each on 2 cores, 3 workers, from `--durations=0`: 05 178,
-# 12 173, 03_e2e 159, 15 150, 04 126, 14 115, 06 106, 02 80, 01 78, 08 76, 09 73, 07 62).
-# `--dist loadfile` hands each worker whole files in collection order, so a heavy file collected
-# last kept one worker busy while the others idled: longest first ends them within seconds.
-HEAVY_FIRST = ("test_problem05.py", "test_problem12.py", "test_problem03_e2e.py", "test_problem15.py",
-               "test_problem04.py", "test_problem14.py", "test_problem06.py", "test_problem02.py",
-               "test_problem01.py", "test_problem08.py", "test_problem09.py", "test_problem07.py",
-               "test_problem16.py", "test_problem13.py", "test_problem11.py", "test_launcher.py",
-               "test_cli.py", "test_exam.py", "test_watch.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
