@@ -142,6 +142,14 @@ def threads_until_refused(comm, solution):
         done.set()
 
 
+def task_group_path(comm, solution, leave):
+    """The path of the engine group the task runs on (unsealed: the proxy itself); ``leave``:
+    rank 0 first sends rank 1 a message it never receives."""
+    if leave and comm.Get_rank() == 0:
+        comm.Send(np.array([1.0]), dest=1, tag=7)
+    return comm._engine.path
+
+
 def threads_that_allocate(comm, solution, threads):
     """How much address space (MiB) ``threads`` threads take that each malloc while all live."""
     import ctypes

@@ -86,6 +86,17 @@ def test_a_message_one_task_left_unreceived_never_reaches_the_next(backend: str)
         assert result.task_outcomes(1)[1].value == 2.0, f"{world} ranks: the first task's message arrived"
 
 
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_task_after_a_clean_one_keeps_the_world_on_gloo(backend: str) -> None:
+    # A gloo group costs a rendezvous: a task gets one only after a task that left a message.
+    tasks = [Task(ranks=2, args=(False,)), Task(ranks=2, args=(True,)), Task(ranks=2, args=(False,))]
+    result = run(make_job("task_group_path", tasks, backend=backend), deadline_s=30)
+    assert result.ok, result.message
+    paths = [result.task_outcomes(i)[0].value for i in range(3)]
+    # MPI's eager senders cannot tell whether their message was received: a new one every time.
+    assert paths == (["0", "0/0.0", "0/1.0"] if backend == "mpi" else ["0", "0", "0/0.0"]), paths
+
+
 def test_waiting_mpi_ranks_sleep_between_polls_unless_graded_on_wall_time() -> None:
     """Oversubscribed ranks that wait sleep between polls (runtime/supervisor/start.py, mpi_env);
     on --clock wall they keep sched_yield, whose wake-up adds no latency to what is measured."""
