@@ -231,15 +231,13 @@ class _EagerSends:
             self._queue.task_done()
 
     def drain(self, timeout_s: float) -> bool:
-        """Waits until every pending send was received; False if some still wait after timeout."""
-        done = threading.Event()
-
-        def join() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=join, daemon=True).start()
-        return done.wait(timeout_s)
+        """Waits until every pending send was received; False if some still wait after timeout.
+        Waits on the queue's own condition (what Queue.join waits on, with a timeout): asked
+        between every two tasks, a helper thread per call would stay blocked for good behind a
+        message nobody receives."""
+        finished = self._queue.all_tasks_done
+        with finished:
+            return finished.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout_s)
 
 
 # Process-wide: a sub-group engine may be dropped right after its task while its last eager
