@@ -27,7 +27,7 @@ from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
 from ..runtime.supervisor import LaunchResult
 from .failures import RunFailed
-from .views import Counts, Timeline, counts_of, phases_of
+from .views import Counts, Timeline, phases_of
 
 C = TypeVar("C")
 
@@ -70,6 +70,9 @@ class TaskRun(runs.TaskRun):
 
     spec: Task = field(default_factory=lambda: Task(0))
     _timeline: Timeline | None = None
+    # (rank, phase) -> its phases' counts: checks read them case by case (03 reads the nth of 30
+    # for each case and rank), and each reading would otherwise cut every phase again.
+    _phases: dict[tuple[int, str], tuple[Counts, ...]] = field(default_factory=dict)
 
     @property
     def case(self) -> Any:
@@ -79,7 +82,12 @@ class TaskRun(runs.TaskRun):
         """The rank's calls and bytes over the task, or over the ``nth`` phase that starts at a
         ``comm.mark(phase)`` (and ends at the rank's next mark, of a name in ``Task.marks`` if
         the task lists them, or the task's end)."""
-        return counts_of(self, rank, phase, nth)
+        if phase is None:
+            return Counts.of(self.outcomes[rank].stats)
+        found = self.phases(rank, phase)
+        if nth >= len(found):
+            raise KeyError(f"rank {rank} set {len(found)} mark(s) {phase!r}; no phase #{nth}")
+        return found[nth]
 
     def cpus(self, rank: int) -> tuple[int, ...]:
         """The CPUs rank ``rank``'s solution process may run on at the task's end, read from the
@@ -118,8 +126,11 @@ class TaskRun(runs.TaskRun):
         return None
 
     def phases(self, rank: int, phase: str) -> list[Counts]:
-        """The rank's counts in every phase named ``phase``, in order."""
-        return phases_of(self, rank, phase)
+        """The rank's counts in every phase named ``phase``, in order (computed once)."""
+        key = (rank, phase)
+        if key not in self._phases:
+            self._phases[key] = tuple(phases_of(self, rank, phase))
+        return list(self._phases[key])
 
     def wall_s(self) -> float:
         """The slowest rank's wall seconds in this task (its program, start to end)."""

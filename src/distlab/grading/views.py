@@ -58,17 +58,6 @@ class Counts(Readings):
                    dict(stats.sent_bytes), dict(stats.recv_msgs), dict(stats.recv_bytes))
 
 
-
-def counts_of(task_run: TaskRun, rank: int, phase: str | None = None, nth: int = 0) -> Counts:
-    """The rank's counts over the whole task, or over the ``nth`` phase named ``phase``."""
-    if phase is None:
-        return Counts.of(task_run.outcomes[rank].stats)
-    found = phases_of(task_run, rank, phase)
-    if nth >= len(found):
-        raise KeyError(f"rank {rank} set {len(found)} mark(s) {phase!r}; no phase #{nth}")
-    return found[nth]
-
-
 def phases_of(task_run: TaskRun, rank: int, phase: str) -> list[Counts]:
     """The rank's counts in every phase named ``phase``, in order. Where the task lists the
     program's mark names (grading's ``Task.marks``), marks of other names are passed over."""
