@@ -40,10 +40,13 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
 def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(tmp_path: Path) -> None:
     folder = tmp_path / "exam"
     assert run_cli("exam", "--problems", "03", "--time", "1s", "--out", str(folder)).returncode == 0
+    # The seeds give away every hidden variant: exam.json is for the assessor's account alone.
+    assert (folder / "exam.json").stat().st_mode & 0o777 == 0o600
+    opened_at = json.loads((folder / "exam.json").read_text())["started_at"]
+    time.sleep(max(0.0, opened_at + 1.2 - time.time()))
     work = folder / "work" / "03-ring-allreduce.py"
     work.write_text("from mpi4py import MPI\n" + REFERENCE)
-    later = time.time() + 60
-    os.utime(work, (later, later))
+    os.utime(work, (opened_at, opened_at))  # `touch -d`: the mtime says before the deadline, the ctime not
     graded = run_cli("exam", "--out", str(folder), "--submit")
     assert graded.returncode == 0
     said = graded.stdout.find("was changed after the deadline")
@@ -52,6 +55,30 @@ def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(t
     assert problem["late"] is True and problem["bypass"] == ["mpi4py"] and problem["score"] == 0
     page = (folder / "report.html").read_text()
     assert "changed after the deadline" in page and "imports mpi4py directly" in page
+
+
+def test_a_link_a_fifo_or_a_missing_file_is_refused_and_nothing_behind_it_is_copied(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    assert run_cli("exam", "--problems", "01,02,03", "--time", "30m", "--out", str(folder)).returncode == 0
+    secret = tmp_path / "assessors-only.txt"
+    secret.write_text("the signing key, say")
+    work = folder / "work"
+    (work / "03-ring-allreduce.py").unlink()
+    (work / "03-ring-allreduce.py").symlink_to(secret)  # the grader would copy it, as the assessor
+    (work / "01-sync-parameter-server.py").unlink()
+    os.mkfifo(work / "01-sync-parameter-server.py")  # reading it would hang the grader
+    (work / "02-alpha-beta.py").unlink()
+    graded = run_cli("exam", "--out", str(folder), "--submit", timeout=120)
+    assert graded.returncode == 0, graded.stdout
+    results = json.loads((folder / "results.json").read_text())
+    refused = {doc["problem"]: doc["refused"] for doc in results["problems"]}
+    assert refused == {"01": "01-sync-parameter-server.py is not a regular file",
+                       "02": f"02-alpha-beta.py is missing from {work}",
+                       "03": "03-ring-allreduce.py is a symbolic link: submit the file itself"}
+    assert results["score"] == 0 and all(doc["totals"]["launches"] == 0 for doc in results["problems"])
+    assert all(c["message"].startswith("not run: refused: ") for doc in results["problems"] for c in doc["checks"])
+    assert all(not kept.is_symlink() and kept.read_bytes() == b"" for kept in (folder / "submitted").iterdir())
+    assert "refused: 03-ring-allreduce.py is a symbolic link" in (folder / "report.html").read_text()
 
 
 def test_an_edited_exam_file_is_graded_as_tampered(tmp_path: Path) -> None:

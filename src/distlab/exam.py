@@ -6,7 +6,10 @@ candidate to edit. `distlab exam --out DIR --submit` grades: every problem is ch
 secret seed (expected values are computed in the checker, outside the candidate's processes), the
 files are kept with their SHA-256 in DIR/submitted/, and the assessor gets DIR/results.json (one
 document, every problem) and DIR/report.html. A file changed after the deadline is graded as it
-was not: it scores zero, and the report says so.
+was not: it scores zero, and the report says so. When it changed is the later of its mtime and its
+ctime: ``touch`` can set the first back, not the second. A file that is a link, not a regular file,
+missing or over 4 MiB is refused (scored 0, nothing run): the grader runs as the assessor, and
+would otherwise copy whatever a link points at (the signing key) into DIR/submitted/.
 
 Integrity: a file that goes around the communicator is flagged and scores zero, caught two ways.
 The import scan flags a file that imports an engine directly (mpi4py, torch.distributed). Below
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import ast
 import datetime
+import errno
 import hashlib
 import html
 import json
+import os
 import re
 import secrets
-import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +45,12 @@ from . import examkey
 from .bank import Bank
 from .errors import StateError, UsageError
 from .grading.console import ConsoleReporter
-from .grading.runner import Options, check_problem
+from .grading.runner import Options, check_problem, not_run
 from .workspace import write_atomically
 
 EXAM_FILE = "exam.json"
 BYPASS_MODULES = ("mpi4py", "torch.distributed")
+MAX_SUBMISSION_BYTES = 4 << 20  # a solution file of more is not a solution
 
 
 def parse_duration(text: str) -> float:
@@ -93,11 +99,46 @@ def open_exam(bank: Bank, problems: list[str], seconds: float, folder: Path) -> 
     now = time.time()
     exam = Exam([e.number for e in entries], {e.number: secrets.randbelow(10**9) for e in entries},
                 now, now + seconds, folder)
-    write_atomically(folder / EXAM_FILE, json.dumps(exam.to_json(), indent=2) + "\n")
+    # The assessor's alone: the seeds give away every hidden variant (cases.py is readable).
+    write_atomically(folder / EXAM_FILE, json.dumps(exam.to_json(), indent=2) + "\n", mode=0o600)
     for entry in entries:
         target = folder / "work" / entry.card().solution_file
         write_atomically(target, (entry.path / "starter.py").read_text())
     return exam
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A candidate's file as the grader took it (read once: what is graded is what is kept)."""
+
+    data: bytes
+    changed_at: float  # the later of its mtime and ctime (0 when there is no file)
+    refused: str = ""  # why it is not graded, or ""
+
+
+def take_submission(work: Path) -> Submission:
+    """Reads ``work`` without following a link, and only if it is a regular file of at most
+    MAX_SUBMISSION_BYTES: a FIFO would hang the grader, a device or a huge file fill it."""
+    try:
+        fd = os.open(work, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return Submission(b"", 0.0, f"{work.name} is missing from {work.parent}")
+    except OSError as exc:
+        why = "is a symbolic link: submit the file itself" if exc.errno == errno.ELOOP else \
+            f"cannot be read ({exc.strerror})"
+        return Submission(b"", 0.0, f"{work.name} {why}")
+    try:
+        info = os.fstat(fd)
+        changed_at = max(info.st_mtime, info.st_ctime)
+        if not stat.S_ISREG(info.st_mode):
+            return Submission(b"", changed_at, f"{work.name} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_SUBMISSION_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SUBMISSION_BYTES:
+        return Submission(b"", changed_at, f"{work.name} is larger than {MAX_SUBMISSION_BYTES >> 20} MiB")
+    return Submission(data, changed_at)
 
 
 def bypasses(path: Path) -> list[str]:
@@ -145,22 +186,27 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
         work = folder / "work" / entry.card().solution_file
         kept = folder / "submitted" / work.name
         kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(work, kept)
-        digest = hashlib.sha256(kept.read_bytes()).hexdigest()
-        late = work.stat().st_mtime > exam.deadline
+        taken = take_submission(work)
+        kept.write_bytes(taken.data)
+        late = taken.changed_at > exam.deadline
         if late:  # said first, so the score printed below is not taken for the grade
             console.print(f"{number}: {work.name} was changed after the deadline "
-                          f"({_iso(work.stat().st_mtime)}, deadline {_iso(exam.deadline)}): "
+                          f"({_iso(taken.changed_at)}, deadline {_iso(exam.deadline)}): "
                           "it is checked, and scored 0", markup=False, highlight=False)
         options = Options(seed=exam.seeds[number], mpi_monitoring=True, seal=seal, private=private)
-        results = check_problem(entry, kept, options, ConsoleReporter(console))
+        reporter = ConsoleReporter(console)
+        if taken.refused:
+            results = not_run(entry, kept, options, reporter, f"refused: {taken.refused}")
+        else:
+            results = check_problem(entry, kept, options, reporter)
         doc = results.to_json()
-        doc["file_sha256"] = digest
+        doc["file_sha256"] = hashlib.sha256(taken.data).hexdigest()
+        doc["refused"] = taken.refused
         doc["late"] = late
         doc["bypass"] = bypasses(kept)
         doc["bypass_traffic"] = traffic_flag(doc.get("below_proxy"))
         doc["tampered"] = exam.tampered
-        if late or doc["bypass"] or doc["bypass_traffic"] or exam.tampered:
+        if late or taken.refused or doc["bypass"] or doc["bypass_traffic"] or exam.tampered:
             doc["score"] = 0
             doc["passed"] = False
         documents.append(doc)
@@ -185,6 +231,8 @@ def assessor_page(summary: dict[str, Any]) -> str:
     rows = []
     for doc in summary["problems"]:
         flags = []
+        if doc.get("refused"):
+            flags.append("refused: " + doc["refused"])
         if doc["late"]:
             flags.append("changed after the deadline")
         if doc["bypass"]:

@@ -31,12 +31,13 @@ def workspace_dir() -> Path:
     return Path(os.environ.get("DISTLAB_WORKSPACE", "workspace")).resolve()
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one."""
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """Temp file in the same folder, fsync, rename: a crash leaves the old file or the new one.
+    ``mode`` 0o644 by default: mkstemp's 0600 would hide the learner's own files from their tools."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the learner's own files from their tools
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -81,23 +81,12 @@ def check_problem(entry: Entry, solution: Path, options: Options, reporter: Repo
     opts.backend(options.backend, card.backends, entry.number)
     seed = options.seed if options.seed is not None else draw_seed()
     started = time.monotonic()
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    results = Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [],
-                      sealed=options.seal)
-    reporter.begin(entry, solution, options.backend, seed)
-
-    checklist = load_checklist(entry)
     try:
         compile_check(solution)
     except SolutionLoadError as exc:
-        # Nothing can run; every check fails with the reason, so the score keeps its maximum.
-        for spec in checklist.checks:
-            results.checks.append(CheckResult(
-                spec.title, "failed", 0, spec.points,
-                f"not run: {exc.summary}", seed, 0.0, details=exc.detail,
-            ))
-        reporter.compile_failed(exc.summary, exc.detail)
-        return _finish(results, started, reporter)
+        return not_run(entry, solution, options, reporter, exc.summary, exc.detail, seed)
+    results = _begin(entry, solution, options, reporter, seed)
+    checklist = load_checklist(entry)
 
     run_opts = run_options(
         options.backend, options.platform, default_platform=card.platform,
@@ -160,6 +149,28 @@ def _describe_run_failure(exc: RunFailed) -> str:
         tail = "\n".join(log.strip().splitlines()[-5:])
         text += f"\nlast output of rank {result.failing_rank}:\n{tail}"
     return text
+
+
+def not_run(entry: Entry, solution: Path, options: Options, reporter: Reporter, summary: str,
+            detail: str = "", seed: int | None = None) -> Results:
+    """Every check failed with ``summary``, nothing run: a file that does not compile, or one an
+    exam refused to take. The score keeps its maximum."""
+    started = time.monotonic()
+    seed = seed if seed is not None else options.seed if options.seed is not None else draw_seed()
+    results = _begin(entry, solution, options, reporter, seed)
+    for spec in load_checklist(entry).checks:
+        results.checks.append(CheckResult(
+            spec.title, "failed", 0, spec.points, f"not run: {summary}", seed, 0.0, details=detail,
+        ))
+    reporter.compile_failed(summary, detail)
+    return _finish(results, started, reporter)
+
+
+def _begin(entry: Entry, solution: Path, options: Options, reporter: Reporter, seed: int) -> Results:
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    reporter.begin(entry, solution, options.backend, seed)
+    return Results(entry.number, entry.title, str(solution), options.backend, seed, stamp, 0.0, [],
+                   sealed=options.seal)
 
 
 def _finish(results: Results, started: float, reporter: Reporter) -> Results:
