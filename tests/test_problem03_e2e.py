@@ -84,6 +84,8 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "forged_expected.py": (["view of the case holds no input of rank"], ["✓ passed"]),
     # The built-in Allreduce after a mark of its own: the harness's "case" marks bound the counters.
     "forged_own_mark.py": (["called the built-in Allreduce"], []),
+    # The built-in Allreduce with the program's marks dropped and set again after the last case.
+    "forged_moved_marks.py": (["called Allreduce x24 before the program's first mark 'case'"], ["✓ passed"]),
     "syntax_error.py": (
         ["SyntaxError", f"syntax_error.py, line {line_of('syntax_error.py', 'range(p - 1)')}"],
         [],
@@ -163,6 +165,7 @@ REAL_BUG = {
     "flatten_copy.py": "the ring ran on a copy of buf",
     "forged_expected.py": "view of the case holds no input of rank",
     "forged_own_mark.py": "called the built-in Allreduce",
+    "forged_moved_marks.py": "before the program's first mark",
 }
 ALTERNATIVES = ["alt_isend.py", "alt_torch_compatible.py", "alt_returns_buf.py", "alt_barrier.py"]
 # The diagnoses of issue 11 item 5 that fired on other bugs' evidence: each only on its own fixture.

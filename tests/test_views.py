@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab.grading import Counts, Span, Task
+from distlab.grading import CheckFailed, Counts, Span, Task
 from distlab.grading.tasks import typed
 from distlab.runs import Program, run, run_options
 
@@ -78,3 +78,17 @@ def test_marks_differ_names_the_first_rank_whose_harness_marks_are_not_the_progr
     assert listed.marks_differ(["ring", "step"]) == "phases: rank 0 set 2 marks 'step' where the program sets 1"
     assert listed.marks_differ(["step", "ring", "step"], "stage") == (
         "phases: stage 0's mark #0 is 'ring' where the program sets 'step'")
+
+
+def test_calls_before_the_programs_first_mark_fail_the_phases_that_would_hide_them(task_run) -> None:  # type: ignore[no-untyped-def]
+    """The program marks before its first call, so a call before its first listed mark was moved
+    out of the phases (by code that drops or sets the harness's marks itself): reading them fails."""
+    def listing(*marks: str):  # type: ignore[no-untyped-def]
+        return dataclasses.replace(task_run, spec=dataclasses.replace(task_run.spec, marks=marks, label="phases"))
+
+    whole = listing("ring", "reduce", "step")
+    assert whole.before_marks(0) == Counts() and len(whole.phases(0, "step")) == 2
+    late = listing("reduce", "step")  # as if "ring" were not the program's: its Sendrecv comes first
+    assert late.before_marks(1).calls == {"Sendrecv": 1}
+    with pytest.raises(CheckFailed, match="phases: rank 1 called Sendrecv before the program's first mark 'reduce'"):
+        late.phases(1, "step")

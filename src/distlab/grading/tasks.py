@@ -26,7 +26,7 @@ from ..runtime.comm.sent import SentLog
 from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
 from ..runtime.supervisor import LaunchResult
-from .failures import RunFailed
+from .failures import CheckFailed, RunFailed
 from .views import Counts, Timeline, phases_of
 
 C = TypeVar("C")
@@ -72,7 +72,8 @@ class TaskRun(runs.TaskRun):
     _timeline: Timeline | None = None
     # (rank, phase) -> its phases' counts: checks read them case by case (03 reads the nth of 30
     # for each case and rank), and each reading would otherwise cut every phase again.
-    _phases: dict[tuple[int, str], tuple[Counts, ...]] = field(default_factory=dict)
+    _phases: dict[tuple[int, str], tuple[Counts, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False)
 
     @property
     def case(self) -> Any:
@@ -126,11 +127,28 @@ class TaskRun(runs.TaskRun):
         return None
 
     def phases(self, rank: int, phase: str) -> list[Counts]:
-        """The rank's counts in every phase named ``phase``, in order (computed once)."""
+        """The rank's counts in every phase named ``phase``, in order (computed once). Where the
+        task names the program's marks (``Task(marks=...)``), a rank that communicated before
+        the first of them fails the check that reads its phases: ``before_marks``."""
         key = (rank, phase)
         if key not in self._phases:
+            if self.spec.marks and (early := self.before_marks(rank)).calls:
+                raise CheckFailed(
+                    f"{self.spec.label}: rank {rank} called {_calls_text(early)} before the program's "
+                    f"first mark {self.spec.marks[0]!r}, where the program calls nothing: the marks were "
+                    "moved (comm.mark is the harness's, even in your process), so the phases the "
+                    "checks read cannot be trusted")
             self._phases[key] = tuple(phases_of(self, rank, phase))
         return list(self._phases[key])
+
+    def before_marks(self, rank: int) -> Counts:
+        """What the rank did before its first mark of a name in ``Task(marks=...)``: a span the
+        program leaves empty (it marks before its first call), so calls there were moved out of
+        the phases by code that sets or drops the harness's marks itself. With no such mark,
+        the whole task."""
+        outcome = self.outcomes[rank]
+        first = next((stats for name, stats in outcome.marks if name in self.spec.marks), outcome.stats)
+        return Counts.of(first)
 
     def wall_s(self) -> float:
         """The slowest rank's wall seconds in this task (its program, start to end)."""
@@ -234,3 +252,7 @@ def partial(finished: dict[int, TaskRun], failed: dict[int, LaunchResult], tasks
     out.tasks = [finished[i] if i in finished else FailedTask(spec, failed[i], out)  # type: ignore[misc]
                  for i, spec in enumerate(tasks)]
     return out
+
+
+def _calls_text(counts: Counts) -> str:
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.calls.items()))
