@@ -121,6 +121,26 @@ def test_hidden_cluster_is_seeded_and_varied() -> None:
     assert list(first.sizes) == sorted(set(first.sizes)) and len(first.sizes) >= 5
 
 
+def test_the_shared_cluster_is_the_quiet_one_slower_by_hidden_amounts() -> None:
+    # Drawn after every other draw: a seed's quiet cluster is what it was before the shared one existed.
+    seven = cases.hidden_cluster(7)
+    assert (seven.latency_us, seven.bandwidth_gbps, seven.sizes, seven.spike_s, seven.spike_seed) == (
+        (1.546, 1.184, 1.209, 1.09), (72.15, 54.45, 91.61, 53.74), (9, 221, 3748, 11749, 141397, 736159),
+        0.0001275, 596936635)
+    lo, hi = cases.SHARED_SLOWDOWN
+    for seed in range(50):
+        cluster = cases.hidden_cluster(seed)
+        ratios = [(a2 / a, b2 / b) for (a, b), (a2, b2) in zip(cluster.links, cluster.shared_links)]
+        assert all(lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9) for pair in ratios for x in pair), (seed, ratios)
+        assert len({round(a, 6) for a, _ in ratios}) > 1  # each link by its own amount
+        # a fit kept from the quiet cluster is named as one, and a fit of the shared link is not
+        for r, (quiet, shared) in enumerate(zip(cluster.links, cluster.shared_links)):
+            assert judging.judge_link(r, cluster.p, programs.as_fitted(quiet), cluster.shared_links) is not None
+            assert "values on the quiet cluster" in str(
+                judging.judge_kept(r, cluster.p, programs.as_fitted(quiet), quiet, shared))
+            assert judging.judge_kept(r, cluster.p, programs.as_fitted(shared), quiet, shared) is None
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_ring_sizes_keep_the_slowest_link_prediction_within_10_percent(seed: int) -> None:
     setup = cases.hidden_cluster(seed)
@@ -161,9 +181,9 @@ def _off(fit: tuple[float, float], link: tuple[float, float]) -> float:
 
 
 def _mean_of_repeats_off(cluster: cases.Cluster, r: int) -> float:
-    """The mean of 10 round trips on the shared cluster, as the spike fault decides for the
-    reference's messages (pings to the right neighbour and their echoes, k-th on each channel)."""
-    alpha, beta = cluster.links[r]
+    """The mean of 10 round trips on the shared cluster (its slower links), as the spike fault decides
+    for the reference's messages (pings to the right neighbour and their echoes, k-th on each channel)."""
+    alpha, beta = cluster.shared_links[r]
     s, plan_seed, p_spike = (r + 1) % cluster.p, cluster.spike_seed, cases.SPIKE_PROBABILITY
     one_way = []
     for i, n in enumerate(cluster.sizes):
@@ -326,6 +346,10 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "always_ring.py": ({CHOOSE}, ["choose answered 'ring' for all", "small messages are latency-bound"]),
     "mean_of_repeats.py": ({SPIKES}, ["Without spikes this link fitted well",
                                       "keep the fastest, not the mean"]),
+    # An outside tester's attack: the learner process outlives a task, so the quiet fit was kept and
+    # returned in the spiked task. The shared cluster's links are slower by hidden amounts.
+    "cached_quiet_fit.py": ({SPIKES}, ["which are this link's values on the quiet cluster",
+                                       "nothing kept from an earlier call"]),
     # An outside tester's forgery: the answers are in judging.py (out of the learner process's reach),
     # the ring sizes reach it only after measuring, and the ring is predicted from its own fits.
     "forged_checker_answers.py": ({FIT, SPIKES, PREDICT, CHOOSE, RING},
@@ -340,6 +364,7 @@ DIAGNOSES: dict[str, set[str]] = {
     "timed a lone Send with no echo": {"lone_send.py"},
     "this machine's wall clock": {"wall_clock.py"},
     "keep the fastest, not the mean": {"mean_of_repeats.py"},
+    "values on the quiet cluster": {"cached_quiet_fit.py"},
     "a (p-1) lg p term": {"rabenseifner_plogp.py"},
     "choose answered 'ring' for all": {"always_ring.py"},
     "which are the values of link": set(),

@@ -16,6 +16,7 @@ LATENCY_OPTIMAL = ("recursive_doubling", "binomial_tree")
 FORMULA_RTOL = 1e-9
 WORLD_SIZES = (3, 4, 5, 6, 8)
 SPIKE_PROBABILITY = 0.05  # of each message, on the shared cluster
+SHARED_SLOWDOWN = (1.2, 1.6)  # each cable's latency and time per byte on the shared cluster, times the quiet's
 
 Link = tuple[float, float]  # (alpha in seconds, beta in seconds per byte)
 
@@ -56,39 +57,58 @@ def fmt_beta(beta: float) -> str:
 @dataclass(frozen=True)
 class Cluster:
     """p devices, each on its own cable to one switch with its own latency and bandwidth; the sizes
-    measure is given there, and the spikes of the cluster when it is shared."""
+    measure is given there, and the spikes and the slower cables of the cluster when it is shared."""
 
     latency_us: tuple[float, ...]
     bandwidth_gbps: tuple[float, ...]
     sizes: tuple[int, ...]  # six message sizes from a few bytes to about half a MiB, none round
     spike_s: float
     spike_seed: int
+    # Shared with other jobs, every cable is slower by its own hidden factor (1.2 to 1.6): its latency
+    # times the first, its time per byte times the second. Only a measurement made then can fit it.
+    shared_latency: tuple[float, ...]
+    shared_beta: tuple[float, ...]
 
     @property
     def p(self) -> int:
         return len(self.latency_us)
 
-    def platform(self) -> Platform:
-        """dev i in host i, and a cable from dev i to the switch."""
+    def platform(self, shared: bool = False) -> Platform:
+        """dev i in host i, and a cable from dev i to the switch; ``shared``: every cable slower by its
+        hidden factors (the cluster that the spiked measurement runs on, a task's own platform)."""
+        latency, bandwidth = self.latency_us, self.bandwidth_gbps
+        if shared:
+            latency = tuple(us * f for us, f in zip(latency, self.shared_latency))
+            bandwidth = tuple(gbps / f for gbps, f in zip(bandwidth, self.shared_beta))
         hosts = [f'  {{ name = "host{i}", kind = "host", in = "switch" }}, '
                  f'{{ name = "dev{i}", kind = "device", in = "host{i}", profile = "gpu" }},'
                  for i in range(self.p)]
         cables = [f'  {{ a = "dev{i}", b = "switch", latency_us = {us!r}, bandwidth_gbps = {gbps!r} }},'
-                  for i, (us, gbps) in enumerate(zip(self.latency_us, self.bandwidth_gbps))]
+                  for i, (us, gbps) in enumerate(zip(latency, bandwidth))]
         devices = ", ".join(f'"dev{i}"' for i in range(self.p))
+        name, what, where = ("shared-cluster", "the same cluster, shared with other jobs", "shared cluster") \
+            if shared else ("new-cluster", "the cluster that just arrived", "cluster")
         return parse_platform("\n".join([
-            "format_version = 1", 'name = "new-cluster"',
-            f'description = "the cluster that just arrived: {self.p} devices, one cable each to a switch"',
+            "format_version = 1", f'name = "{name}"',
+            f'description = "{what}: {self.p} devices, one cable each to a switch"',
             f"ranks = [{devices}]", "node = [", '  { name = "switch", kind = "switch" },', *hosts, "]",
             "link = [", *cables, "]", "[profile.gpu]", "flops = 19.5e12", "memory_gib = 40",
-        ]) + "\n", where="problem 02's hidden cluster")
+        ]) + "\n", where=f"problem 02's hidden {where}")
+
+    @staticmethod
+    def ring_links(platform: Platform, p: int) -> list[Link]:
+        return [(route.alpha_s, route.beta_s_per_byte)
+                for route in (platform.route(r, (r + 1) % p) for r in range(p))]
 
     @cached_property
     def links(self) -> list[Link]:
         """(alpha, beta) of every link r -> r + 1 of the ring, as the virtual clock charges them."""
-        platform = self.platform()
-        return [(route.alpha_s, route.beta_s_per_byte)
-                for route in (platform.route(r, (r + 1) % self.p) for r in range(self.p))]
+        return self.ring_links(self.platform(), self.p)
+
+    @cached_property
+    def shared_links(self) -> list[Link]:
+        """The same links on the shared cluster: each 1.2 to 1.6 times slower, by hidden amounts."""
+        return self.ring_links(self.platform(shared=True), self.p)
 
     @property
     def slowest(self) -> Link:
@@ -104,7 +124,9 @@ class Cluster:
 
 
 def hidden_cluster(seed: int) -> Cluster:
-    """A cluster class (base latency and bandwidth), every cable varied around it; then the sizes."""
+    """A cluster class (base latency and bandwidth), every cable varied around it; then the sizes, the
+    spikes, and last (so that the quiet cluster of a seed stays what it was) how much slower each cable
+    is when the cluster is shared."""
     rng = np.random.default_rng([seed, 2])
     p = int(rng.choice(WORLD_SIZES))
     base_us = float(np.exp(rng.uniform(np.log(0.5), np.log(5.0))))
@@ -113,7 +135,9 @@ def hidden_cluster(seed: int) -> Cluster:
     bandwidth = tuple(round(base_gbps * float(rng.uniform(0.6, 1.2)), 2) for _ in range(p))
     sizes = tuple(sorted({int(np.exp2(rng.uniform(lo, lo + 1.5))) for lo in (3, 7, 10.5, 13.5, 16, 18)}))
     spike_s, spike_seed = round(float(rng.uniform(50e-6, 150e-6)), 7), int(rng.integers(1 << 31))
-    return Cluster(latency, bandwidth, sizes, spike_s, spike_seed)
+    shared_latency = tuple(round(float(rng.uniform(*SHARED_SLOWDOWN)), 3) for _ in range(p))
+    shared_beta = tuple(round(float(rng.uniform(*SHARED_SLOWDOWN)), 3) for _ in range(p))
+    return Cluster(latency, bandwidth, sizes, spike_s, spike_seed, shared_latency, shared_beta)
 
 
 @dataclass(frozen=True)

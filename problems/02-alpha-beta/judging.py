@@ -131,6 +131,19 @@ def judge_link(r: int, p: int, fit: Fitted, links: list[Link], exchange: tuple[i
     return f"{base} ({ra:.3g}x and {rb:.3g}x the hidden values)"
 
 
+def judge_kept(r: int, p: int, fit: Fitted, quiet: Link, shared: Link) -> str | None:
+    """A fit of rank r's link on the shared cluster (whose links are the quiet ones, slower by hidden
+    factors of 1.2 to 1.6) that is the quiet link within 5%: not measured there, but kept from the quiet
+    run (a cache across calls); None otherwise."""
+    if fit.problem or not (close(fit.alpha, quiet[0], FIT_TOLERANCE) and close(fit.beta, quiet[1], FIT_TOLERANCE)):
+        return None
+    return (f"rank {r}, {link_name(r, p)}: expected alpha = {fmt_s(shared[0])} and beta = {fmt_beta(shared[1])} "
+            f"(within 5%); saw alpha = {fmt_s(fit.alpha)}, beta = {fmt_beta(fit.beta)}, which are this link's "
+            "values on the quiet cluster. Shared with other jobs, every link is slower by a hidden amount, so "
+            "this fit was not measured here: measure the link afresh in every call, under the spikes "
+            "(nothing kept from an earlier call)")
+
+
 def judge_prediction(case: Case, got: Any) -> str | None:
     """None when predict returned the formula's value; else the symptom."""
     want = formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
