@@ -161,3 +161,45 @@ def call_on_a_forged_communicator(comm):
         pass
     comm.Barrier()
 
+
+
+def shared_kernel_objects(comm):
+    """What each call of the seccomp filter's list gives (runtime/seal/syscalls.py): an errno's
+    name, or "allowed"; the keyring's calls on this process's own keyring, the locks and watches
+    on this file, which every rank can read. And ordinary fcntl commands and a read, which must
+    still work."""
+    import ctypes
+    import errno
+    import fcntl
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    process_keyring = ctypes.c_int(-2)  # KEY_SPEC_PROCESS_KEYRING: gone with this process
+
+    def syscall(*args):
+        done = libc.syscall(*args)
+        return "allowed" if done >= 0 else errno.errorcode[ctypes.get_errno()]
+
+    def call(action):
+        try:
+            action()
+        except OSError as exc:
+            return errno.errorcode[exc.errno]
+        return "allowed"
+
+    fd = os.open(__file__, os.O_RDONLY)
+    lock = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, 1 << 40, 1, 0)
+    return {
+        "add_key": syscall(248, b"user", b"distlab-probe", b"x", 1, process_keyring),
+        "keyctl": syscall(250, 0, process_keyring, 1),  # KEYCTL_GET_KEYRING_ID, creating it
+        "F_SETLK": call(lambda: fcntl.fcntl(fd, fcntl.F_SETLK, lock)),
+        "F_GETLK": call(lambda: fcntl.fcntl(fd, fcntl.F_GETLK, lock)),
+        "flock": call(lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+        "inotify_init1": syscall(294, 0),
+        "fanotify_init": syscall(300, 0x200, os.O_RDONLY),  # FAN_REPORT_FID: allowed unprivileged
+        "F_GETFL": fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
+        "F_SETFD": call(lambda: fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)),
+        "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),
+        "read": len(os.read(fd, 1 << 20)) == os.fstat(fd).st_size > 0,
+    }

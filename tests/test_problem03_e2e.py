@@ -168,6 +168,9 @@ REAL_BUG = {
     "forged_moved_marks.py": "before the program's first mark",
 }
 ALTERNATIVES = ["alt_isend.py", "alt_torch_compatible.py", "alt_returns_buf.py", "alt_barrier.py"]
+# Attacks on the seal itself, checked sealed in tests/test_seal_attacks.py: unsealed, where the learner
+# shares the rank's process, nothing stops the channels they use, so they have no row here.
+SEALED_ONLY = {"covert_keyring.py", "covert_locks.py"}
 # The diagnoses of issue 11 item 5 that fired on other bugs' evidence: each only on its own fixture.
 SPECIFIC = {"never reduced": "not_divisible.py", "allgather phase": "no_allgather.py", "in place": "returns_copy.py",
             "a few ulps": "float32_reduce.py", "on a copy of buf": "flatten_copy.py"}
@@ -175,9 +178,9 @@ SPECIFIC = {"never reduced": "not_divisible.py", "allgather phase": "no_allgathe
 
 def test_the_table_covers_every_fixture() -> None:
     on_disk = {p.with_suffix(".py").name for p in (FIXTURES / "03").iterdir() if p.suffix in (".py", ".diff")}
-    assert set(REAL_BUG) | set(ALTERNATIVES) == on_disk
+    assert set(REAL_BUG) | set(ALTERNATIVES) | SEALED_ONLY == on_disk
     assert set(REAL_BUG) == set(BUGGY)
-    print(f"fixtures whose message names the real bug: {len(REAL_BUG)}/{len(on_disk) - len(ALTERNATIVES)}")
+    print(f"fixtures whose message names the real bug: {len(REAL_BUG)}/{len(on_disk - SEALED_ONLY) - len(ALTERNATIVES)}")
 
 
 @pytest.mark.parametrize("name", sorted(REAL_BUG) + ALTERNATIVES)

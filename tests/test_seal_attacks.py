@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import test_launcher
-from conftest import DISTLAB, REPO, job_processes, run_cli
+from conftest import DISTLAB, FIXTURES, REPO, job_processes, run_cli
+from e2e import assert_clean, run_check
 from test_launcher import run
 
 import distlab
 from distlab.runtime.jobspec import Task
+from distlab.runtime.seal import syscalls
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
 REFERENCE = Path(__file__).resolve().parents[1] / "problems" / "03-ring-allreduce" / "reference.py"
@@ -115,6 +117,32 @@ def test_a_detached_child_of_the_learner_does_not_outlive_the_run() -> None:
     assert survivors == []
 
 
+def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary_calls_work() -> None:
+    # Ranks could pass data through these kernel objects, outside the counted communicator
+    # (runtime/seal/syscalls.py): its seccomp filter refuses each with EPERM, and lets every other
+    # fcntl command and a read of a file through.
+    result = attack("shared_kernel_objects")
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        seen = outcome.value
+        refused = ("add_key", "keyctl", "F_SETLK", "F_GETLK", "flock", "inotify_init1", "fanotify_init")
+        assert {name: seen[name] for name in refused} == dict.fromkeys(refused, "EPERM"), seen
+        assert seen["F_SETFD"] == seen["F_DUPFD"] == "allowed" and seen["F_GETFL"] is seen["read"] is True, seen
+
+
+@pytest.mark.parametrize("name", ["covert_keyring.py", "covert_locks.py"])
+def test_a_covert_channel_between_ranks_outside_the_communicator_is_closed(name: str) -> None:
+    """An outside tester passed problem 03 with 12/12 while sending only zeros over comm: the data
+    crossed between the sandboxed ranks through uid nobody's user keyring, or as the offsets of
+    read locks on the solution file, which every rank shares (tests/fixtures/03/). Refused now
+    (runtime/seal/syscalls.py), the attack fails on its first small case, and nothing is left."""
+    run = run_check("03", "--solution", str(FIXTURES / "03" / name), "--seal", "on", seed=4242, timeout=150)
+    assert_clean(run)
+    assert run.rc == 1 and run.results is not None, run.out  # failed, and graded: no harness crash
+    assert run.results["score"] < run.results["max_score"], run.out
+    assert "PermissionError" in run.messages(), run.out
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the learner runs as nobody only under root")
 def test_a_solution_only_root_may_read_is_read_by_the_learner_through_a_copy(tmp_path: Path) -> None:
     private = tmp_path / "private"
@@ -204,6 +232,40 @@ def test_root_of_a_user_namespace_without_nobody_keeps_the_mounts_as_uid_0(tmp_p
     assert "uid 0 of the harness's user namespace without capabilities (user nobody is not mapped" in out
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == [] and job_processes() == []
+
+
+PROBE_SYSCALLS = '''
+import ctypes, errno, fcntl, os
+
+def allreduce(comm, buf, op=None):
+    libc = ctypes.CDLL(None, use_errno=True)
+    added = libc.syscall(248, b"user", b"distlab-probe", b"x", 1, ctypes.c_int(-2))  # its own keyring
+    add_key = "allowed" if added >= 0 else errno.errorcode[ctypes.get_errno()]
+    try:
+        fcntl.flock(os.open(__file__, os.O_RDONLY), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        flock = "allowed"
+    except OSError as exc:
+        flock = errno.errorcode[exc.errno]
+    raise RuntimeError(f"add_key={{add_key}} flock={{flock}}")
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root, and setpriv to drop CAP_SYS_ADMIN")
+def test_the_syscall_filter_holds_without_mounts_too(tmp_path: Path) -> None:
+    """The keyring and file locks are shared between ranks without the sandbox's mounts too (the
+    fallback of a container's root): the learner gets no_new_privs and the seccomp filter there,
+    and -v says so."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE_SYSCALLS.format())
+    proc = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
+                           *DISTLAB, "check", "03", "--solution", str(probe), "--seed", "1", "--seal", "on", "-v"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert f"own user and PID namespaces only (not root with CAP_SYS_ADMIN: the filesystem, network and /proc are shared); {syscalls.DESCRIPTION}" in said, said[:2000]
+    assert "add_key=EPERM flock=EPERM" in said, said
+    assert job_processes() == []
 
 
 PROBE_CHECKOUT = '''

@@ -10,7 +10,8 @@ back the value (or the failure, in the words a rank's outcome uses) until the ag
 batch is done.
 
 It dies with its agent (PR_SET_PDEATHSIG), runs in the sandbox of runtime/seal/sandbox.py (its own PID
-namespace: every process it starts dies with it; ``enter_sandbox``), and writes its stack to the rank's stack file, which
+namespace: every process it starts dies with it; ``enter_sandbox``; at every isolation level a
+seccomp filter refuses the kernel's shared objects, the keyring and file locks), and writes its stack to the rank's stack file, which
 the agent opened for it, when the supervisor asks (SIGUSR1) or on a fatal signal.
 """
 
@@ -64,6 +65,7 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
     ended, exit status or signal, so the agent sees one child."""
     isolation = sandbox.isolate(hidden, kept)
     if isolation == sandbox.NONE:
+        sandbox.filter_syscalls()
         _enter_folder(isolation, shared_tmp_folder)
         return isolation
     status_r, status_w = os.pipe()  # the learner's wait status, from the first process
@@ -79,7 +81,9 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str) ->
         if learner == 0:
             os.close(status_w)
             if isolation in sandbox.MOUNTED:
-                sandbox.drop_privileges(isolation)
+                sandbox.drop_privileges(isolation)  # the seccomp filter last
+            else:
+                sandbox.filter_syscalls()  # the keyring and file locks are shared here too
             # Set after the change of user, which clears it.
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _enter_folder(isolation, shared_tmp_folder)  # as the learner: its own to write

@@ -15,6 +15,7 @@ in a sandbox. Each call crosses here.
 ``service.py``  the agent's side of a task: each request made on the real proxy
 ``values.py``   a task's result on its way out, read back with listed classes only
 ``sandbox.py``  what the learner process can see and do: namespaces, read-only files, no caps
+``syscalls.py`` its seccomp filter: no keyring, file locks or file watches shared with other ranks
 
 Figures (scripts/seal_handshake.py, this 2-core VM, under the heavy-run lock; medians): an empty
 call crosses in 180-210 us, a 1 MiB buffer in and out in 470-560 us; ``distlab bench`` measures a

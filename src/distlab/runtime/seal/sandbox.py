@@ -13,7 +13,10 @@ the learner):
                      to signal, trace or read (/proc/PID/mem).
 ``drop_privileges()`` (the learner) the unprivileged user ``nobody``, with every capability
                      gone for good: the bounding set emptied, SECBIT_NOROOT locked (an exec does
-                     not give root its capabilities back) and no_new_privs. What it must read
+                     not give root its capabilities back), no_new_privs, and last the seccomp
+                     filter of syscalls.py (``filter_syscalls``: no keyring, file locks, leases or
+                     file-change notifications, kernel objects through which ranks could pass
+                     data outside the seal). What it must read
                      behind a folder others cannot enter (the interpreter under /root, 0700; a
                      solution in a private temporary folder) was bound back over an empty tmpfs
                      there; a file or folder only root may read is copied to a readable one
@@ -24,7 +27,8 @@ the learner):
 Where the harness cannot mount (not root, or root without CAP_SYS_ADMIN, as in a container's
 default profile), only a user namespace around a PID namespace is tried (the detached-process
 guarantee); the filesystem, the network and /proc are then the learner's as they are the
-harness's, and ``isolate`` says so in what it returns.
+harness's, and ``isolate`` says so in what it returns. The learner still gets no_new_privs and the
+seccomp filter there (``filter_syscalls``): the keyring and the locks are shared there too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import shutil
 import stat
 from pathlib import Path
 from typing import Sequence
+
+from . import syscalls
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -52,18 +58,20 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 CAP_SYS_ADMIN = 21  # what mount namespaces and mounts need
 
+# What the seccomp filter refuses (syscalls.py), or that there is none here: every level ends with it.
+FILTER = syscalls.description()
 FULL = ("own mount, PID, network and IPC namespaces; read-only filesystem; user nobody, no "
-        "capabilities")
+        f"capabilities; {FILTER}")
 FULL_AS_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 without "
-                "capabilities (a large folder it needs is readable by root only)")
+                f"capabilities (a large folder it needs is readable by root only); {FILTER}")
 FULL_AS_NAMESPACE_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 of "
                           "the harness's user namespace without capabilities (user nobody is not "
-                          "mapped in it)")
+                          f"mapped in it); {FILTER}")
 MOUNTED = (FULL, FULL_AS_ROOT, FULL_AS_NAMESPACE_ROOT)  # with the learner's own mounts and /proc
 COPY_LIMIT_BYTES = 64 << 20  # a folder only root may read is copied for the learner up to this size
 PID_ONLY = ("own user and PID namespaces only (not root with CAP_SYS_ADMIN: the filesystem, "
-            "network and /proc are shared)")
-NONE = "none (no namespace could be made: processes the learner starts may outlive the check)"
+            f"network and /proc are shared); {FILTER}")
+NONE = f"none (no namespace could be made: processes the learner starts may outlive the check); {FILTER}"
 
 
 def can_mount() -> bool:
@@ -229,7 +237,8 @@ def mount_proc() -> None:
 
 def drop_privileges(isolation: str) -> None:
     """User nobody (uid 0 for FULL_AS_ROOT and FULL_AS_NAMESPACE_ROOT) and no capability, now or
-    after any exec (module docstring). The caller sets its parent-death signal again: a change of uid clears it."""
+    after any exec, and last the seccomp filter (module docstring). The caller sets its
+    parent-death signal again: a change of uid clears it."""
     _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
@@ -244,6 +253,17 @@ def drop_privileges(isolation: str) -> None:
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two words each: all zero
     _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
+    filter_syscalls()
+
+
+def filter_syscalls() -> None:
+    """no_new_privs (where ``drop_privileges`` has not set it: the levels without mounts) and the
+    seccomp filter of syscalls.py, for good: the learner's last step at every isolation level."""
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    try:
+        syscalls.install()
+    except OSError as exc:
+        raise SandboxError(exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
 def _nobody() -> tuple[int, int]:
