@@ -312,6 +312,12 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
         ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
     ),
+    # The outside tester's attack: plain Adam, the harness's own marks held back and set mid-step (their order).
+    "forged_held_marks.py": (
+        ["mark #1 is 'onebit' where the program sets 'fp16'", "the harness's marks were moved"],
+        ["1-bit Adam: warmup", "trained AUC", "1-bit Adam's volume"],
+        ["compressor", "FP16", "1-bit allreduce", "top-k", "on the 1 Gb/s link"],
+    ),
 }
 
 
@@ -326,6 +332,7 @@ REAL_BUG = {
     "fp16_overflow.py": "divide by p before casting",
     "forged_hidden_case.py": "expected non-negative integer",
     "forged_own_mark.py": "do not end the harness's phases",
+    "forged_held_marks.py": "the harness's marks were moved",
 }
 
 

@@ -60,6 +60,10 @@ def harness_marks(t: CheckContext, task: Any, head: str, ranks: Any = None) -> N
             if (got := len(task.phases(rank, name))) != want.count(name):
                 t.fail(f"{head}: rank {rank} set {got} marks {name!r}; the harness sets {want.count(name)} (your "
                        "own marks may have other names), so the phases its bytes are counted in cannot be read")
+    # As many, but where the harness does not set them (code of the learner's held some back and
+    # set them mid-step): the bytes between would be counted in the wrong phases.
+    if moved := task.marks_differ(want):
+        t.fail(f"{moved}: the harness's marks were moved, so the phases its bytes are counted in cannot be read")
 
 
 def own_marks_note(task: Any, rank: int) -> str:
