@@ -90,7 +90,7 @@ def run_check(entry: Entry, solution: str, timeout_s: float) -> tuple[int, dict[
     with tempfile.TemporaryDirectory(prefix="distlab-lint-") as tmp:
         out_json = Path(tmp) / "r.json"
         env = dict(os.environ, DISTLAB_WORKSPACE=str(Path(tmp) / "ws"), DISTLAB_PROBLEMS=str(entry.path.parent))
-        command = [sys.executable, "-m", "distlab.cli", "check", entry.number,
+        command = [sys.executable, "-P", "-m", "distlab.cli", "check", entry.number,
                    "--solution", solution, "--json", str(out_json)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)

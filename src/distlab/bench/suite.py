@@ -94,7 +94,7 @@ class Figure:
 
 
 def mpi_command(out: Path, quick: bool) -> list[str]:
-    ranks = [sys.executable, "-m", "distlab.bench.mpi_ranks", "--out", str(out)]
+    ranks = [sys.executable, "-P", "-m", "distlab.bench.mpi_ranks", "--out", str(out)]
     flags = ["--quick"] if quick else []
     launcher = [mpiexec_path(), "-n", str(RANKS), "--oversubscribe", "--bind-to", "none"]
     return [*launcher, *ranks, *flags]
@@ -142,7 +142,7 @@ def run_mpi_timings(out: Path, quick: bool, attempts: int = 3) -> MpiTimings:
 
 def time_check_03(extra: tuple[str, ...] = ()) -> float:
     """Wall time of ``distlab check 03 --solution reference [extra]`` in a fresh workspace."""
-    command = [sys.executable, "-m", "distlab.cli", "check", "03", "--solution", "reference", *extra]
+    command = [sys.executable, "-P", "-m", "distlab.cli", "check", "03", "--solution", "reference", *extra]
     with tempfile.TemporaryDirectory(prefix="distlab-bench-ws-") as workspace:
         env = dict(os.environ, DISTLAB_WORKSPACE=workspace)
         start = time.perf_counter()
@@ -216,7 +216,7 @@ def clocked_op_figure(timings: MpiTimings) -> Figure:
 
 def time_free_run_32() -> float:
     """Wall time of a free run of problem 03 on 32 ranks (all on this machine's cores)."""
-    command = [sys.executable, "-m", "distlab.cli", "run", "03", "--solution", "reference",
+    command = [sys.executable, "-P", "-m", "distlab.cli", "run", "03", "--solution", "reference",
                "--ranks", "32", "--param", "n=262144"]
     with tempfile.TemporaryDirectory(prefix="distlab-bench-ws-") as workspace:
         env = dict(os.environ, DISTLAB_WORKSPACE=workspace)

@@ -51,7 +51,7 @@ class SurvivorTimings:
 
 def death_command(out: Path, mpiexec: str) -> list[str]:
     return [mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none", "--with-ft", "ulfm",
-            sys.executable, "-m", "distlab.bench.survivor_ranks", "--out", str(out)]
+            sys.executable, "-P", "-m", "distlab.bench.survivor_ranks", "--out", str(out)]
 
 
 def one_death(run_to_end: Callable[[list[str], dict[str, str], float], tuple[int, str]],

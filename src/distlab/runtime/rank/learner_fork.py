@@ -64,7 +64,7 @@ class LearnerSeed:
                 _grow(theirs, parent, forked=True)
             theirs.close()
             return cls(ForkedChild(pid), ours)
-        child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+        child = subprocess.Popen([sys.executable, "-P", "-m", __name__, str(theirs.fileno())],
                                  pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         return cls(child, ours)

@@ -57,7 +57,7 @@ def spawn_command(job_dir: Path, sealed: bool) -> Any:
     """The command line of the newcomers an MPI Admit spawns: the rank worker as the supervisor
     starts it (through the zygote's stand-in where it keeps one: SPAWN_ENV), told where it joins
     (``JoinedAs``)."""
-    start = json.loads(os.environ.get(SPAWN_ENV, "null")) or [sys.executable, "-m", RANK_MODULE]
+    start = json.loads(os.environ.get(SPAWN_ENV, "null")) or [sys.executable, "-P", "-m", RANK_MODULE]
 
     def command(path: str, members: list[int], replacing: list[int | None]) -> list[str]:
         return [*start, "--job", str(job_dir),

@@ -139,19 +139,30 @@ class Processes:
                 pass
 
 
+def rank_command() -> list[str]:
+    """How a rank process starts: the worker module, with -P, as every process of the harness:
+    ``python -m`` alone would put the current folder first on the import path, and a json.py of
+    the candidate's there ran as root in every rank and the zygote."""
+    return [sys.executable, "-P", "-m", RANK_MODULE]
+
+
+def rank_args(job: Job, job_dir: Path) -> list[str]:
+    return ["--job", str(job_dir), *(["--sealed"] if job.seal else [])]
+
+
 def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     procs = Processes()
     # What the processes write to TMPDIR (Open MPI's session folder, the learner's temporary
     # files) stays in the job folder and is removed with it (leftovers.py).
     scratch = {"TMPDIR": str(job_dir / TMP_FOLDER)}
-    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir), *(["--sealed"] if job.seal else [])]
+    worker = [*rank_command(), *rank_args(job, job_dir)]
     out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
     # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
     preload = preload_for(job.backend, job.program_file, job.seal, job.store)
     zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
         asks_zygote = [sys.executable, "-S", "-E", "-s", str(STAND_IN)]
-        stand_in = [*asks_zygote, *worker[3:]]
+        stand_in = [*asks_zygote, *rank_args(job, job_dir)]
         # Survivors: Open MPI's user-level failure mitigation, whose failure detection needs
         # the TCP transport (docs/architecture.md, "Survivors").
         ulfm = ["--with-ft", "ulfm"] if job.survivors else []
@@ -168,7 +179,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
         if zygote is not None:
             env[zygote_wire.ZYGOTE_ENV] = zygote.address
         if job.survivors:  # what a newcomer's spawn runs (rank/survival.py)
-            env[SPAWN_ENV] = json.dumps(worker[:3] if zygote is None else asks_zygote)
+            env[SPAWN_ENV] = json.dumps(rank_command() if zygote is None else asks_zygote)
         if job.mpi_monitoring:
             env.update(mpi_monitoring.monitoring_env(job_dir))
         procs.popens.append(
@@ -198,7 +209,7 @@ def start_newcomer(job: Job, job_dir: Path, attempt: int, world_rank: int, procs
     env[JOINED_ENV] = "1"
     if restarted is not None:
         env[RESTARTED_ENV] = str(restarted)
-    worker = [sys.executable, "-m", RANK_MODULE, "--job", str(job_dir), *(["--sealed"] if job.seal else [])]
+    worker = [*rank_command(), *rank_args(job, job_dir)]
     zygote = zygote_for(rank_env(), preload_for(job.backend, job.program_file, job.seal, job.store))
     with open(job_dir / "launcher.log", "ab") as out:
         _start_gloo_rank(procs, worker, env, zygote, job_dir, out)
@@ -223,7 +234,7 @@ def _start_gloo_rank(procs: Processes, worker: list[str], env: dict[str, str],
     (None once it refused: the ranks not forked yet start as plain processes)."""
     if zygote is not None:
         try:
-            procs.popens.append(zygote.fork(worker[3:], env, job_dir / "launcher.log"))
+            procs.popens.append(zygote.fork(worker[len(rank_command()):], env, job_dir / "launcher.log"))
             return zygote
         except zygote_wire.Refused:
             zygote = None

@@ -43,7 +43,7 @@ class Zygote:
     def __init__(self, env: dict[str, str], preload: list[str]) -> None:
         self.address = f"distlab-zygote-{os.getpid()}-{secrets.token_hex(8)}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", ZYGOTE_MODULE, self.address, *preload], env=env,
+            [sys.executable, "-P", "-m", ZYGOTE_MODULE, self.address, *preload], env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
         )

@@ -23,7 +23,7 @@ def main() -> None:
         pid = zygote_wire.ask(conn, argv, dict(os.environ), os.getcwd(), (0, 1, 2),
                               patience_s=120.0)
     except (KeyError, OSError, TimeoutError, zygote_wire.Refused):
-        os.execv(sys.executable, [sys.executable, "-m", zygote_wire.RANK_MODULE, *argv])
+        os.execv(sys.executable, [sys.executable, "-P", "-m", zygote_wire.RANK_MODULE, *argv])
     for signum in FORWARDED:
         signal.signal(signum, lambda number, _frame: _send(pid, number))
     code = zygote_wire.exit_code(zygote_wire.read_line(conn, None))
