@@ -203,3 +203,13 @@ def shared_kernel_objects(comm):
         "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),
         "read": len(os.read(fd, 1 << 20)) == os.fstat(fd).st_size > 0,
     }
+
+
+def what_uid_0_could_write(comm):
+    """What a learner left uid 0 (a folder it needs is root's alone and too large to copy) could
+    reach that a uid checks: the kernel's settings (core_pattern runs a program as root outside
+    every namespace) and the host's disks (root's, 0600; a read-only mount does not stop a device)."""
+    seen = {"uid": os.getuid(), "dev": sorted(os.listdir("/dev"))}
+    for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger"):
+        seen[path] = _refused(lambda: open(path, "w").close())
+    return seen

@@ -8,6 +8,7 @@ forged request read as tampering; a detached child gone with the run.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -24,7 +25,7 @@ from e2e import assert_clean, run_check
 from test_launcher import run
 
 import distlab
-from distlab.runtime.jobspec import Task
+from distlab.runtime.jobspec import Task, program_module_name
 from distlab.runtime.seal import syscalls
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
@@ -401,3 +402,26 @@ def test_the_agent_rebuilds_only_classes_of_the_package_by_their_plain_names() -
                 read_value(naming(module, name), (package.__name__,))
     finally:
         del sys.modules[package.__name__], sys.modules[cases.__name__]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the learner is left uid 0 only under root")
+def test_a_learner_left_uid_0_can_write_neither_the_kernel_s_settings_nor_a_disk(tmp_path: Path) -> None:
+    """A program in a folder only root may read, too large to copy (sparse here), leaves the learner
+    uid 0 without capabilities (sandbox.FULL_AS_ROOT). An outside tester then wrote core_pattern
+    and had the kernel run its script as root: /proc is read-only now, and /dev holds only the
+    devices a program opens, not the host's disks."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    shutil.copy(test_launcher.PROGRAMS, private / "programs.py")
+    with open(private / "large.bin", "wb") as f:
+        f.truncate(80 << 20)  # over the copy limit, no disk used
+    job = dataclasses.replace(test_launcher.make_job("call_solution", [Task(ranks=1, args=("what_uid_0_could_write",))],
+                                                     ATTACKS),
+                              program_file=str(private / "programs.py"),
+                              program_module=program_module_name(private / "programs.py"))
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    seen = result.task_outcomes(0)[0].value
+    assert seen["uid"] == 0, seen  # the fallback this test is about
+    assert seen["/proc/sys/kernel/core_pattern"] != "allowed" and seen["/proc/sysrq-trigger"] != "allowed", seen
+    assert seen["dev"] == ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]

@@ -46,7 +46,7 @@ from . import syscalls
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_SECUREBITS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 28, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECBIT_NOROOT_AND_LOCKED = 0x3  # SECBIT_NOROOT | SECBIT_NOROOT_LOCKED
@@ -167,6 +167,7 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     as_root = as_namespace_root or any(_size(p) > COPY_LIMIT_BYTES for p in private)
     # Opened before the covering mounts, bound back from the descriptor afterwards.
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in covered]
+    _minimal_dev()
     for scratch in scratches:
         _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=1g,mode=1777")
     for folder in closed:  # root's own, 0755: the learner may pass, not write
@@ -181,6 +182,27 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
             _readable_copy(path, copy)
             _bind(copy, path)
     return FULL_AS_NAMESPACE_ROOT if as_namespace_root else FULL_AS_ROOT if as_root else FULL
+
+
+# The devices a program may open; the host's others (its disks among them, root's and 0600, which
+# a learner left uid 0 could write: a read-only mount does not stop a device) are not there.
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def _minimal_dev() -> None:
+    """A /dev of DEVICES only (each bound from the host's node), the links to /proc/self/fd, and
+    an empty shm for the scratch mount: read-only, no set-uid, nothing executable."""
+    nodes = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in DEVICES]
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name, fd in nodes:
+        open(f"/dev/{name}", "a").close()
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        os.close(fd)
+    os.symlink("/proc/self/fd", "/dev/fd")
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{number}", f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
 def closed_folders(paths: Sequence[str]) -> list[str]:
@@ -231,8 +253,11 @@ def _bind(source: str, path: str) -> None:
 
 
 def mount_proc() -> None:
-    """A /proc that shows this PID namespace only (the caller is its first process)."""
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    """A /proc that shows this PID namespace only (the caller is its first process), read-only:
+    a learner left uid 0 (FULL_AS_ROOT) could otherwise write /proc/sys (core_pattern: a program
+    the kernel runs as root, outside every namespace) and /proc/sysrq-trigger, which check the
+    uid, not a capability."""
+    _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def drop_privileges(isolation: str) -> None:
