@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,32 @@ def test_a_link_a_fifo_or_a_missing_file_is_refused_and_nothing_behind_it_is_cop
     assert all(c["message"].startswith("not run: refused: ") for doc in results["problems"] for c in doc["checks"])
     assert all(not kept.is_symlink() and kept.read_bytes() == b"" for kept in (folder / "submitted").iterdir())
     assert "refused: 03-ring-allreduce.py is a symbolic link" in (folder / "report.html").read_text()
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A folder outside /tmp, which the sealed learner sees (its own /tmp is a fresh tmpfs)."""
+    folder = Path(tempfile.mkdtemp(prefix="distlab-exam-test-", dir="/var/tmp"))
+    folder.chmod(0o755)  # open to others, as an exam folder of the assessor's usually is
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_graded_code_cannot_read_the_work_folder_where_files_change_after_the_deadline(outside_tmp: Path) -> None:
+    """A stub submitted in time that runs a notes file written after the deadline: the notes would
+    be graded and the stub not flagged late. The graded copy runs where the work folder is hidden.
+    (Submitted with a relative --out, which the ranks, in folders of their own, must still find.)"""
+    tmp_path = outside_tmp
+    assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", "exam", cwd=tmp_path).returncode == 0
+    work = tmp_path / "exam" / "work"
+    (work / "notes.txt").write_text(REFERENCE)
+    (work / "03-ring-allreduce.py").write_text(
+        "import pathlib\n"
+        "exec((pathlib.Path(__file__).parents[1] / 'work' / 'notes.txt').read_text())\n")
+    graded = run_cli("exam", "--out", "exam", "--submit", cwd=tmp_path)
+    assert graded.returncode == 0, graded.stdout
+    problem = json.loads((tmp_path / "exam" / "results.json").read_text())["problems"][0]
+    assert problem["score"] == 0 and "FileNotFoundError" in json.dumps(problem["checks"]), problem["checks"][0]
 
 
 def test_an_edited_exam_file_is_graded_as_tampered(tmp_path: Path) -> None:

@@ -351,6 +351,7 @@ def exam(
     from . import exam as exams
 
     bank = _bank()
+    out = out.resolve()  # the ranks read the kept files from their own working folders
     sealed = opts.seal(seal)
     if not sealed and not allow_unsealed:
         raise UsageError("an exam grades sealed: with --seal off the candidate's code shares its "

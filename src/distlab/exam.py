@@ -176,9 +176,11 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
     exam = Exam.load(folder)
     if exam.tampered:
         console.print(f"tampered: {exam.tampered}; every problem scores 0", markup=False, highlight=False)
-    # Out of the candidate's sealed code's sight: the exam's state, its results, the signing key.
+    # Out of the candidate's sealed code's sight: the exam's state, its results, the signing key,
+    # and the work folder, where a file written after the deadline (read by a solution that was
+    # not) would be graded unflagged: the solution is graded from its copy in submitted/.
     private = (str(folder / EXAM_FILE), str(folder / "results.json"), str(folder / "report.html"),
-               str(examkey.key_path()))
+               str(examkey.key_path()), str(folder / "work"))
     submitted_at = time.time()
     documents = []
     for number in exam.problems:
