@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -12,9 +13,12 @@ from pathlib import Path
 
 import pytest
 from conftest import PROBLEMS, run_cli
+from rich.console import Console
 
 from distlab.errors import UsageError
 from distlab.exam import bypasses, parse_duration
+from distlab.grading.console import ConsoleReporter
+from distlab.grading.results import CheckResult
 
 REFERENCE = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
 
@@ -178,3 +182,15 @@ def test_a_disguised_bypass_is_caught_by_mpi_counters_and_scores_zero(tmp_path: 
     assert problem["bypass_traffic"].startswith("bypassed the communicator: MPI carried ")
     assert problem["score"] == 0 and problem["passed"] is False
     assert "collective operation(s) on MPI_COMM_WORLD" in (folder / "report.html").read_text()
+
+
+def test_a_learner_s_escape_sequences_reach_the_assessor_s_terminal_as_codes() -> None:
+    """An exception's message with a cursor-up and erase-line would rewrite what the assessor reads
+    ("✓ passed" over the failure): the console shows every control character but newline and tab."""
+    out = io.StringIO()
+    reporter = ConsoleReporter(Console(file=out, force_terminal=True, width=200))
+    forged = "ValueError: \x1b[1A\x1b[2K\x1b[32m✓ passed\x1b[0m\rrest"
+    reporter.check_ended(CheckResult("results", "failed", 0, 4, forged, 1, 0.1, details="line\x07two"))
+    shown = out.getvalue()
+    assert "\x1b[1A" not in shown and "\x1b[2K" not in shown and "\r" not in shown and "\x07" not in shown
+    assert shown.count("\\x1b") == 4 and "line\\x07two" in shown  # shown as codes (rich colours the brackets)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 
 from ..bank import Entry
 from .results import CheckResult, Results
+
+# Every control character but newline and tab: in a learner's text (an exception's message, its
+# output in a failure's details) an escape sequence would move the cursor and rewrite the lines
+# an assessor reads ("✓ passed" over a failure).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape(text: str) -> str:
+    """``text`` as the terminal should show it: rich's markup escaped, control characters as codes."""
+    return escape_markup(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
 
 
 class ConsoleReporter:
