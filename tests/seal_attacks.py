@@ -213,3 +213,8 @@ def what_uid_0_could_write(comm):
     for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger"):
         seen[path] = _refused(lambda: open(path, "w").close())
     return seen
+
+
+def read_where_users_write(comm, path):
+    """What the learner finds at ``path`` (a file left where users may write) and in /home."""
+    return {"file": _refused(lambda: open(path).read()), "/home": _listing("/home")}

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -425,3 +426,19 @@ def test_a_learner_left_uid_0_can_write_neither_the_kernel_s_settings_nor_a_disk
     assert seen["uid"] == 0, seen  # the fallback this test is about
     assert seen["/proc/sys/kernel/core_pattern"] != "allowed" and seen["/proc/sysrq-trigger"] != "allowed", seen
     assert seen["dev"] == ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
+
+
+def test_what_users_may_write_is_emptied_for_the_learner() -> None:
+    """/var/tmp, /run/lock and /home, which an exam's candidate could write after the deadline for
+    a solution submitted before it to read (an outside tester's notes file): empty to the learner."""
+    note = Path(tempfile.mkdtemp(dir="/var/tmp")) / "notes.txt"
+    try:
+        note.parent.chmod(0o755)
+        note.write_text("data written where users may write")
+        note.chmod(0o644)
+        result = attack("read_where_users_write", str(note), ranks=1)
+    finally:
+        shutil.rmtree(note.parent)
+    assert result.ok, result.message
+    seen = result.task_outcomes(0)[0].value
+    assert seen == {"file": "FileNotFoundError", "/home": []}, seen

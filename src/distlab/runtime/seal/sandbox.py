@@ -4,7 +4,9 @@ Three steps, one per process of runtime/rank/learner_main.py (the waiter, the na
 the learner):
 
 ``isolate(hidden)``  (the waiter, still root) new mount, PID, network and IPC namespaces; every
-                     mount read-only; a fresh, empty, writable tmpfs on /tmp and /dev/shm (the job
+                     mount read-only; a fresh, empty, writable tmpfs on /tmp, /var/tmp and
+                     /dev/shm, an empty one on /home and /run/lock (what users may write), a /dev
+                     of the devices a program opens only (the job
                      folders, Open MPI's session sockets and shared memory, other ranks' files
                      are all under them, or in ``hidden``, each covered by an empty tmpfs or
                      /dev/null); the network is a loopback that is down.
@@ -153,12 +155,15 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
                "read-only /")  # 0x1000: AT_EMPTY_PATH, the fd itself
     finally:
         os.close(root)
-    scratches = ("/tmp", "/dev/shm")
+    scratches = tuple(p for p in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(p) or p == "/dev/shm")
+    # What users may write (/home, /run/lock): emptied, so that nothing written there after an
+    # exam's deadline is read by code submitted before it.
+    emptied = tuple(p for p in ("/home", "/run/lock") if os.path.isdir(p))
     kept = [os.path.realpath(p) for p in kept if os.path.exists(p)]
     # /root and the like, which the learner as nobody could not enter (under /tmp the fresh tmpfs
     # makes them anew, open).
-    closed = [c for c in closed_folders(kept) if not any(c.startswith(s + "/") for s in scratches)]
-    covers = (*scratches, *closed)
+    closed = [c for c in closed_folders(kept) if not any(c.startswith(s + "/") for s in (*scratches, *emptied))]
+    covers = (*scratches, *emptied, *closed)
     covered = sorted({p for p in kept if any(p.startswith(c + "/") for c in covers)})
     # A folder inside another kept one comes with it (bound last, it would be bound over).
     covered = [p for p in covered if not any(p.startswith(q + "/") for q in covered if q != p)]
@@ -170,7 +175,7 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     _minimal_dev()
     for scratch in scratches:
         _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=1g,mode=1777")
-    for folder in closed:  # root's own, 0755: the learner may pass, not write
+    for folder in (*emptied, *closed):  # root's own, 0755: the learner may pass, not write
         _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path, fd in keep_fds:
         _bind(f"/proc/self/fd/{fd}", path)
