@@ -45,7 +45,8 @@ def facts(comm, bank_reference, package_file, port):
         "root's home": _listing("/root"),
         "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
         "tmp": sorted(os.listdir("/tmp")),
-        "reference bytes": len(open(bank_reference).read()),
+        "reference bytes": _refused(lambda: open(bank_reference).read()) if not os.path.exists(bank_reference)
+        else len(open(bank_reference).read()),
         "bank bytecode": _listing(os.path.join(os.path.dirname(bank_reference), "__pycache__")),
         "write into distlab": _refused(lambda: open(package_file, "a").close()),
         "connect to the host": _refused(lambda: socket.create_connection(("127.0.0.1", port), 1)),
