@@ -155,3 +155,25 @@ def _wait_for(probe, timeout: float = 30):  # type: ignore[no-untyped-def]
         time.sleep(0.05)
     raise AssertionError("timed out")
 
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_no_process_of_the_harness_imports_from_the_current_folder(backend: str, tmp_path: Path) -> None:
+    """`distlab exam --submit` run from the candidate's work folder imported the candidate's json.py
+    as root in the zygote and every rank: `python -m` puts the current folder first on the import
+    path. Every process the harness starts runs with -P (supervisor/start.py's rank_command)."""
+    marker = tmp_path / "imported-from-the-current-folder"
+    (tmp_path / "json.py").write_text(
+        "import os, sys\n"
+        f"open({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "sys.path = [p for p in sys.path if p not in ('', os.path.dirname(__file__))]\n"
+        "del sys.modules['json']\n"
+        "import json as _stdlib_json\n"
+        "sys.modules['json'] = _stdlib_json\n")
+    # The console script, as the README runs it (`python -m distlab.cli` would itself import from
+    # the current folder, as any `python -m` does).
+    script = Path(sys.executable).with_name("distlab")
+    done = subprocess.run([str(script), "run", "03", "--solution", "reference", "--backend", backend],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists(), f"imported from the current folder by pids {marker.read_text().split()}"
