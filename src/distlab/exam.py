@@ -7,7 +7,8 @@ secret seed (expected values are computed in the checker, outside the candidate'
 files are kept with their SHA-256 in DIR/submitted/, and the assessor gets DIR/results.json (one
 document, every problem) and DIR/report.html. A file changed after the deadline is graded as it
 was not: it scores zero, and the report says so. When it changed is the later of its mtime and its
-ctime: ``touch`` can set the first back, not the second. A file that is a link, not a regular file,
+ctime: ``touch`` can set the first back, not the second (so grade the folder the candidate worked
+in: a copy of it, even ``cp -a``, reads every file as changed when it was copied). A file that is a link, not a regular file,
 missing or over 4 MiB is refused (scored 0, nothing run): the grader runs as the assessor, and
 would otherwise copy whatever a link points at (the signing key) into DIR/submitted/.
 
