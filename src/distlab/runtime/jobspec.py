@@ -278,7 +278,9 @@ def problem_package(folder: Path) -> str:
         package.__path__ = [str(folder)]
         package.__package__ = name
         sys.modules[name] = package
-        for stale in [m for m in sys.modules if m.startswith(name + ".")]:
+        # list() copies the keys in one step: another thread may import meanwhile (watch mode's
+        # file watcher imports watchfiles as the first check starts: "dictionary changed size").
+        for stale in [m for m in list(sys.modules) if m.startswith(name + ".")]:
             del sys.modules[stale]  # another folder of the same name was loaded before
     return name
 
