@@ -36,6 +36,8 @@ from e2e import (
     problem_modules,
 )
 
+from distlab.grading import HeldMemory
+
 SEED = 1313
 FOLDER = PROBLEMS / "13-zero-sharding"
 cases, programs, judging = problem_modules(FOLDER, "cases", "programs", "judging")
@@ -182,16 +184,28 @@ def test_a_rank_is_handed_its_own_batches_and_must_be_seen_sending_its_updated_s
     assert "more than the harness keeps" in judging.unshared_update(case, 3, (lo, hi), SentLog(overflowed=True), adam)
 
 
+def held(before: int, footprint: int, kept: int) -> HeldMemory:
+    """A rank's memory readings, as its agent takes them: before the solution, then at the marks."""
+    return HeldMemory(before, (("footprint", footprint), ("kept", kept)))
+
+
 def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
     probe = cases.footprint(3)
-    assert probe == cases.footprint(3) != cases.footprint(4) and probe.size % probe.p and probe.size > 900_000
-    shard, whole = probe.shard_bytes(), 2 * probe.size * 4
-    assert judging.footprint_problem(probe, 0, shard + 1024) is None  # the harness's own ~1 KB
-    more = judging.footprint_problem(probe, 2, int(1.5 * shard))
-    assert "rank 2's optimizer keeps" in more and "1.50x its shard" in more and "whole m and v" not in more
-    assert "as much as plain Adam's whole m and v" in judging.footprint_problem(probe, 0, shard + whole)
-    hidden = judging.footprint_problem(probe, 1, 1728)  # the moments in an mmap: tracemalloc sees none of them
-    assert "less than its shard's moments" in hidden and "keep the moments in NumPy arrays" in hidden
+    assert probe == cases.footprint(3) != cases.footprint(4) and probe.size % probe.p and probe.size > 2_700_000
+    shard, whole, base = probe.shard_bytes(), 2 * probe.size * 4, 25 << 20
+    ready = base + probe.harness_bytes()  # the harness's arrays made, the optimizer not yet
+    assert judging.footprint_problem(probe, 0, held(base, ready, ready + shard + (1 << 20))) is None
+    more = judging.footprint_problem(probe, 2, held(base, ready, ready + 2 * shard))
+    assert "rank 2's process holds" in more and "2.00x its shard" in more and "whole m and v" not in more
+    assert "as much as plain Adam's whole m and v" in judging.footprint_problem(probe, 0, held(base, ready, ready + shard + whole))
+    # Kept from the import: the optimizer then grows by its shard alone, but the process held more before it.
+    stash = judging.footprint_problem(probe, 1, held(base, ready + whole, ready + whole + shard))
+    assert "already held" in stash and "kept from the import of your file" in stash and "whole m and v" not in stash
+    assert judging.footprint_problem(probe, 1, held(base, ready + (2 << 20), ready + (2 << 20) + shard)) is None
+    hidden = judging.footprint_problem(probe, 1, held(base, ready, ready + 1728))  # the moments written to disk
+    assert "less than its shard's moments" in hidden and "where does it keep them?" in hidden
+    # Unsealed, a rank that was never read before the solution (-1) is judged on its growth alone.
+    assert judging.footprint_problem(probe, 0, held(-1, ready + whole, ready + whole + shard)) is None
 
 
 def test_the_calculator_and_byte_diagnoses() -> None:
@@ -294,6 +308,8 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "full_moments.py": ([STATE], ["the optimizer state is not sharded"]),
     "stage2_whole_grads.py": ([CALC], ["keeps the fp16 gradients whole"]),
     "reused_whole_buffers.py": ([STATE], ["keeps nothing whole-size between steps", "as much as plain Adam's whole m and v"]),
+    "forged_quiet_probe.py": ([STATE], ["keeps nothing whole-size between steps", "as much as plain Adam's whole m and v"]),
+    "stash_at_import.py": ([STATE], ["memory kept from the import of your file counts"]),
     "forged_calculator.py": ([CALC], ["raised StopIteration"]),
     "forged_unsharded_mmap.py": ([STATE], ["never sent its updated shard of the weights"]),
     "forged_solo_allgather.py": ([STATE], ["never sent its updated shard of the weights"]),
@@ -309,7 +325,8 @@ NAMES_ITS_BUG = {
     "a whole-size moment": {"whole_size_moments.py"},
     "not sharded": {"full_moments.py"},
     "fp16 gradients whole": {"stage2_whole_grads.py"},
-    "keeps nothing whole-size between steps": {"reused_whole_buffers.py"},
+    "keeps nothing whole-size between steps": {"reused_whole_buffers.py", "forged_quiet_probe.py"},
+    "kept from the import of your file": {"stash_at_import.py"},
     "raised StopIteration": {"forged_calculator.py"},
     "never sent its updated shard": {"forged_unsharded_mmap.py", "forged_solo_allgather.py"},
 }

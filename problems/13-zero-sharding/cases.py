@@ -101,8 +101,8 @@ class Memory:
 @dataclass(frozen=True)
 class Footprint:
     """The memory probe: a flat model of ``size`` parameters (each step's gradient drawn, no data) on
-    ``p`` ranks, large enough that the bytes an optimizer keeps between steps, counted by tracemalloc,
-    tell a shard of the moments from whole ones by megabytes."""
+    ``p`` ranks, large enough that what an optimizer keeps between steps, as the kernel counts the
+    learner's memory, tells a shard of the moments from whole ones by tens of megabytes."""
 
     p: int
     size: int
@@ -112,6 +112,11 @@ class Footprint:
     def shard_bytes(self) -> int:
         """The moments of one shard of ceil(N / p) parameters, float32: what a sharded Adam keeps."""
         return 2 * ceil(self.size / self.p) * 4
+
+    def harness_bytes(self) -> int:
+        """What the probe's program holds before the optimizer is made: the weights and every
+        step's gradient, float32."""
+        return (1 + self.steps) * self.size * 4
 
     def label(self) -> str:
         return f"the memory probe, {self.size:,} parameters on p = {self.p}"
@@ -178,7 +183,7 @@ def trainings(seed: int) -> tuple[Training, Training]:
 
 def footprint(seed: int) -> Footprint:
     rng = np.random.default_rng([seed, 41])
-    size = int(rng.integers(900_000, 1_100_000))
+    size = int(rng.integers(2_700_000, 3_300_000))
     return Footprint(4, size + (1 if size % 4 == 0 else 0), int(rng.integers(1 << 31)))
 
 

@@ -2,7 +2,6 @@
 data-parallel baseline whose traffic the byte check compares with, the memory calculator, and the
 free run (main, bounds, figure). The ranks return plain data and judge nothing."""
 
-import tracemalloc
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,21 +84,20 @@ def data_parallel(comm: Any, solution: Any, baseline: Baseline) -> None:
     comm.mark("done")
 
 
-def footprint(comm: Any, solution: Any, case: Footprint) -> int:
-    """The bytes the learner's optimizer keeps between steps, wherever it keeps them (its object, a
-    global, a closure): what tracemalloc counts as allocated since the optimizer was made and still
-    alive after its last step (NumPy reports its arrays to tracemalloc). The gradients are made
-    before the count starts. Run on MPI only (check.py says why)."""
-    weights = np.zeros(case.size, dtype=np.float32)
+def footprint(comm: Any, solution: Any, case: Footprint) -> None:
+    """The memory probe's program: the rank's agent reads, from /proc, what the learner's process
+    holds (Task(memory=True)): before the learner's file was imported, at the mark "footprint"
+    (the weights and every gradient made, the optimizer not yet) and at the mark "kept" (its last
+    step done, the optimizer alive). The program reports nothing: the readings are the evidence."""
+    weights = np.empty(case.size, dtype=np.float32)
+    weights.fill(0.0)  # written now, so its pages are held before the optimizer is made
     grads = [cases.flat_gradient(case, comm.Get_rank(), step) for step in range(case.steps)]
-    tracemalloc.start()
-    try:
-        opt = solution.ShardedAdam(comm, case.size, 1e-3, (0.9, 0.999), 1e-8)
-        for grad in grads:
-            opt.step(weights, grad)
-        return tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
+    comm.mark("footprint")
+    opt = solution.ShardedAdam(comm, case.size, 1e-3, (0.9, 0.999), 1e-8)
+    for grad in grads:
+        opt.step(weights, grad)
+    comm.mark("kept")
+    del opt
 
 
 def calculator(comm: Any, solution: Any, questions: list[Memory]) -> list[Any]:

@@ -56,12 +56,32 @@ class Task:
     # read begin and end only at marks of these names: a mark the learner's code sets for its own
     # trace (or to cut a phase short and hide what follows) cuts nothing.
     marks: tuple[str, ...] = ()
+    # Each rank's agent reads what the learner's processes hold in memory, from /proc, at every
+    # mark and once before the learner's file is imported: ``TaskRun.memory(rank)``.
+    memory: bool = False
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
                         platform=self.platform, store=self.store, survivors=self.survivors,
-                        needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent)
+                        needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent,
+                        memory=self.memory)
+
+
+@dataclass(frozen=True)
+class HeldMemory:
+    """A rank's memory readings (``TaskRun.memory``): bytes held before the learner's file was
+    imported (-1: never read), and at each mark, in order."""
+
+    before_solution: int
+    marks: tuple[tuple[str, int], ...]
+
+    def at(self, mark: str, nth: int = 0) -> int:
+        """Bytes held at the ``nth`` mark named ``mark``."""
+        held = [value for name, value in self.marks if name == mark]
+        if nth >= len(held):
+            raise KeyError(f"{len(held)} mark(s) {mark!r}; no reading #{nth}")
+        return held[nth]
 
 
 @dataclass
@@ -105,6 +125,16 @@ class TaskRun(runs.TaskRun):
             raise ValueError(f"task {self.spec.label or '?'} did not record what its ranks sent: "
                              "give it Task(record_sent=True)")
         return log
+
+    def memory(self, rank: int) -> HeldMemory:
+        """What rank ``rank``'s learner processes held, in bytes, read from /proc by its agent
+        (runtime/rank/memory.py): before the learner's file was imported and at each mark. The
+        task must have asked: ``Task(memory=True)``; sealed, the learner's code cannot touch it."""
+        readings = self.outcomes[rank].memory
+        if not readings:
+            raise ValueError(f"task {self.spec.label or '?'} did not read its ranks' memory: "
+                             "give it Task(memory=True)")
+        return HeldMemory(readings[0][1], tuple(readings[1:]))
 
     def marks_differ(self, want: Sequence[str], who: str = "rank") -> str | None:
         """None if every rank set exactly ``want`` of the marks named in ``Task(marks=...)``, in

@@ -67,6 +67,9 @@ class Task:
     # Every rank keeps a copy of what it sends (runtime/comm/sent.py), for checks that read what
     # travelled rather than how much.
     record_sent: bool = False
+    # The rank reads what the learner's processes hold in memory at each mark, from /proc
+    # (rank/memory.py), and once before the learner's file is imported: TaskOutcome.memory.
+    memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,10 @@ class Job:
     # user-level failure mitigation (ULFM); gloo meets at the launch's store (``store``), where
     # the supervisor posts each death (engines/surviving_gloo.py).
     survivors: bool = False
+    # Some task reads the learner's memory (Task.memory): the learner process keeps glibc's
+    # thresholds fixed (a freed large array goes back to the kernel) and waits, before it imports
+    # the learner's file, for its agent to read what it holds then (rank/memory.py).
+    memory_probe: bool = False
 
 
 def make_job(
@@ -153,6 +160,7 @@ def make_job(
         # and announces each rank that joins (on MPI too).
         store=any(task.store for task in tasks) or (survivors and (backend == "gloo" or newcomers > 0)),
         survivors=survivors,
+        memory_probe=any(task.memory for task in tasks),
         **options,
     )
 
@@ -211,6 +219,11 @@ def _survivors(tasks: Sequence[Task]) -> bool:
     return True
 
 
+# The name of TaskOutcome.memory's first entry, always there: what the learner process held
+# before the learner's file was imported (readers take the first entry, whatever marks follow).
+BEFORE_SOLUTION = "(before the solution)"
+
+
 @dataclass
 class TaskOutcome:
     value: Any
@@ -225,6 +238,9 @@ class TaskOutcome:
     # kernel by the rank's agent (its own process unsealed): the affinity the code applied.
     cpus: tuple[int, ...] = ()
     sent: SentLog | None = None  # what the rank sent, where its task asked (Task.record_sent)
+    # Where the task asked (Task.memory): (mark name, bytes the learner's processes held then),
+    # read by the rank's agent from /proc, the first entry BEFORE_SOLUTION's (rank/memory.py).
+    memory: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -18,7 +18,7 @@ the problems model, and costs a few messages of the engine's own.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..engines.base import UNDEFINED, Engine
 from .sent import SentLog
@@ -53,6 +53,10 @@ class RankBook:
         self.trigger_marks: tuple[str, ...] = ()
         # A copy of everything the rank sends, on any communicator, where the task asks (sent.py).
         self.sent: SentLog | None = None
+        # Where the task asks (Task.memory): what the learner's processes hold, read at each mark
+        # (rank/memory.py), and each reading with its mark's name.
+        self.memory_probe: Callable[[], int] | None = None
+        self.memory: list[tuple[str, int]] = []
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         book: RankBook | None = None,
         trigger_marks: tuple[str, ...] = (),
         record_sent: bool = False,
+        memory_probe: Callable[[], int] | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
@@ -92,6 +93,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self._book.comms.append(self)
         if record_sent:
             self._book.sent = SentLog()
+        if memory_probe is not None:
+            self._book.memory_probe = memory_probe
         self._attempts = self._book.attempts  # sends per world destination, lost ones included
         self._eager_limit = eager_limit
         self._trace = trace
@@ -154,6 +157,11 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
     def sent(self) -> SentLog | None:
         """What the rank sent on any of its communicators, if its task logs it (sent.py)."""
         return self._book.sent
+
+    @property
+    def memory_marks(self) -> list[tuple[str, int]]:
+        """What the learner's processes held at each mark, where the task asked (Task.memory)."""
+        return self._book.memory
 
     def total_stats(self) -> CommStats:
         """The rank's counters over all its communicators (see groups.py)."""

@@ -39,6 +39,7 @@ from . import limits as rank_limits
 from .failures import error_from
 from .guards import forbid_finalize
 from .learner import load_module
+from .memory import steady_malloc
 
 PR_SET_PDEATHSIG = 1
 WORKDIR = "/tmp/learner"  # on the learner's own /tmp (sandbox.py), where its files go
@@ -178,6 +179,9 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
     try:
         program = load_program(spec)
         forbid_finalize(spec["backend"])
+        if spec.get("memory_probe"):
+            steady_malloc()
+            end.call(Call.BEFORE_SOLUTION)  # the agent reads what this process holds now
         solution = load_module(solution_path, "solution") if solution_path else None
         rank_limits.apply(limits)
     except BaseException as exc:  # noqa: BLE001 - reported as the rank's failure

@@ -40,6 +40,7 @@ from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure
 from .learner_fork import ForkedChild, LearnerSeed
+from .memory import MemoryWitness, descendants, held_bytes
 from .views import for_rank
 
 ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
@@ -52,12 +53,17 @@ _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR",
 
 class LearnerProcess:
     def __init__(self, agent: AgentEnd, child: ForkedChild | subprocess.Popen[bytes], packages: tuple[str, ...],
-                 gone_note: Path) -> None:
+                 gone_note: Path, memory_probe: bool = False) -> None:
         self._agent = agent
         self._child = child
         self._service = Service(agent)
         self._packages = packages
         self._gone_note = gone_note
+        self._arena_inode = os.fstat(agent.arena.fd).st_ino
+        self._code: int | None = None  # the pid of the learner's code, once looked up
+        self.memory = MemoryWitness(self.held_memory)
+        if memory_probe:
+            self._service.read_before_solution = self._read_before_solution
         self._finishing = threading.Event()
         # Held by the first of the two threads that see the learner die (this watcher, the main
         # thread on a closed channel) until the process ends: the second must not truncate the
@@ -103,6 +109,7 @@ class LearnerProcess:
             # inside the job folder, which goes with the job.
             "shared_tmp_folder": str(job_dir / f"learner-{rank}"),
             "env": env,
+            "memory_probe": job.memory_probe,
         }
         child = seed.plant(spec, (*agent.child_fds, stack_file.fileno(), sys.stdout.fileno()))
         agent.watch(child.pid)
@@ -110,12 +117,26 @@ class LearnerProcess:
         package = job.program_module.rpartition(".")[0] or job.program_module
         if package != job.program_module:
             problem_package(Path(job.program_file).parent)  # its classes, for read_value
-        return cls(agent, child, (package,), learner_gone_path(job_dir, rank))
+        return cls(agent, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe)
 
     def cpus(self) -> tuple[int, ...]:
         """The CPUs the learner's code may run on, as the kernel holds them for its process (not
         as that code says): problem 11 grades the affinity a rank applied."""
         return tuple(sorted(os.sched_getaffinity(_code_pid(self._child.pid))))
+
+    def held_memory(self) -> int:
+        """What the learner's processes hold (rank/memory.py): its code's process, every process
+        that one started, and, in a PID namespace of its own, every orphan its first process
+        adopted (the waiter and that first process are the harness's, and hold what they held)."""
+        if self._code is None:
+            self._code = _code_pid(self._child.pid)
+        code = self._code
+        reaper = _parent(code) if code != self._child.pid else code
+        pids = [code, *(pid for pid in descendants(reaper) if pid != code)]
+        return held_bytes(pids, self._arena_inode, scratch_of=code)
+
+    def _read_before_solution(self) -> None:
+        self.memory.before_solution = self.held_memory()
 
     def run_task(self, comm: Comm, index: int, task: Any) -> Any:
         result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
@@ -289,6 +310,13 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return pid
 
 
 def _pid_inside(pid: int) -> int:

@@ -68,6 +68,7 @@ from .backend import detect_backend, make_engine
 from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
+from .memory import MemoryWitness, own_held_bytes, steady_malloc
 from .survival import JoinedAs, joined, surviving_engine, task_clock
 from .views import for_rank
 
@@ -139,9 +140,11 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
             # Off MPI_COMM_WORLD, counting every message it hands to MPI: what Open MPI's monitoring
             # counts beyond that was sent around the proxy (runtime/supervisor/mpi_monitoring.py).
             engine, handed = harness_engine(engine)
+        witness = learner.memory if learner is not None else None
         if learner is None:
             program = _load_program(Path(job.program_file), job.program_module, job.program)
             forbid_finalize(backend)
+            witness = _own_memory() if job.memory_probe else None
             solution = load_module(solution_path, "solution") if solution_path else None
             rank_limits.apply(job.limits)
             run = _in_process(program, solution)
@@ -152,7 +155,7 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
         own_context = False  # the first task: nothing came before it
         for task_index, task in enumerate(tasks):
             slot.task = task_index
-            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run, cpus, own_context))
+            outcome.tasks.append(_run_task(engine, slot, job, task, task_index, run, cpus, own_context, witness))
             own_context = task_index + 1 < len(tasks) and engine.unreceived_anywhere()
         if learner is not None:
             learner.finish()
@@ -236,9 +239,17 @@ def _own_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
+def _own_memory() -> MemoryWitness:
+    """Unsealed, the rank reads its own memory, before the learner's file is imported and at
+    each mark (as advisory as every other counter of an unsealed rank)."""
+    steady_malloc()
+    return MemoryWitness(own_held_bytes, own_held_bytes())
+
+
 def _run_task(
     engine: Engine, slot: RankSlot, job: Job, task: Any, index: int, run: TaskRunner,
     cpus: Callable[[], tuple[int, ...]] = _own_cpus, own_context: bool = False,
+    witness: MemoryWitness | None = None,
 ) -> TaskOutcome | None:
     """``own_context``: the task runs on a communicator of its own, a new context even where it
     has every rank (MPI_Comm_dup's reason to be), so that a message an earlier task sent and
@@ -275,6 +286,7 @@ def _run_task(
             ),
             clock=task_clock(platform, side),
             record_sent=task.record_sent,
+            memory_probe=witness.held if witness is not None and task.memory else None,
             **_fault_layers(plan, world_rank),
         )
         if task.store and job.store_address:
@@ -285,7 +297,8 @@ def _run_task(
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
-                             comm.marked, comm.stats_by_communicator(), cpus(), comm.sent)
+                             comm.marked, comm.stats_by_communicator(), cpus(), comm.sent,
+                             witness.readings(comm.memory_marks) if witness is not None and task.memory else [])
         comm.release_store()
         if group is not engine:
             _release(group, next_task)

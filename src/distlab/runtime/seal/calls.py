@@ -110,6 +110,9 @@ class Call(IntEnum):
     ACK_FAILED = 54  # -> (acknowledged,)
     SHRINK = 55  # -> (communicator handle, rank, size)
     ADMIT = 56  # -> (communicator handle, rank, size); handle -1: the same communicator
+    # The harness's code is loaded, the learner's file is next: the agent reads the learner's
+    # memory before answering (Task.memory; rank/memory.py). Once, before the first task.
+    BEFORE_SOLUTION = 57
 
 
 CALLS: dict[int, Signature] = {
@@ -174,4 +177,5 @@ CALLS: dict[int, Signature] = {
     Call.ACK_FAILED: Signature("Ack_failed"),
     Call.SHRINK: Signature("Shrink"),
     Call.ADMIT: Signature("Admit"),
+    Call.BEFORE_SOLUTION: Signature("before the solution"),
 }

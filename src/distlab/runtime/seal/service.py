@@ -52,6 +52,9 @@ class Service:
         self._handles: dict[int, tuple[ProxyRequest, np.ndarray | None]] = {}
         self._next_handle = 1
         self._parts: list[bytes] = []
+        # Reads the learner's memory, where the job asks (Task.memory): set by the rank.
+        self.read_before_solution: Callable[[], None] | None = None
+        self._read_once = False
         self._dispatch: dict[int, Callable[[Comm, Request], None]] = {
             Call.SEND: self._send, Call.SSEND: self._send,
             Call.RECV: self._recv, Call.ISEND: self._isend, Call.IRECV: self._irecv,
@@ -97,6 +100,8 @@ class Service:
                 start = request.ints[0]
                 chunk = np.frombuffer(args[start:start + part.nbytes], dtype=np.uint8)
                 agent.reply(request, ints=(chunk.size,), outputs=(chunk,))
+            elif request.op == Call.BEFORE_SOLUTION:
+                self._before_solution(request)
             elif request.op == Call.RESULT:
                 self._parts.append(request.inputs[0].tobytes())
                 agent.reply(request)
@@ -109,6 +114,17 @@ class Service:
                 self.tampered.append(agent.reject(request, reason).reason)
             else:
                 self._serve_call(self._comms[request.comm], request)
+
+    def _before_solution(self, request: Request) -> None:
+        """Has the learner's memory read while it waits (its harness code sent this before it
+        imports the learner's file, so nothing of the learner's has run): once; again, or where
+        the job reads no memory, is tampering."""
+        if self.read_before_solution is None or self._read_once:
+            self.tampered.append(self._agent.reject(request, "a memory reading its harness never asks for").reason)
+            return
+        self._read_once = True
+        self.read_before_solution()
+        self._agent.reply(request)
 
     def _serve_call(self, comm: Comm, request: Request) -> None:
         try:

@@ -1,0 +1,135 @@
+"""What the learner's processes hold in memory, as the kernel counts it: the memory probe's evidence.
+
+A task that asks (``Task(memory=True)``) has its rank read this at each of its marks, and once
+before the learner's file is imported (``LearnerProcess`` sealed, the rank itself unsealed). A
+number the learner's code reports about its own memory (tracemalloc's) is the learner's to forge;
+these are read from /proc by the rank's agent, outside the learner process.
+
+Held memory is what a process keeps resident of its own: every anonymous page (``Anonymous`` in
+/proc/PID/smaps: the heap, NumPy's arrays, private mappings) and every resident page of a
+writable shared mapping (a shared anonymous mmap, a memfd, a file on /dev/shm mapped in), but not
+the seal's arena, which the agent shares with it and whose pages the harness's copies touch. Of
+a sandbox with its own writable tmpfs folders (sandbox.py), what their files hold counts too:
+data written to /tmp and read back later is memory held outside the process. Shared libraries
+and other files mapped read-only do not count: they are the same whoever runs.
+
+Where the learner's code starts processes, each one's own pages count as well (COW pages of a
+fork once per process: an over-count only where the code forks). Reading a process's smaps takes
+a few milliseconds, so only tasks that ask pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..jobspec import BEFORE_SOLUTION
+
+# Where a mounted sandbox gives the learner a tmpfs of its own (sandbox.py's scratch folders).
+SCRATCH = ("tmp", "var/tmp", "dev/shm")
+
+
+def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: int | None = None) -> int:
+    """The bytes the processes ``pids`` hold (module docstring); ``skip_inode``: the arena's
+    inode, whose mapping is not counted; ``scratch_of``: a process whose root's scratch folders
+    (its own tmpfs mounts) count too. A process that is gone counts nothing."""
+    total = sum(_held_by(pid, skip_inode) for pid in pids)
+    if scratch_of is not None:
+        total += scratch_bytes(scratch_of)
+    return total
+
+
+def _held_by(pid: int, skip_inode: int | None) -> int:
+    total, shared_writable = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps", "rb") as smaps:
+            for line in smaps:
+                head = line[:1]
+                if head.isdigit() or b"a" <= head <= b"f":  # a mapping's first line: range perms offset dev inode
+                    fields = line.split(None, 5)
+                    perms, inode = fields[1], int(fields[4])
+                    shared_writable = perms[1:2] == b"w" and perms[3:4] == b"s" and inode != skip_inode
+                elif line.startswith(b"Anonymous:"):
+                    total += int(line.split()[1]) << 10
+                elif shared_writable and line.startswith(b"Rss:"):
+                    total += int(line.split()[1]) << 10
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return total
+
+
+def scratch_bytes(pid: int) -> int:
+    """What the files in the process's own tmpfs folders hold: those not on the device this
+    process sees at the same path (without mounts the learner writes into the job's folders,
+    which are disk, not memory)."""
+    total = 0
+    for folder in SCRATCH:
+        theirs = Path(f"/proc/{pid}/root") / folder
+        try:
+            if os.stat(theirs).st_dev == os.stat(Path("/") / folder).st_dev:
+                continue
+            usage = os.statvfs(theirs)
+        except OSError:
+            continue
+        total += (usage.f_blocks - usage.f_bfree) * usage.f_frsize
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), as /proc lists them now."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                children = Path(f"/proc/{parent}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def own_held_bytes() -> int:
+    """This process's held memory (unsealed: the rank and the learner's code are one process,
+    and the figure is as advisory as every other counter there)."""
+    return held_bytes([os.getpid()])
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+STEADY_THRESHOLD = 128 << 10  # glibc's starting value, which it raises as large blocks are freed
+
+
+def steady_malloc() -> None:
+    """Fixes glibc's thresholds at their starting values: every block of 128 KiB or more is its own
+    mapping, returned to the kernel when freed, and the heap is trimmed past 128 KiB free. Left
+    dynamic, glibc keeps a freed array's pages for the next one of its size, and a step's freed
+    temporaries would read as memory the learner's code keeps. Called in the learner process
+    before the learner's file is imported; the learner's code may change them, which can only
+    make it hold more."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallopt"):  # glibc; another C library keeps its own policy
+        libc.mallopt(M_MMAP_THRESHOLD, STEADY_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, STEADY_THRESHOLD)
+
+
+@dataclass
+class MemoryWitness:
+    """How a rank reads its learner's memory (``held``), and what it held before the learner's
+    file was imported (``before_solution``, set once read; None until then)."""
+
+    held: Callable[[], int]
+    before_solution: int | None = None
+
+    def readings(self, marks: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A task's TaskOutcome.memory: the reading before the solution first (-1: never read)."""
+        return [(BEFORE_SOLUTION, -1 if self.before_solution is None else self.before_solution), *marks]

@@ -1,0 +1,121 @@
+"""The memory probe (runtime/rank/memory.py): what a learner's processes hold, read from /proc by
+its rank's agent at each mark of a task that asks (Task(memory=True)), and once before the
+learner's file is imported. Problem 13 grades on it (tests/test_problem13.py)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_launcher
+from test_launcher import run
+
+from distlab.runtime.jobspec import Task
+from distlab.runtime.rank.memory import descendants, held_bytes
+
+LEARNER = Path(__file__).resolve().parent / "memory_learner.py"
+MIB = 1 << 20
+
+HOLDER = """
+import mmap, os, sys, time
+kind = sys.argv[1]
+if kind == "array":
+    held = b"x" * (24 << 20)
+elif kind == "shared":
+    held = mmap.mmap(-1, 24 << 20, mmap.MAP_SHARED)
+    held.write(b"x" * (24 << 20))
+elif kind == "memfd":
+    fd = os.memfd_create("probe-test")
+    os.ftruncate(fd, 24 << 20)
+    held = mmap.mmap(fd, 24 << 20, mmap.MAP_SHARED)
+    held.write(b"x" * (24 << 20))
+    print(os.fstat(fd).st_ino, flush=True)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def holder(kind: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, kind], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc
+
+
+@pytest.mark.parametrize("kind", ["array", "shared", "memfd"])
+def test_held_bytes_counts_a_process_s_own_pages_and_skips_the_arena(kind: str) -> None:
+    idle = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    proc = holder(kind)
+    try:
+        assert idle.stdout is not None and idle.stdout.readline() == "ready\n"
+        assert proc.stdout is not None
+        inode = int(proc.stdout.readline()) if kind == "memfd" else None
+        assert proc.stdout.readline() == "ready\n"
+        extra = held_bytes([proc.pid]) - held_bytes([idle.pid])
+        assert 23 * MIB < extra < 27 * MIB, extra / MIB
+        if inode is not None:  # the seal's arena is a memfd: its mapping is the harness's, not counted
+            assert held_bytes([proc.pid], skip_inode=inode) - held_bytes([idle.pid]) < 2 * MIB
+    finally:
+        for p in (idle, proc):
+            p.kill()
+            p.wait()
+    assert held_bytes([proc.pid]) == 0  # gone: nothing
+
+
+def test_descendants_finds_grandchildren() -> None:
+    outer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                              "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert outer.stdout is not None
+        inner = int(outer.stdout.readline())
+        assert descendants(os.getpid()).count(inner) == 1 and inner in descendants(outer.pid)
+    finally:
+        os.kill(inner, 9)
+        outer.kill()
+        outer.wait()
+
+
+@pytest.fixture
+def sealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_launcher, "SEAL", True)
+
+
+@pytest.mark.usefixtures("sealed")
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_the_agent_reads_what_the_learner_holds_wherever_it_holds_it(backend: str) -> None:
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_everywhere",), memory=True)],
+                                 LEARNER, backend=backend)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    outcome = result.task_outcomes(0)[0]
+    readings = dict(outcome.memory[1:])
+    before = outcome.memory[0][1]
+    assert outcome.value == 50 * MIB
+    # Read before the file was imported: its 30 MiB array came after.
+    assert readings["start"] - before > 29 * MIB, (before, readings)
+    growth = {name: (readings[name] - readings[prev]) / MIB
+              for prev, name in [("start", "array"), ("array", "child"), ("child", "file")]}
+    assert 19 < growth["array"] < 22, growth
+    assert 39 < growth["child"] < 44, growth  # a process of its own, in a session of its own
+    assert 9.5 < growth["file"] < 12, growth  # a file on the learner's own /tmp
+
+
+@pytest.mark.usefixtures("sealed")
+def test_a_reading_the_learner_asks_for_itself_is_tampering() -> None:
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("read_again",), memory=True)], LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.status == "error", result.message
+    assert "tampered with the channel" in result.message and "a memory reading its harness never asks for" in result.message
+
+
+def test_unread_tasks_carry_no_readings() -> None:
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("just_mark",))], LEARNER)
+    assert not job.memory_probe
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    assert result.task_outcomes(0)[0].memory == []
