@@ -4,7 +4,6 @@ learner's file is imported. Problem 13 grades on it (tests/test_problem13.py).""
 
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import sys
