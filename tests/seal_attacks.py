@@ -199,6 +199,8 @@ def shared_kernel_objects(comm):
         "flock": call(lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
         "inotify_init1": syscall(294, 0),
         "fanotify_init": syscall(300, 0x200, os.O_RDONLY),  # FAN_REPORT_FID: allowed unprivileged
+        "shmget": syscall(29, 0, 1 << 20, 0o1600),  # IPC_PRIVATE, IPC_CREAT | 0600: memory no mapping shows
+        "msgget": syscall(68, 0, 0o1600),
         "F_GETFL": fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
         "F_SETFD": call(lambda: fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)),
         "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),

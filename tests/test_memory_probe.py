@@ -33,6 +33,23 @@ elif kind == "memfd":
     held = mmap.mmap(fd, 24 << 20, mmap.MAP_SHARED)
     held.write(b"x" * (24 << 20))
     print(os.fstat(fd).st_ino, flush=True)
+elif kind == "memfd unmapped":  # written through the descriptor, no mapping
+    fd = os.memfd_create("probe-test")
+    os.write(fd, b"x" * (24 << 20))
+elif kind == "memfd mapped read-only":  # and the descriptor closed
+    fd = os.memfd_create("probe-test")
+    os.write(fd, b"x" * (24 << 20))
+    held = mmap.mmap(fd, 24 << 20, mmap.MAP_SHARED, mmap.PROT_READ)
+    held[::4096]
+    os.close(fd)
+elif kind == "pipes":  # 24 pipes of 1 MiB, full, never read
+    import fcntl
+    held = []
+    for _ in range(24):
+        r, w = os.pipe()
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        os.write(w, b"x" * (1 << 20))
+        held.append((r, w))
 print("ready", flush=True)
 time.sleep(60)
 """
@@ -44,7 +61,7 @@ def holder(kind: str) -> subprocess.Popen[str]:
     return proc
 
 
-@pytest.mark.parametrize("kind", ["array", "shared", "memfd"])
+@pytest.mark.parametrize("kind", ["array", "shared", "memfd", "memfd unmapped", "memfd mapped read-only", "pipes"])
 def test_held_bytes_counts_a_process_s_own_pages_and_skips_the_arena(kind: str) -> None:
     idle = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
                             stdout=subprocess.PIPE, text=True)

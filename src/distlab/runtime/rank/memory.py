@@ -5,13 +5,16 @@ before the learner's file is imported (``LearnerProcess`` sealed, the rank itsel
 number the learner's code reports about its own memory (tracemalloc's) is the learner's to forge;
 these are read from /proc by the rank's agent, outside the learner process.
 
-Held memory is what a process keeps resident of its own: every anonymous page (``Anonymous`` in
-/proc/PID/smaps: the heap, NumPy's arrays, private mappings) and every resident page of a
-writable shared mapping (a shared anonymous mmap, a memfd, a file on /dev/shm mapped in), but not
-the seal's arena, which the agent shares with it and whose pages the harness's copies touch. Of
-a sandbox with its own writable tmpfs folders (sandbox.py), what their files hold counts too:
-data written to /tmp and read back later is memory held outside the process. Shared libraries
-and other files mapped read-only do not count: they are the same whoever runs.
+Held memory is what a process keeps of its own: every anonymous page (``Anonymous`` in
+/proc/PID/smaps: the heap, NumPy's arrays, private mappings), resident or swapped out (``Swap``),
+and every resident page of a writable shared mapping (a shared anonymous mmap, a memfd, a file
+on /dev/shm mapped in), but not the seal's arena, which the agent shares with it and whose pages
+the harness's copies touch. Memory held through a descriptor rather than a mapping counts too:
+a memfd's pages, the bytes waiting in a pipe; and, of a sandbox with its own writable tmpfs
+folders (sandbox.py), what their files hold: data written to /tmp and read back later is memory
+held outside the process. System V shared memory and message queues are refused outright
+(seal/syscalls.py). Not counted: data queued in a socket's buffers (a few hundred KiB each).
+Shared libraries and other files mapped read-only do not count: they are the same whoever runs.
 
 Where the learner's code starts processes, each one's own pages count as well (COW pages of a
 fork once per process: an over-count only where the code forks). Reading a process's smaps takes
@@ -20,7 +23,10 @@ a few milliseconds, so only tasks that ask pay for it.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
+import termios
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,35 +35,84 @@ from ..jobspec import BEFORE_SOLUTION
 
 # Where a mounted sandbox gives the learner a tmpfs of its own (sandbox.py's scratch folders).
 SCRATCH = ("tmp", "var/tmp", "dev/shm")
+# How smaps names the files that are memory: a memfd, shared anonymous memory, System V's.
+_MEMORY_FILES = (b"/memfd:", b"/dev/zero", b"/SYSV")
 
 
 def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: int | None = None) -> int:
     """The bytes the processes ``pids`` hold (module docstring); ``skip_inode``: the arena's
     inode, whose mapping is not counted; ``scratch_of``: a process whose root's scratch folders
     (its own tmpfs mounts) count too. A process that is gone counts nothing."""
-    total = sum(_held_by(pid, skip_inode) for pid in pids)
+    counted: set[int] = set() if skip_inode is None else {skip_inode}  # shared memory, once
+    total = 0
+    for pid in pids:
+        total += _mapped(pid, counted) + _in_descriptors(pid, counted)
     if scratch_of is not None:
         total += scratch_bytes(scratch_of)
     return total
 
 
-def _held_by(pid: int, skip_inode: int | None) -> int:
-    total, shared_writable = 0, False
+def _mapped(pid: int, counted: set[int]) -> int:
+    """Anonymous and swapped-out pages of every mapping, and the resident pages of each shared
+    mapping of memory, or writable, not counted yet (its inode is then added to ``counted``)."""
+    total, shared = 0, False
     try:
         with open(f"/proc/{pid}/smaps", "rb") as smaps:
             for line in smaps:
                 head = line[:1]
                 if head.isdigit() or b"a" <= head <= b"f":  # a mapping's first line: range perms offset dev inode
                     fields = line.split(None, 5)
-                    perms, inode = fields[1], int(fields[4])
-                    shared_writable = perms[1:2] == b"w" and perms[3:4] == b"s" and inode != skip_inode
-                elif line.startswith(b"Anonymous:"):
+                    perms, inode, path = fields[1], int(fields[4]), fields[5] if len(fields) > 5 else b""
+                    # Shared memory mapped read-only holds its pages too (written through a descriptor).
+                    shared = (perms[3:4] == b"s" and (perms[1:2] == b"w" or path.startswith(_MEMORY_FILES))
+                                       and inode not in counted)
+                    if shared and inode:  # inode 0: shared anonymous memory, its own each time
+                        counted.add(inode)
+                elif line.startswith((b"Anonymous:", b"Swap:")):
                     total += int(line.split()[1]) << 10
-                elif shared_writable and line.startswith(b"Rss:"):
+                elif shared and line.startswith(b"Rss:"):
                     total += int(line.split()[1]) << 10
     except (FileNotFoundError, ProcessLookupError):
         return 0
     return total
+
+
+def _in_descriptors(pid: int, counted: set[int]) -> int:
+    """What the process holds through its descriptors and no mapping: a memfd's pages (no folder
+    shows its file), and the bytes waiting in a pipe (up to a megabyte each)."""
+    total = 0
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in descriptors:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(path)
+            if target.startswith("/memfd:"):
+                status = os.stat(path)
+                if status.st_ino not in counted:
+                    counted.add(status.st_ino)
+                    total += status.st_blocks * 512
+            elif target.startswith("pipe:["):
+                inode = int(target[6:-1])
+                if inode not in counted:
+                    counted.add(inode)
+                    total += _queued(path)
+        except (OSError, ValueError):
+            continue  # closed meanwhile
+    return total
+
+
+def _queued(pipe: str) -> int:
+    """Bytes waiting in a pipe, read through a descriptor of its own (FIONREAD)."""
+    fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        waiting = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, waiting)
+        return int(waiting[0])
+    finally:
+        os.close(fd)
 
 
 def scratch_bytes(pid: int) -> int:
