@@ -15,6 +15,7 @@ from test_launcher import run
 
 from distlab.runtime.jobspec import Task
 from distlab.runtime.rank.memory import descendants, held_bytes
+from distlab.runtime.zygote.client import preload_for
 
 LEARNER = Path(__file__).resolve().parent / "memory_learner.py"
 MIB = 1 << 20
@@ -135,3 +136,15 @@ def test_unread_tasks_carry_no_readings() -> None:
     result = run(job, deadline_s=60)
     assert result.ok, result.message
     assert result.task_outcomes(0)[0].memory == []
+
+
+def test_a_job_that_reads_memory_preloads_what_the_solution_imports_anywhere(tmp_path: Path) -> None:
+    # Imported in the zygote, torch's pages are held before the first reading: a learner who imports
+    # it inside a method is not charged its hundred MiB as memory the method kept.
+    program, solution = tmp_path / "program.py", tmp_path / "solution.py"
+    program.write_text("import numpy\n")
+    solution.write_text("def fuse(tensors):\n    import torch.nn.functional as F\n    return F\n")
+    assert "torch" not in preload_for("mpi", str(program), sealed=True)
+    assert "torch" in preload_for("mpi", str(program), sealed=True, solution_file=str(solution))
+    solution.write_text("import json\n")
+    assert "json" not in preload_for("mpi", str(program), sealed=True, solution_file=str(solution))

@@ -35,6 +35,7 @@ from e2e import (
     load_file,
 )
 
+from distlab.grading import HeldMemory
 from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
@@ -99,9 +100,33 @@ def test_budgets_and_threshold_choice() -> None:
     # The big table is larger than the threshold; the ordinary float32 tensors fill 4-7 buffers.
     assert case.largest() > case.threshold
     assert by_dtype["float32"] - case.largest("float32") > 4 * case.threshold
-    buffers = [min(b, case.threshold + case.largest(d)) for d, b in by_dtype.items()]
-    assert case.memory_budget(10) == (sum(buffers) + max(buffers) + cases.MEMORY_SLACK
-                                      + 10 * cases.SLACK_PER_CALL)
+
+
+def test_the_memory_probe_is_tens_of_mib_against_a_budget_of_one_buffer_per_dtype() -> None:
+    probe = cases.memory_probe(3)
+    assert probe == cases.memory_probe(3) != cases.memory_probe(4)
+    assert 40 << 20 < probe.harness_bytes() < 56 << 20 and 2 << 20 <= probe.threshold < 3 << 20
+    assert set(probe.nbytes_by_dtype()) == set(cases.DTYPE_ORDER)
+    buffers = [min(b, probe.threshold + probe.largest(d)) for d, b in probe.nbytes_by_dtype().items()]
+    assert probe.budget() == sum(buffers) + max(buffers) < 20 << 20  # the whole step is twice that and more
+    tensors = probe.tensors(1)
+    assert [(str(t.dtype), t.size) for t in tensors] == list(probe.shapes)
+    assert all(t[0] == 2 * (k % 5 + 1) and probe.sum_of(k) == 3 * (k % 5 + 1) for k, t in enumerate(tensors))
+
+
+def held(before: int, fuse: int, added: int) -> HeldMemory:
+    return HeldMemory(before, (("fuse", fuse), ("added", added), ("flushed", fuse)))
+
+
+def test_the_memory_probe_names_copies_and_memory_kept_from_the_import() -> None:
+    probe, base = cases.memory_probe(3), 30 << 20
+    fuse = base + probe.harness_bytes()
+    assert judging.held_problem(probe, 0, held(base, fuse, fuse + probe.budget())) is None
+    early = judging.held_problem(probe, 1, held(base, fuse, fuse + probe.harness_bytes()))
+    assert "rank 1's process held" in early and "are tensors copied long before their buffer is due?" in early
+    stash = judging.held_problem(probe, 0, held(base, fuse + probe.harness_bytes(), fuse + probe.harness_bytes()))
+    assert "already held" in stash and "kept from the import of your file" in stash and "copied long" not in stash
+    assert judging.held_problem(probe, 0, held(-1, fuse + (60 << 20), fuse + (60 << 20))) is None  # never read: growth only
 
 
 def test_parse_bytes() -> None:
@@ -339,7 +364,7 @@ def test_a_rank_view_holds_its_data_not_a_key_of_it() -> None:
             ints = {int(x) for x in leaves if not isinstance(x, np.ndarray)}
             assert not ints & secrets
             assert ints - set(case.spec.vocab) <= {case.p, case.threshold, case.steps, case.spec.dim, rank, -1,
-                                                    int(case.probe), case.spec.shared}
+                                                    case.spec.shared}
             arrays = [x for x in leaves if isinstance(x, np.ndarray)]
             want = [a for step in range(case.steps) for a in cases.make_batch(case.spec, 0, step, rank)]
             assert len(arrays) == len(want)
@@ -403,12 +428,23 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
         {"results equal": "passed", "buffer memory bounded": "failed"},
     ),
     # forged (an outside tester's attacks): each must fail on the agents' evidence, not the rank's testimony
+    "copies_until_flush.py": (
+        ["held", "after the last add() than before the fusion was made", "are tensors copied long before their buffer is due?"],
+        {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
+         "buffer memory bounded": "failed"},
+    ),
+    "forged_quiet_probe.py": (
+        ["are tensors copied long before their buffer is due?"],
+        {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
+         "buffer memory bounded": "failed"},
+    ),
     "forged_recording_bypass.py": (
-        ["which the harness's RecordingComm never noted", "the fusion must not stop the allocation probe"],
+        ["which the harness's RecordingComm never noted"],
         {"results equal": "passed", "collectives per step": "passed", "buffer memory bounded": "failed"},
     ),
     "forged_untraced_copies.py": (
-        ["which the harness's RecordingComm never noted", "the buffer was built where tracemalloc does not look"],
+        ["which the harness's RecordingComm never noted", "; and the memory probe",
+         "are tensors copied long before their buffer is due?"],
         {"results equal": "passed", "collectives per step": "passed", "buffer memory bounded": "failed"},
     ),
     "forged_local_recompute.py": (
@@ -424,14 +460,17 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
 
 
 # fixture -> the phrase of its real bug (every rejection names the bug; tested in each fixture's run below).
+# A fixture with two bugs may show another's phrase too (SHARED_BUG).
 REAL_BUG = {
     "mixed_dtypes.py": "pack each dtype in a buffer of its own",
     "no_final_flush.py": "the last partial buffer was never sent",
     "per_tensor.py": "one collective per tensor",
     "unbounded_buffer.py": BUFFER_BUGS["unbounded_buffer.py"],
     "threshold_elements.py": BUFFER_BUGS["threshold_elements.py"],
-    "forged_recording_bypass.py": "the fusion must not stop the allocation probe",
-    "forged_untraced_copies.py": "the buffer was built where tracemalloc does not look",
+    "copies_until_flush.py": "are tensors copied long before their buffer is due?",
+    "forged_quiet_probe.py": "are tensors copied long before their buffer is due?",
+    "forged_recording_bypass.py": "which the harness's RecordingComm never noted",
+    "forged_untraced_copies.py": "; and the memory probe",
     "forged_local_recompute.py": "view of the case holds no data of rank",
     "forged_own_mark.py": "do not end the harness's \"step\" phase",
 }
@@ -443,7 +482,17 @@ def test_every_buggy_fixture_has_a_row() -> None:
     assert names == set(REAL_BUG) == set(BUGGY)
     assert all(phrase in " ".join(BUGGY[name][0]) for name, phrase in REAL_BUG.items())
     others = [(name, phrase) for name, phrase in REAL_BUG.items()]  # and no row's phrase is another's
-    assert all(p not in q for n, p in others for m, q in others if n != m)
+    assert all(p not in q or p == q for n, p in others for m, q in others if n != m)
+
+
+# The fixtures that do two wrong things: each may show the phrase of the other's bug as well.
+SHARED_BUG = {"forged_untraced_copies.py": {"forged_recording_bypass.py", "copies_until_flush.py",
+                                            "forged_quiet_probe.py"}}
+
+
+def phrases_of_others(name: str) -> list[str]:
+    allowed = SHARED_BUG.get(name, set()) | {other for other in REAL_BUG if REAL_BUG[other] == REAL_BUG[name]}
+    return [phrase for other, phrase in REAL_BUG.items() if other != name and other not in allowed]
 
 
 @pytest.mark.slow
@@ -454,7 +503,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     assert_clean(run)
     assert run.rc == 1, run.out
     assert_output_has(run, must)
-    assert not [phrase for other, phrase in REAL_BUG.items() if other != name and phrase in run.messages()], run.out
+    assert not [phrase for phrase in phrases_of_others(name) if phrase in run.messages()], run.out
     for check_name, status in statuses.items():
         assert run.status(check_name) == status, run.out
     assert run.results is not None and run.results["score"] < run.results["max_score"]

@@ -21,8 +21,6 @@ LEARNING_RATE = 1.0
 FINGERPRINT_BITS = 54  # int64 fingerprints above 2^53: no float64 holds them exactly
 DTYPE_ORDER = ("float32", "float64", "int64")
 STEPS = 2  # training steps per case: the second one reuses the fusion after a flush()
-MEMORY_SLACK = 32 * 1024  # bytes the proxy's own bookkeeping may allocate during a step
-SLACK_PER_CALL = 1024  # ... plus this per collective (its trace event and counters)
 
 
 # -- the model: a wide-and-embedding CTR model with one small tensor per field and dtype ----------
@@ -214,7 +212,6 @@ class Case:
     spec: ModelSpec
     threshold: int
     steps: int = STEPS
-    probe: bool = False  # trace the fusion's allocations with tracemalloc (on MPI: see check.py)
 
     def for_rank(self, rank: int) -> "Case":
         """Rank ``rank``'s view: its own data only (with every rank's, one process could sum alone)."""
@@ -243,12 +240,6 @@ class Case:
         by_dtype = self.nbytes_by_dtype()
         return math.ceil(sum(by_dtype.values()) / max(self.threshold, 1)) + len(by_dtype)
 
-    def memory_budget(self, collectives: int) -> int:
-        """One buffer per dtype of at most threshold + its largest tensor (never more than that dtype's bytes),
-        one receive copy of the largest such buffer, and the proxy's bookkeeping."""
-        buffers = [min(b, self.threshold + self.largest(d)) for d, b in self.nbytes_by_dtype().items()]
-        return sum(buffers) + max(buffers) + MEMORY_SLACK + SLACK_PER_CALL * collectives
-
 
 @dataclass(frozen=True)
 class Timed:
@@ -273,6 +264,61 @@ def make_case(p: int, rng: np.random.Generator, dtypes: tuple[str, ...], big_tab
     # 4-7 buffers' worth of the ordinary float32 tensors: fusion has room to work, and a buffer that
     # swallows all of them is far above threshold + one tensor.
     return Case(p, case.spec, int(small / rng.uniform(4.0, 7.0)) // 8 * 8)
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """The memory probe: one step of gradients of tens of MiB (``shapes``: dtype and elements of each
+    tensor, in add order) on ``p`` ranks, fused at a threshold of a few MiB. Each rank's agent reads
+    what its learner process holds (Task(memory=True)) before the fusion is made and after the last
+    add(): a fusion that copies tensors long before their buffer is due holds the whole step then,
+    tens of MiB beyond one buffer per dtype. The values are small integers, exact in every dtype:
+    tensor k of rank r holds (r + 1) x (k % 5 + 1) everywhere."""
+
+    p: int
+    threshold: int
+    shapes: tuple[tuple[str, int], ...]
+
+    def tensors(self, rank: int) -> list[np.ndarray]:
+        """Rank ``rank``'s tensors, every page written (held before the fusion is made)."""
+        return [np.full(n, (rank + 1) * (k % 5 + 1), dtype=d) for k, (d, n) in enumerate(self.shapes)]
+
+    def sum_of(self, k: int) -> int:
+        """What every element of tensor k sums to over the ranks."""
+        return (k % 5 + 1) * self.p * (self.p + 1) // 2
+
+    def nbytes_by_dtype(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for d, n in self.shapes:
+            found[d] = found.get(d, 0) + n * np.dtype(d).itemsize
+        return found
+
+    def largest(self, dtype: str) -> int:
+        return max(n * np.dtype(d).itemsize for d, n in self.shapes if d == dtype)
+
+    def harness_bytes(self) -> int:
+        return sum(self.nbytes_by_dtype().values())
+
+    def budget(self) -> int:
+        """What a fusion may hold after the last add(): a buffer per dtype of at most threshold + its largest
+        tensor (never more than the dtype's bytes), and a receive copy of the largest."""
+        buffers = [min(b, self.threshold + self.largest(d)) for d, b in self.nbytes_by_dtype().items()]
+        return sum(buffers) + max(buffers)
+
+    def label(self) -> str:
+        return (f"the memory probe, p = {self.p}, {len(self.shapes)} tensors of {self.harness_bytes() / (1 << 20):.0f} "
+                f"MiB, threshold {self.threshold / (1 << 20):.1f} MiB")
+
+
+def memory_probe(seed: int) -> MemoryProbe:
+    """About 48 MiB in 120-160 tensors of 16 KiB to 1.5 MiB, in the three dtypes, and a threshold of 2-3 MiB."""
+    rng = np.random.default_rng([seed, 77])
+    count = int(rng.integers(120, 161))
+    sizes = np.clip(rng.lognormal(np.log(256 << 10), 0.9, count), 16 << 10, 1536 << 10)
+    sizes *= (48 << 20) / sizes.sum()
+    dtypes = [DTYPE_ORDER[int(i)] for i in rng.integers(3, size=count)]
+    shapes = tuple((d, max(int(b) // np.dtype(d).itemsize, 1)) for d, b in zip(dtypes, sizes))
+    return MemoryProbe(2, int(rng.uniform(2 << 20, 3 << 20)) // 8 * 8, shapes)
 
 
 @dataclass(frozen=True)

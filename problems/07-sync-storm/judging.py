@@ -85,16 +85,13 @@ def is_int(x: Any) -> bool:
 def malformed(case: Case, rank: int, value: Any) -> str | None:
     """What is wrong with the form of what a rank returned (the harness's CaseResult), or None."""
     head = f"{case.label()}: rank {rank} returned"
-    names = ("first_sums", "allreduces", "peaks", "probe_stopped", "final", "final_digest")
+    names = ("first_sums", "allreduces", "final", "final_digest")
     if not all(hasattr(value, name) for name in names):
         return f"{head} a {type(value).__name__}, not the harness's CaseResult"
     arrays = value.first_sums
     if not isinstance(arrays, list) or not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in arrays):
         return f"{head} step 0's sums as something other than a list of numeric NumPy arrays"
-    if not isinstance(value.peaks, list) or len(value.peaks) != case.steps or not all(map(is_int, value.peaks)):
-        return f"{head} {value.peaks!r:.80} as its allocation peaks, not one integer per step ({case.steps})"
-    if (not is_int(value.final_digest) or not isinstance(value.allreduces, list)
-            or not isinstance(value.probe_stopped, (bool, np.bool_))):
+    if not is_int(value.final_digest) or not isinstance(value.allreduces, list):
         return f"{head} a parameter digest or Allreduce record of the wrong type"
     if rank == 0:
         want = model.flat_params(model.init_params(case.spec))
@@ -317,8 +314,7 @@ def inferred_dtype(case: Case, nbytes: int) -> str:
 def unnoted_buffer(results: list[CaseRun]) -> str | None:
     """A buffer past threshold + its largest tensor that the harness's RecordingComm did not note as the agent
     traced it (the fusion reduced through the comm under it, or the notes were rewritten), as a message, or
-    None. Where the allocation probe ran and saw less than that buffer, the message says so: the buffer was
-    built where tracemalloc does not look."""
+    None."""
     for result in results:
         case, by_dtype = result.case, result.case.nbytes_by_dtype()
         for rank, value in enumerate(result.values):
@@ -331,15 +327,10 @@ def unnoted_buffer(results: list[CaseRun]) -> str | None:
                     dtype = inferred_dtype(case, nbytes)
                     if nbytes <= (limit := case.threshold + case.largest(dtype)):
                         continue
-                    peaks = value.peaks if isinstance(value.peaks, list) else []
-                    peak = peaks[s] if s < len(peaks) and is_int(peaks[s]) else -1
-                    unseen = (f", while the allocation probe saw at most {peak} bytes allocated in the step: the "
-                              "buffer was built where tracemalloc does not look"
-                              if 0 <= peak < nbytes and not value.probe_stopped else "")
                     return (f"{case.label()}, step {s}: rank {rank} reduced a buffer of {nbytes} bytes in one "
                             f"Allreduce (as its agent traced it), past threshold + its largest tensor = {limit} "
                             f"bytes, which the harness's RecordingComm never noted (it noted {len(calls)} of the "
-                            f"step's {len(sizes)} Allreduces){unseen}: reduce through the comm Fusion is given, and "
+                            f"step's {len(sizes)} Allreduces): reduce through the comm Fusion is given, and "
                             "send a buffer as soon as it holds threshold_bytes")
     return None
 
@@ -385,3 +376,64 @@ def why_too_big(case: Case, dtype: str, sizes: list[int]) -> tuple[str, bool]:
     if counted:
         return elements, True
     return "the buffer grew past the threshold before it was sent", False
+
+
+# -- the memory probe: what the learner's process holds, read by its agent -------------------------------
+
+PROBE_MARKS = ("fuse", "added", "flushed")  # the probe's program sets each once, in this order
+# The probe's allowance beyond its budget: pages, the interpreter's own objects (measured: well under
+# a MiB); a fusion that copies early holds about 40 MiB, against a budget of 12-16.
+HELD_SLACK = 4 << 20
+
+
+def probe_problem(result: CaseRun) -> str | None:
+    """The memory probe's verdict: None, or the first thing wrong, its sums, its marks or a rank's memory."""
+    case, task = result.case, result.task
+    if moved := task.marks_differ(PROBE_MARKS):
+        return f"{moved}: the memory probe reads at the program's marks"
+    for rank, value in enumerate(result.values):
+        if wrong := probe_sums_wrong(case, rank, value):
+            return wrong
+        if carried(task.counts(rank)) < case.harness_bytes():
+            return (f"{case.label()}: rank {rank}'s collectives carried {carried(task.counts(rank))} bytes of the "
+                    f"step's {case.harness_bytes()}: every tensor must be reduced across the ranks")
+    for rank in range(case.p):
+        if problem := held_problem(case, rank, task.memory(rank)):
+            return problem
+    return None
+
+
+def probe_sums_wrong(case: model.MemoryProbe, rank: int, value: Any) -> str | None:
+    if not isinstance(value, list) or len(value) != len(case.shapes):
+        return f"{case.label()}: rank {rank} returned {type(value).__name__}, not the first element of each tensor"
+    for k, got in enumerate(value):
+        if not isinstance(got, np.ndarray) or got.size != 1 or got[0] != case.sum_of(k):
+            return (f"{case.label()}: after flush(), tensor #{k} of rank {rank} starts with {got!r:.60}, not the "
+                    f"sum over the ranks, {case.sum_of(k)}")
+    return None
+
+
+def held_problem(case: model.MemoryProbe, rank: int, held: Any) -> str | None:
+    """None if, after its last add(), rank ``rank``'s fusion held at most one buffer per dtype (the budget)
+    beyond what its process held when the fusion was about to be made, and the process held no more then
+    than the harness's tensors since before the learner's file was imported (``held``: grading's
+    HeldMemory, read by the rank's agent from /proc)."""
+    added = held.at("added") - held.at("fuse")
+    early = held.at("fuse") - held.before_solution - case.harness_bytes() if held.before_solution >= 0 else 0
+    budget = case.budget()
+    if added + max(early, 0) <= budget + HELD_SLACK:
+        return None
+    if early > HELD_SLACK:
+        return (f"{case.label()}: rank {rank}'s process already held {mib(early)} more when the fusion was about "
+                f"to be made than the harness's tensors ({mib(case.harness_bytes())}) and the interpreter account "
+                f"for, then {mib(added)} more after the last add(), against one buffer per dtype, {mib(budget)}: "
+                "memory kept from the import of your file counts (a module-level array, or a large library such "
+                "as torch: the probe cannot tell them apart)")
+    return (f"{case.label()}: rank {rank}'s process held {mib(added)} more after the last add() than before the "
+            f"fusion was made (read from /proc by its agent), against one buffer per dtype of threshold + its "
+            f"largest tensor and one receive copy, {mib(budget)}: are tensors copied long before their buffer "
+            "is due?")
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"

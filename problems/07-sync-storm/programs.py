@@ -1,10 +1,9 @@
 """What runs on every rank of problem 07, and the free run (``main``). The ranks report plain records (what a
-step summed, the dtype and size of each Allreduce, what it allocated); each training step is a "step" phase of
-the task, whose counters the checks read. Nothing here judges, and nothing here is taken on trust: this runs in
+step summed, the dtype and size of each Allreduce); each training step is a "step" phase of the task, whose
+counters the checks read; the memory probe's readings are taken by each rank's agent (``probe``). Nothing here judges, and nothing here is taken on trust: this runs in
 the learner's process, so the checker verifies what it returns against what the agents recorded (the
 collectives and their bytes) and what it recomputes (the sums, from every rank's data, which no rank holds)."""
 
-import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +12,7 @@ import numpy as np
 from distlab import IN_PLACE, MAX, SUM
 
 from . import cases as model
-from .cases import Case, Timed
+from .cases import Case, MemoryProbe, Timed
 
 
 class RecordingComm:
@@ -41,16 +40,17 @@ class RecordingComm:
 class CaseResult:
     first_sums: list[np.ndarray] = field(default_factory=list)  # the tensors after step 0's flush
     allreduces: list[list[tuple[str, int]]] = field(default_factory=list)  # per step: (dtype, bytes) of each
-    peaks: list[int] = field(default_factory=list)  # per step: tracemalloc's peak; -1: not measured (gloo)
-    probe_stopped: bool = False  # tracemalloc was no longer tracing when a step's flush() returned
     sync_s: float = 0.0  # add() ... flush() of every step on the online clock (the free run's figure)
     final: list[np.ndarray] | None = None  # rank 0: the parameters after the last step
     final_digest: int = 0
 
 
-def run_task(comm, solution, case: Case | Timed):
-    """Every task's program (one launch runs them all, so the ranks start once): trains a case, or reduces one
-    step's gradients once, by the learner's fusion or by one Allreduce per tensor (the baseline)."""
+def run_task(comm, solution, case: Case | Timed | MemoryProbe):
+    """Every task's program (one launch runs them all, so the ranks start once): trains a case, reduces one
+    step's gradients once, by the learner's fusion or by one Allreduce per tensor (the baseline), or runs the
+    memory probe."""
+    if isinstance(case, MemoryProbe):
+        return probe(comm, solution, case)
     if isinstance(case, Case):
         params, done = train(comm, solution, case)
         final = model.flat_params(params)
@@ -68,7 +68,7 @@ def run_task(comm, solution, case: Case | Timed):
 
 def train(comm, solution, case: Case) -> tuple[dict[str, Any], CaseResult]:
     """Trains the case's model with the learner's Fusion, each step a "step" phase: returns the parameters and
-    what every step summed, sent and allocated."""
+    what every step summed and sent."""
     params, recorder, done = model.init_params(case.spec), RecordingComm(comm), CaseResult()
     fusion = solution.Fusion(recorder, case.threshold)
     for step in range(case.steps):
@@ -76,20 +76,29 @@ def train(comm, solution, case: Case) -> tuple[dict[str, Any], CaseResult]:
         grads = model.gradients(case.spec, params, *model.make_batch(case.spec, 0, step, comm.Get_rank()))
         tensors, start = list(grads.values()), comm.now()
         recorder.allreduces.clear()
-        if case.probe:
-            tracemalloc.start()
-        try:
-            add_all(fusion, tensors)
-            done.probe_stopped |= case.probe and not tracemalloc.is_tracing()
-            done.peaks.append(tracemalloc.get_traced_memory()[1] if case.probe else -1)
-        finally:
-            tracemalloc.stop()  # a no-op when not tracing
+        add_all(fusion, tensors)
         done.sync_s += comm.now() - start
         done.allreduces.append(list(recorder.allreduces))
         if step == 0:
             done.first_sums = [g.copy() for g in tensors]
         model.apply_update(case.spec, params, grads, case.p)
     return params, done
+
+
+def probe(comm, solution, case: MemoryProbe) -> list[np.ndarray]:
+    """The memory probe's program: the rank's agent reads, from /proc, what the learner's process holds
+    (Task(memory=True)) before the learner's file was imported, at the mark "fuse" (the tensors made, the
+    fusion not yet), at "added" (every tensor added, before flush()) and at "flushed". Returns the first
+    element of each tensor, to make sure the fusion summed them."""
+    tensors = case.tensors(comm.Get_rank())
+    comm.mark("fuse")
+    fusion = solution.Fusion(comm, case.threshold)
+    for t in tensors:
+        fusion.add(t)
+    comm.mark("added")
+    fusion.flush()
+    comm.mark("flushed")
+    return [t[:1].copy() for t in tensors]
 
 
 def add_all(fusion: Any, grads: Any) -> None:

@@ -158,7 +158,7 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
     worker = [*rank_command(), *rank_args(job, job_dir)]
     out = open(job_dir / "launcher.log", "ab")  # forked ranks append to it too
     # Ranks fork from a zygote that has imported what they import, where it runs (runtime/zygote/).
-    preload = preload_for(job.backend, job.program_file, job.seal, job.store)
+    preload = preload_for(job.backend, job.program_file, job.seal, job.store, _probed_solution(job))
     zygote = zygote_for(rank_env(), preload)
     if job.backend == "mpi":
         asks_zygote = [sys.executable, "-S", "-E", "-s", str(STAND_IN)]
@@ -210,9 +210,15 @@ def start_newcomer(job: Job, job_dir: Path, attempt: int, world_rank: int, procs
     if restarted is not None:
         env[RESTARTED_ENV] = str(restarted)
     worker = [*rank_command(), *rank_args(job, job_dir)]
-    zygote = zygote_for(rank_env(), preload_for(job.backend, job.program_file, job.seal, job.store))
+    zygote = zygote_for(rank_env(), preload_for(job.backend, job.program_file, job.seal, job.store,
+                                              _probed_solution(job)))
     with open(job_dir / "launcher.log", "ab") as out:
         _start_gloo_rank(procs, worker, env, zygote, job_dir, out)
+
+
+def _probed_solution(job: Job) -> str | None:
+    """The learner's file, where the job reads its memory (its heavy imports are then preloaded)."""
+    return job.solution_file if job.memory_probe else None
 
 
 def _gloo_env(job: Job, attempt: int, rank: int, port: int, scratch: dict[str, str]) -> dict[str, str]:

@@ -144,29 +144,41 @@ def zygote_for(env: dict[str, str], preload: list[str]) -> Zygote | None:
         return _zygotes[key]
 
 
-def preload_for(backend: str, program_file: str, sealed: bool, store: bool = False) -> list[str]:
+def preload_for(backend: str, program_file: str, sealed: bool, store: bool = False,
+                solution_file: str | None = None) -> list[str]:
     """What the zygote should import before forking the ranks of a job: the engine's modules,
     torch.distributed for a job with a store (its client is torch's TCPStore), and the heavy
     modules its program file imports at its top (a problem that trains a model imports torch
-    there; the supervisor never imports the program itself)."""
+    there; the supervisor never imports the program itself). With ``solution_file`` (a job that
+    reads the learner's memory, Task(memory=True)), the heavy modules it imports anywhere too:
+    imported in the zygote, their pages are held before the first reading, and a learner who
+    imports torch inside a method is not charged its hundred MiB as memory the method kept."""
     wanted = list(GLOO_PRELOAD) if backend == "gloo" else []
     if store and backend != "gloo":
         wanted += ["torch", "torch.distributed"]
     if sealed:
         wanted += ["distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main"]
+    for top in (*_imported(program_file, anywhere=False),
+                *(_imported(solution_file, anywhere=True) if solution_file else ())):
+        if top in PRELOADABLE and top not in wanted:
+            wanted.append(top)
+    return wanted
+
+
+def _imported(source: str, anywhere: bool) -> list[str]:
+    """The top-level packages a Python file imports, at its top or ``anywhere`` in it ("import
+    torch.nn.functional as F" imports torch); none when it cannot be read or parsed."""
     try:
-        tree = ast.parse(Path(program_file).read_text())
+        tree = ast.parse(Path(source).read_text())
     except (OSError, SyntaxError, ValueError):
-        return wanted
-    for node in tree.body:
+        return []
+    found = []
+    for node in (ast.walk(tree) if anywhere else tree.body):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                  else [])
-        for name in names:
-            top = name.partition(".")[0]  # "import torch.nn.functional as F" imports torch
-            if top in PRELOADABLE and top not in wanted:
-                wanted.append(top)
-    return wanted
+        found += [name.partition(".")[0] for name in names]
+    return found
 
 
 def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
