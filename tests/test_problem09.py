@@ -192,6 +192,20 @@ def test_sums_need_the_other_data_centers_bytes() -> None:
     assert judging.too_few_wan_bytes("x", cluster, [400, 400], 400) is None
 
 
+def test_every_element_of_a_long_buffer_is_checked_and_a_sampled_sum_is_named() -> None:
+    buffer = cases.Buffer(cases.CARD, 9001, "float64", 11)
+    want = judging.expected_sum(buffer)
+    sampled = [buffer.input(rank).astype(np.float64) for rank in range(cases.CARD.p)]
+    for got in sampled:
+        got[::97] = want[::97]  # summed where a sample of every 97th element looks, its input elsewhere
+    wrong = judging.wrong_sums(buffer, sampled)
+    assert wrong is not None and "holds the sum at every 97th element only" in wrong
+    one_off = want.copy()
+    one_off[4321] += 1.0  # one element of 9001, where no sample of every 97th looks
+    wrong = judging.wrong_sums(buffer, [one_off] + [want] * (cases.CARD.p - 1))
+    assert wrong is not None and "element 4321" in wrong and "every 97th" not in wrong
+
+
 def test_whatever_a_rank_returns_gives_a_named_failure_not_a_crash() -> None:
     buffer = cases.Buffer(cases.CARD, 5, "float32", 7)
     good = [judging.expected_sum(buffer).astype(np.float32)] * cases.CARD.p
@@ -237,6 +251,9 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "share_of_total.py": ("the model size at which", ["40% of the whole bill (WAN + compute)"]),
     # An outside tester's forgery: a rank's view of its case holds neither the sum nor the others' data.
     "forged_frames.py": ("the sum is right", ["AttributeError: 'Buffer' object has no attribute 'expected'"]),
+    # Another: summed only where the ranks' returned sample looked (every 97th element), WAN bytes padded.
+    "forged_sampled_sum.py": ("the sum is right", ["holds the sum at every 97th element only",
+                                                   "every element of buf is summed, not a sample of them"]),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -249,6 +266,7 @@ NAMES_ITS_BUG = {
     "both phases cross the WAN": "one_phase.py",
     "40% of the whole bill": "share_of_total.py",
     "object has no attribute 'expected'": "forged_frames.py",
+    "not a sample of them": "forged_sampled_sum.py",
 }
 
 

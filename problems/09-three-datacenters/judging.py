@@ -16,7 +16,6 @@ import numpy as np
 from distlab import grading
 
 from .cases import MODEL_SIZES, Bill, Buffer, Cluster, Training
-from .programs import sample
 
 RTOL = {"float32": 1e-5, "float64": 1e-12, "int64": 0.0}  # a sum's rounding in another order
 COST_RTOL = 1e-6  # the cost answers are closed forms: GiB for GB alone is 7% off
@@ -83,8 +82,8 @@ def shown(got: Any) -> str:
 
 
 def bad_values(buffer: Buffer, values: list[Any]) -> str | None:
-    """None when every rank returned an array of the buffer's (sampled) length, else which did not."""
-    size = sample(np.zeros(buffer.n)).size
+    """None when every rank returned an array of the buffer's length, else which did not."""
+    size = buffer.n
     for rank, got in enumerate(values):
         if numbers(got, (size,)) is None:
             return (f"{buffer.label()}: rank {rank}'s buffer came back as {shown(got)}, not {size} "
@@ -115,11 +114,11 @@ def wrong_sums(buffer: Buffer, values: list[np.ndarray]) -> str | None:
     if wrong := bad_values(buffer, values):
         return wrong
     values = [np.asarray(got) for got in values]
-    want = sample(expected_sum(buffer))
+    want = expected_sum(buffer)
     right = [_close(got, want, buffer) for got in values]
     if all(r.all() for r in right):
         return None
-    own = [got == sample(buffer.input(rank)) for rank, got in enumerate(values)]
+    own = [got == buffer.input(rank) for rank, got in enumerate(values)]
     if (buffer.n == want.size and np.logical_or.reduce(right).all()
             and all((r | o).all() for r, o in zip(right, own))):
         return (f"{buffer.label()}: every element is summed on some rank but each rank holds the sum "
@@ -130,21 +129,35 @@ def wrong_sums(buffer: Buffer, values: list[np.ndarray]) -> str | None:
 
 def wrong_sum(buffer: Buffer, rank: int, got: np.ndarray) -> str | None:
     """None when ``rank`` holds the sum over every rank, else what it holds, named."""
-    want = sample(expected_sum(buffer))
+    want = expected_sum(buffer)
     mismatch = grading.first_mismatch(got, want, rtol=RTOL[buffer.dtype], atol=RTOL[buffer.dtype] * buffer.cluster.p)
     if mismatch is None:
         return None
     head, cluster = f"{buffer.label()}: rank {rank}", buffer.cluster
     dc_of = cluster.datacenter_of()
     own_dc = [r for r in range(cluster.p) if dc_of[r] == dc_of[rank]]
-    in_dc = sample(np.sum([buffer.input(r).astype(np.float64) for r in own_dc], axis=0))
+    in_dc = np.sum([buffer.input(r).astype(np.float64) for r in own_dc], axis=0)
     if _close(got, in_dc, buffer).all():
         return (f"{head} holds the sum over its own data center only (ranks {own_dc}): the step "
                 "between data centers is missing, or its groups were split by data center instead "
                 "of by the rank's index inside its data center")
-    if np.array_equal(got, sample(buffer.input(rank))):
+    if np.array_equal(got, buffer.input(rank)):
         return f"{head} still holds its own input: nothing was summed into buf (it works in place)"
+    if every := _stride(_close(got, want, buffer)):
+        return (f"{head} holds the sum at every {every}th element only ({mismatch.describe()}): every element "
+                "of buf is summed, not a sample of them")
     return f"{head} {mismatch.describe()}"
+
+
+def _stride(right: np.ndarray) -> int:
+    """k when the elements 0, k, 2k, ... are right (k > 1) and almost no other one is (a wrong
+    value may equal the sum by chance), else 0."""
+    at = np.flatnonzero(right)
+    if at.size < 2 or at[0] != 0:
+        return 0
+    k = int(np.bincount(np.diff(at)).argmax())
+    sampled = -(-right.size // k) if k > 1 else 0
+    return k if sampled and right[::k].all() and at.size - sampled <= 0.01 * right.size else 0
 
 
 def wan_bytes(task: grading.TaskRun, platform: grading.Platform) -> int:

@@ -10,14 +10,6 @@ from distlab import grading
 
 from .cases import CARD, MODEL_SIZES, Bill, Buffer, Cluster, Training
 
-# What one rank sends back of a buffer: all of it for short ones, else every 97th element (the
-# checker recomputes the same positions), with its length.
-SAMPLE_EVERY = 97
-
-
-def sample(values: np.ndarray) -> np.ndarray:
-    return values if values.size <= 4096 else values[::SAMPLE_EVERY]
-
 
 def run_case(comm, solution, case):
     """The program of every task of the checks: a training run, the cost questions (a list of
@@ -36,7 +28,8 @@ def run_buffers(comm, solution, buffers: list[Buffer]) -> list[np.ndarray]:
         values = buffer.input(rank)
         comm.mark("buffer")
         solution.hierarchical_allreduce(comm, values, buffer.cluster.datacenter_of())
-        found.append(sample(values).copy())
+        # All of it: a sample (every 97th element, once) let a solution sum only the elements read.
+        found.append(values.copy())
     return found
 
 
