@@ -32,7 +32,7 @@ from distlab.platforms import load_shipped
 
 SEED = 4311
 FOLDER = PROBLEMS / "11-topology-rings"
-cases, programs = problem_modules(FOLDER, "cases", "programs")
+cases, programs, judging = problem_modules(FOLDER, "cases", "programs", "judging")
 GBPS = 8 / 1e9
 
 
@@ -89,6 +89,7 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "forged_fake_sum.py": ("allreduce along your ring", ["rank 0 sent its ring successor",
                                                          "the harness's allreduce did not run as written"]),
     "forged_frames.py": ("best_ring returns every rank once", ["RuntimeError: no case"]),
+    "forged_two_rank_ring.py": ("the ring's slowest hop", ["rank 0's best_ring returned [0, 1], not every rank 0..7 once"]),
 }
 
 NAMES_ITS_BUG = {
@@ -99,7 +100,21 @@ NAMES_ITS_BUG = {
     "no affinity was applied": "pin_not_applied.py",
     "did not run as written": "forged_fake_sum.py",
     "RuntimeError: no case": "forged_frames.py",
+    "returned [0, 1], not every rank": "forged_two_rank_ring.py",
 }
+
+
+def test_every_rank_hands_back_its_whole_sum_and_any_order_of_adding_gives_its_bits() -> None:
+    case = cases.Case(cases.CARD, cases.numa_cpus(), 1 << 16, 7)
+    inputs = [cases.values(case.nbytes, cases.data_key(case.seed, r)) for r in range(cases.P)]
+    assert all(np.array_equal(x, np.round(x)) for x in inputs)  # whole numbers: exact sums
+    forward, backward = sum(inputs), sum(inputs[::-1])
+    right = [cases.digest(forward)] * cases.P
+    assert cases.digest(backward) == case.digest() and judging.sum_problem(case, list(range(8)), right) is None
+    off = forward.copy()
+    off[12345] += 1  # one element: a sample of every 4096th would not have looked there
+    wrong = judging.sum_problem(case, list(range(8)), right[:5] + [cases.digest(off)] + right[6:])
+    assert wrong is not None and "did not leave rank 5 the sum" in wrong
 
 
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:

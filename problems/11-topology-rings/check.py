@@ -18,7 +18,7 @@ from .judging import (
     traffic_problem,
     wrong_pin,
 )
-from .programs import SAMPLE, run_case
+from .programs import run_case
 
 CHECKS = Checklist()
 NBYTES = 12 << 20  # past the latency terms: the bottleneck decides
@@ -49,6 +49,8 @@ def a_ring(t: CheckContext, servers: Run) -> None:
 def best_bottleneck(t: CheckContext, servers: Run) -> None:
     for result in servers.cases():
         machine, ring = result.case.machine, tuple(result.values[0]["ring"])
+        if wrong := not_a_ring(result.case, 0, list(ring)):  # two ranks' "ring" shares no link
+            t.fail(wrong)
         t.say(f"{machine.label()}: best ring {machine.best * GBPS:.0f} Gb/s; naive "
               f"{machine.bottleneck(NAIVE) * GBPS:.0f} Gb/s ({crossings(machine, NAIVE)} socket crossings); "
               f"yours {machine.bottleneck(ring) * GBPS:.0f} Gb/s ({crossings(machine, ring)})")
@@ -60,8 +62,8 @@ def best_bottleneck(t: CheckContext, servers: Run) -> None:
 def faster_than_naive(t: CheckContext, servers: Run) -> None:
     for result in (r for r in servers.cases() if r.case.nbytes):
         ring = result.values[0]["ring"]
-        for problem in (traffic_problem(result.case, ring, result.task.timeline().pair_bytes),
-                        sum_problem(result.case, ring, result.values[0]["sum"], SAMPLE)):
+        for problem in (not_a_ring(result.case, 0, ring), traffic_problem(result.case, ring, result.task.timeline().pair_bytes),
+                        sum_problem(result.case, ring, [value["sum"] for value in result.values])):
             if problem:
                 t.fail(problem)
         measured = t.measured_time(result.task)
