@@ -171,6 +171,9 @@ def test_a_rank_view_holds_its_samples_not_their_key() -> None:
             view = training.for_rank(rank)
             found = set(whole_numbers(view))
             assert not found & keys and {n for n in found if abs(n) >= 2**16} == {training.shared_key}
+            # Of the checker's split (the answer split_batch is graded on), its own batch only.
+            if training.given_split is not None:
+                assert view.given_split == tuple(b if r == rank else -1 for r, b in enumerate(training.given_split))
             for step in range(cases.STEPS):
                 mine, want = view.samples(step, rank, rows), training.samples(step, rank, rows)
                 assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(mine, want)), (rank, step)
@@ -235,7 +238,7 @@ RAISES = "split_batch raised"
 SPLITS = {"equal_split.py": "equal", "floor_shares.py": "floor", "round_shares.py": "round", "flops_split.py": "flops",
           "starter.py": "equal", "reference.py": None, "alt_soonest_finish.py": None, "unweighted_mean.py": None,
           "op_by_name.py": None, "host_everywhere.py": None, "forged_no_comm.py": RAISES,
-          "forged_equal_split_clock.py": "equal"}
+          "forged_equal_split_clock.py": "equal", "forged_cached_split.py": "equal"}
 
 
 @pytest.mark.parametrize("seed", [SEED, 1, 2, 3])
@@ -329,6 +332,9 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "op_by_name.py": ({PLACE}, ["on the host; saw it on the accelerator, but ascend910 lacks"]),
     # forged: its sync reads rank 0's samples on every rank, which a rank's view of the training refuses
     "forged_no_comm.py": (ALL, ["view of the training holds no samples of rank 0"]),
+    # forged: the checker's split, read where the harness handed it, was cached for the training
+    "forged_cached_split.py": ({SPLIT, IDLE}, ["Every answer of the table is an equal split",
+                                               "expected at most 5% idle; saw"]),
 }
 # Judged in this process by the check's own functions (the tests above): their checks' logic is the same.
 IN_PROCESS = {"equal_split.py", "round_shares.py", "host_everywhere.py"}

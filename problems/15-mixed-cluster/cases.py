@@ -231,7 +231,10 @@ class Training:
         gradient alone, and a key fits in any message)."""
         key, rows = data_keys(self.seed, rank)[1], 2 * self.job.global_batch
         steps = tuple(draw_stream(key, step, rows) for step in range(STEPS))
-        return replace(self, seed=-1, own=Own(rank, self.shared_key, steps))
+        # Of the checker's split, its own batch only (-1 for the others'): the whole of it is the
+        # answer split_batch is graded on, which a rank's code could keep for the training.
+        given = None if self.given_split is None else tuple(b if r == rank else -1 for r, b in enumerate(self.given_split))
+        return replace(self, seed=-1, own=Own(rank, self.shared_key, steps), given_split=given)
 
 
 def draw_stream(key: int, step: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -36,7 +36,9 @@ def one_launch(t: CheckContext) -> Run:
           + " and ".join(training.job.label() for training in trainings))
     return t.launch(programs.run_cases, [
         Task(ranks=1, cases=[table], label="the table of split_batch and place calls"),
-        *(Task(ranks=tr.job.p, cases=[cases.gradient_case(tr), tr], platform=tr.job.platform(),
+        # The training first: the one-step case hands each rank its batch of the checker's split,
+        # which its code must not have seen before it splits the job itself.
+        *(Task(ranks=tr.job.p, cases=[tr, cases.gradient_case(tr)], platform=tr.job.platform(),
                label=f"the {tr.label()}") for tr in trainings)])
 
 
