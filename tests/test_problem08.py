@@ -65,7 +65,7 @@ def test_variants_replay_per_seed_and_cover_every_case() -> None:
         kinds = {(v.straggler is not None, v.slow_link is not None) for v in all_variants(seed)}
         assert kinds == {(False, False), (True, False), (False, True), (True, True)}
         assert sorted(v.p for v in all_variants(seed)) == [6, 7, 8, 8, 8]
-        assert h.twin == replace(h.variants[0], probed=False)
+        assert h.twin.name == "healthy" and h.twin.p == cases.WORLD and replace(h.twin, probed=True) in h.variants
         assert all(v.fault_plan(seed) is None for v in all_variants(seed) if v.name == "healthy")
         for v in all_variants(seed):
             assert 6 <= v.p <= 8 and 6 <= v.steps <= 10
@@ -155,7 +155,14 @@ def first_draw(seed: int) -> Any:
                 cases.make_variant("slow link", cases.WORLD, rng, slow_link=True),
                 cases.make_variant("both", small[0], rng, straggler=True, slow_link=True),
                 cases.make_variant("healthy", small[1], rng))
-    return cases.Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False))
+    return cases.shuffled(cases.Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False)), seed)
+
+
+def test_the_variants_run_in_an_order_of_the_seed_s_own() -> None:
+    # One learner process runs every variant: in a fixed order, diagnose() could count its calls.
+    orders = {tuple(v.name for v in cases.hidden(seed).variants) for seed in range(40)}
+    assert len(orders) >= 10
+    assert all(sorted(order) == ["both", "healthy", "healthy", "slow link", "straggler"] for order in orders)
 
 
 def test_stragglers_and_natural_imbalance_keep_their_margins(margins: list[dict[str, Any]]) -> None:

@@ -91,7 +91,7 @@ class Hidden:
 
     mesh_seed: int
     variants: tuple[Variant, ...]  # probed runs, each with its own fault plan
-    twin: Variant  # variants[0] again, without probes: the baseline of the overhead
+    twin: Variant  # the healthy job on every rank again, without probes: the baseline of the overhead
 
 
 def compute_table(p: int, steps: int, base_s: float,
@@ -139,7 +139,15 @@ def hidden(seed: int) -> Hidden:
         )
         h = Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False))
         if separation(h) >= 2 * RATIO_TOLERANCE:
-            return h
+            return shuffled(h, seed)
+
+
+def shuffled(h: Hidden, seed: int) -> Hidden:
+    """The variants in an order of the seed's own: one learner process runs them all, and in a fixed
+    order its diagnose() could answer by counting its calls (an outside tester's attack: 14/14 naming
+    the straggler on the 2nd and 4th calls, none elsewhere)."""
+    order = np.random.default_rng([seed, 8, 1]).permutation(len(h.variants))
+    return replace(h, variants=tuple(h.variants[int(i)] for i in order))
 
 
 def look_alikes(compute: np.ndarray, sync: np.ndarray) -> dict[str, float]:

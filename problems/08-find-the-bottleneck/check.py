@@ -18,6 +18,7 @@ variant's without them (at most 3% more).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 
@@ -209,7 +210,8 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
 
 @CHECKS.check("probes add at most 3% to the training's virtual time", points=2)
 def probes_are_cheap(t: CheckContext, hidden_runs: list[HiddenRun], every_variant: Run) -> None:
-    probed, twin = hidden_runs[0], every_variant.cases()[-1]  # the twin: variants[0] without probes
+    twin = every_variant.cases()[-1]  # the healthy job on every rank again, without probes
+    probed = next(run for run in hidden_runs if run.variant == replace(twin.case, probed=True))
     judging.spans_of(t, probed)  # a probe that measures nothing costs nothing, and is of no use
     for task_run, v in ((probed.task_run, probed.variant), (twin.task, twin.case)):
         if message := judging.harness_message(task_run, v):  # the learner's process runs the harness
