@@ -116,6 +116,19 @@ def test_onebit_allreduce_is_unbiased_over_time_with_error_feedback() -> None:
     assert not np.allclose(without, mean, atol=0.05)  # one compression alone is far off
 
 
+def test_the_timed_one_bit_result_is_checked_whole() -> None:
+    # An outside tester's code sent and summed only the every-256th element that a sample once read.
+    case = cases.TimedCase(4, cases.TIMED_N + 7, "onebit", 11)
+    want = judging.sim_onebit_allreduce([cases.wire_input(case.seed, r, case.n, "timed") for r in range(case.p)],
+                                        [np.zeros(case.n, np.float32) for _ in range(case.p)],
+                                        cases.server_errors(case.n, case.p))
+    assert judging.timed_onebit_wrong(case, [want.copy() for _ in range(case.p)]) is None
+    sampled = np.zeros(case.n, np.float32)
+    sampled[:: case.n // 4096] = want[:: case.n // 4096]
+    wrong = judging.timed_onebit_wrong(case, [want, sampled, want, want])
+    assert wrong is not None and "rank 1 holds a wrong result" in wrong
+
+
 def test_topk_keeps_the_largest_and_the_rest_in_the_error() -> None:
     grads = [np.array([5, -1, 0.5, 3], np.float32), np.array([0, 4, -2, 1], np.float32)]
     errors = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
