@@ -144,6 +144,20 @@ def test_a_learner_exception_names_the_file_and_line_and_ends_the_peers(tmp_path
     assert "solution.py, line 4, in work" in result.message
 
 
+def test_a_failing_rank_s_outcome_says_which_marks_its_task_had_set(tmp_path: Path) -> None:
+    # As its agent recorded them: a check can tell where in the program the error came (06).
+    solution = tmp_path / "solution.py"
+    solution.write_text(
+        "def work(comm):\n"
+        "    for name in ('step', 'backward', 'synced', 'step'):\n"
+        "        comm.mark(name)\n"
+        "    raise RuntimeError('no gradient')\n"
+    )
+    result = run(make_job("call_solution", [Task(ranks=1, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error" and result.failing_rank == 0
+    assert result.outcomes[0].marks_at_error == ["step", "backward", "synced", "step"]
+
+
 def test_an_infinite_loop_ends_at_the_deadline_with_every_stack() -> None:
     result = run(make_job("spin", [Task(ranks=3, args=(2,))]), deadline_s=4)
     assert result.status == "timeout"

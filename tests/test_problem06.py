@@ -310,6 +310,9 @@ BUGGY: dict[str, list[str]] = {
     "forged_sync_mark.py": ["the marks differ from the harness's", "only the harness marks the steps"],
     "forged_gathered_gradient.py": ["carried values that are not its own gradients",
                                     "no gradient of its own shard at the step's weights matches"],
+    # And one that refused the side head in DataParallel(...), before any gradient was missing.
+    "forged_refuse_upfront.py": ["raised its error before the first step began",
+                                 "raise it where a gradient is found missing"],
 }
 PASSING = ["alt_tensor_hooks_strict.py"]
 
@@ -328,6 +331,7 @@ NAMES_ITS_BUG = {
     "view of the case holds neither the data nor the initial weights": "forged_no_exchange.py",
     "only the harness marks the steps": "forged_sync_mark.py",
     "carried values that are not its own gradients": "forged_gathered_gradient.py",
+    "raised its error before the first step began": "forged_refuse_upfront.py",
 }
 # ...or also on a fixture whose bug can show that way on some schedules: ready_never_cleared launches
 # buckets before backward filled them, and a loaded machine's timing can leave the weights right in

@@ -147,6 +147,11 @@ def unused_parameter(t: CheckContext) -> None:
             t.fail(f"{case.label}: the run failed with {result.message!r}, an accident rather "
                    "than an explanation: when a parameter gets no gradient in a step, either "
                    "treat its gradient as zero or raise an error naming the problem")
+        # Where the error came, as the failing rank's agent saw its marks: in the gradient sync of a
+        # step whose side head got no gradient (an outside tester's code refused the side head in
+        # DataParallel(...) itself, before any gradient was missing, and scored 2/2).
+        if early := judging.error_before_a_missing_gradient(case, result):
+            t.fail(early)
         t.say(f"a clear error: {result.message.splitlines()[0]}")
         t.metric("outcome", "error")
         return

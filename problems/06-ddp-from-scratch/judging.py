@@ -415,3 +415,26 @@ def launched_before_gradients(case: Case, rank: int, step: int, w: Window) -> st
                     f"backward work of the {len(layers)} layer(s) whose gradients bucket {k} holds had been declared "
                     f"({(w.compute_ends[need - 1] - w.begin) * 1e6:.1f} us): a bucket starts once its gradients exist")
     return None
+
+
+# The marks the harness's training program sets in each step (programs.train).
+STEP_MARKS = ("step", "backward", "synced")
+
+
+def error_before_a_missing_gradient(case: Case, result: Any) -> str | None:
+    """None when the launch's first failing rank failed in the gradient sync of a step without the
+    side head (after that step's "backward" mark, as its agent recorded its marks), else where it
+    failed instead. ``result``: the failed launch's LaunchResult."""
+    rank = result.failing_rank
+    outcome = result.outcomes.get(rank) if rank is not None else None
+    marks = list(outcome.marks_at_error) if outcome is not None else []
+    done, rest = divmod(len(marks) - 2, len(STEP_MARKS))
+    in_sync = (len(marks) >= 2 and rest == 0 and marks[-2:] == ["step", "backward"]
+               and marks[:-2] == list(STEP_MARKS) * done)
+    if in_sync and not case.side_used[done]:
+        return None
+    where = (f"in the gradient sync of step {done}, in which the side head was used" if in_sync
+             else f"after the marks {marks}" if marks else "before the first step began")
+    return (f"{case.label}: rank {rank} raised its error {where}, not in a step whose side head got no gradient "
+            f"(steps {[s for s, used in enumerate(case.side_used) if not used]}): raise it where a gradient is "
+            "found missing, when it is")

@@ -261,6 +261,9 @@ class RankOutcome:
     error: RankError | None = None
     # With Job.mpi_monitoring: point-to-point (messages, bytes) handed to MPI, per world peer.
     handed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # With ``error``: the marks the failing task had set on this rank before it failed, as its
+    # agent recorded them (a check can tell where in the program an error came).
+    marks_at_error: list[str] = field(default_factory=list)
 
 
 def program_module_name(program_file: Path) -> str:

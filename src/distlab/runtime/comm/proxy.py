@@ -91,6 +91,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if trigger_marks:  # mark names at which the supervisor kills or stops us (every comm's)
             self._book.trigger_marks = trigger_marks
         self._book.comms.append(self)
+        self._slot.marked = self._book.marked
         if record_sent:
             self._book.sent = SentLog()
         if memory_probe is not None:

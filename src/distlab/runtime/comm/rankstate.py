@@ -15,6 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Layout: state, op, number of peers, task index, call sequence, 4 peers (world ranks), bytes,
 # since, training step (counted by problem code's comm.mark("step"); process faults trigger on it),
@@ -138,6 +139,9 @@ class RankSlot:
         self._peers = self._record.peers
         self._seq = 0
         self.task = 0  # index of the batch task running now
+        # The running task's marks (its proxy's, shared): the outcome of a rank whose task failed
+        # says how far it had come (RankOutcome.marks_at_error).
+        self.marked: list[tuple[str, Any]] = []
         self.step = 0  # the rank's training step, as marked by problem code
         self.set(RUNNING)
 
@@ -249,6 +253,9 @@ class NullSlot:
 
     task = 0
     step = 0
+
+    def __init__(self) -> None:
+        self.marked: list[tuple[str, Any]] = []
 
     def set_step(self, step: int) -> None:
         self.step = step

@@ -168,6 +168,7 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
             outcome.handed = handed.as_dict()
         slot.set(FAILED)
         outcome.error = error_from(exc, solution_path, task_index, job.limits)
+        outcome.marks_at_error = [name for name, _ in slot.marked]
         write_pickle_atomically(outcome_path(job_dir, rank), outcome)
         sys.stdout.flush()
         os._exit(1)  # the supervisor ends the peers; MPI_Finalize would wait for them
