@@ -26,6 +26,18 @@ def hold_everywhere(comm):
     return int(grown.nbytes + STASH.nbytes)
 
 
+def hold_between_marks(comm):
+    """30 MiB held for a while between two marks, and gone at each."""
+    import time
+
+    comm.mark("start")
+    held = np.ones(30 * MIB // 4, dtype=np.float32)
+    time.sleep(0.2)
+    del held
+    comm.mark("end")
+    return 0
+
+
 def just_mark(comm):
     comm.mark("start")
     return 1

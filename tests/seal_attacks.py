@@ -201,6 +201,7 @@ def shared_kernel_objects(comm):
         "fanotify_init": syscall(300, 0x200, os.O_RDONLY),  # FAN_REPORT_FID: allowed unprivileged
         "shmget": syscall(29, 0, 1 << 20, 0o1600),  # IPC_PRIVATE, IPC_CREAT | 0600: memory no mapping shows
         "msgget": syscall(68, 0, 0o1600),
+        "memfd_create": call(lambda: os.close(os.memfd_create("distlab-probe"))),
         "F_GETFL": fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
         "F_SETFD": call(lambda: fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)),
         "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),

@@ -110,7 +110,7 @@ def test_the_agent_reads_what_the_learner_holds_wherever_it_holds_it(backend: st
     result = run(job, deadline_s=60)
     assert result.ok, result.message
     outcome = result.task_outcomes(0)[0]
-    readings = dict(outcome.memory[1:])
+    readings = {name: held for name, held, _ in outcome.memory[1:]}
     before = outcome.memory[0][1]
     assert outcome.value == 50 * MIB
     # Read before the file was imported: its 30 MiB array came after.
@@ -120,6 +120,16 @@ def test_the_agent_reads_what_the_learner_holds_wherever_it_holds_it(backend: st
     assert 19 < growth["array"] < 22, growth
     assert 39 < growth["child"] < 44, growth  # a process of its own, in a session of its own
     assert 9.5 < growth["file"] < 12, growth  # a file on the learner's own /tmp
+
+
+@pytest.mark.usefixtures("sealed")
+def test_memory_held_between_two_marks_shows_in_the_sampled_peak() -> None:
+    # A reading at a mark is taken when the learner's code chose: its agent also samples it meanwhile.
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_between_marks",), memory=True)], LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    (_, start, _), (_, end, peak) = result.task_outcomes(0)[0].memory[1:]
+    assert abs(end - start) < 2 * MIB and peak - start > 29 * MIB, (start, end, peak)
 
 
 @pytest.mark.usefixtures("sealed")

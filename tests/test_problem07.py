@@ -114,8 +114,9 @@ def test_the_memory_probe_is_tens_of_mib_against_a_budget_of_one_buffer_per_dtyp
     assert all(t[0] == 2 * (k % 5 + 1) and probe.sum_of(k) == 3 * (k % 5 + 1) for k, t in enumerate(tensors))
 
 
-def held(before: int, fuse: int, added: int) -> HeldMemory:
-    return HeldMemory(before, (("fuse", fuse), ("added", added), ("flushed", fuse)))
+def held(before: int, fuse: int, added: int, peak: int | None = None) -> HeldMemory:
+    """Readings at the probe's marks; ``peak``: the most held between "fuse" and "added" (added's own)."""
+    return HeldMemory(before, (("fuse", fuse, fuse), ("added", added, max(added, peak or 0)), ("flushed", fuse, fuse)))
 
 
 def test_the_memory_probe_names_copies_and_memory_kept_from_the_import() -> None:
@@ -127,6 +128,12 @@ def test_the_memory_probe_names_copies_and_memory_kept_from_the_import() -> None
     stash = judging.held_problem(probe, 0, held(base, fuse + probe.harness_bytes(), fuse + probe.harness_bytes()))
     assert "already held" in stash and "kept from the import of your file" in stash and "copied long" not in stash
     assert judging.held_problem(probe, 0, held(-1, fuse + (60 << 20), fuse + (60 << 20))) is None  # never read: growth only
+    # Copies dropped just as "added" was read, held before it: the sampled peak shows them.
+    hidden = judging.held_problem(probe, 1, held(base, fuse, fuse + (1 << 20), peak=fuse + probe.harness_bytes()))
+    assert hidden is not None and "are tensors copied long before their buffer is due?" in hidden
+    # Buffers too large hold that memory themselves: named as the cause, not copies.
+    large = judging.held_problem(probe, 0, held(base, fuse, fuse + (30 << 20)), largest_buffer=4 * probe.threshold)
+    assert large is not None and "its buffers reached" in large and "copied long before" not in large
 
 
 def test_parse_bytes() -> None:
@@ -429,12 +436,17 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     # forged (an outside tester's attacks): each must fail on the agents' evidence, not the rank's testimony
     "copies_until_flush.py": (
-        ["held", "after the last add() than before the fusion was made", "are tensors copied long before their buffer is due?"],
+        ["held up to", "while add() ran than before the fusion was made", "are tensors copied long before their buffer is due?"],
         {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
          "buffer memory bounded": "failed"},
     ),
     "forged_quiet_probe.py": (
         ["are tensors copied long before their buffer is due?"],
+        {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
+         "buffer memory bounded": "failed"},
+    ),
+    "forged_mark_hook.py": (
+        ["held up to", "are tensors copied long before their buffer is due?"],
         {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
          "buffer memory bounded": "failed"},
     ),
@@ -469,6 +481,7 @@ REAL_BUG = {
     "threshold_elements.py": BUFFER_BUGS["threshold_elements.py"],
     "copies_until_flush.py": "are tensors copied long before their buffer is due?",
     "forged_quiet_probe.py": "are tensors copied long before their buffer is due?",
+    "forged_mark_hook.py": "are tensors copied long before their buffer is due?",
     "forged_recording_bypass.py": "which the harness's RecordingComm never noted",
     "forged_untraced_copies.py": "; and the memory probe",
     "forged_local_recompute.py": "view of the case holds no data of rank",
@@ -487,7 +500,7 @@ def test_every_buggy_fixture_has_a_row() -> None:
 
 # The fixtures that do two wrong things: each may show the phrase of the other's bug as well.
 SHARED_BUG = {"forged_untraced_copies.py": {"forged_recording_bypass.py", "copies_until_flush.py",
-                                            "forged_quiet_probe.py"}}
+                                            "forged_quiet_probe.py", "forged_mark_hook.py"}}
 
 
 def phrases_of_others(name: str) -> list[str]:

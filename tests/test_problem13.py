@@ -186,7 +186,7 @@ def test_a_rank_is_handed_its_own_batches_and_must_be_seen_sending_its_updated_s
 
 def held(before: int, footprint: int, kept: int) -> HeldMemory:
     """A rank's memory readings, as its agent takes them: before the solution, then at the marks."""
-    return HeldMemory(before, (("footprint", footprint), ("kept", kept)))
+    return HeldMemory(before, (("footprint", footprint, footprint), ("kept", kept, kept)))
 
 
 def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:

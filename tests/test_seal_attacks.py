@@ -131,7 +131,7 @@ def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary
     for outcome in result.task_outcomes(0):
         seen = outcome.value
         refused = ("add_key", "keyctl", "F_SETLK", "F_GETLK", "flock", "inotify_init1", "fanotify_init",
-                   "shmget", "msgget")
+                   "shmget", "msgget", "memfd_create")
         assert {name: seen[name] for name in refused} == dict.fromkeys(refused, "EPERM"), seen
         assert seen["F_SETFD"] == seen["F_DUPFD"] == "allowed" and seen["F_GETFL"] is seen["read"] is True, seen
 

@@ -300,7 +300,7 @@ class MemoryProbe:
         return sum(self.nbytes_by_dtype().values())
 
     def budget(self) -> int:
-        """What a fusion may hold after the last add(): a buffer per dtype of at most threshold + its largest
+        """What a fusion may hold while add() runs: a buffer per dtype of at most threshold + its largest
         tensor (never more than the dtype's bytes), and a receive copy of the largest."""
         buffers = [min(b, self.threshold + self.largest(d)) for d, b in self.nbytes_by_dtype().items()]
         return sum(buffers) + max(buffers)

@@ -384,6 +384,7 @@ PROBE_MARKS = ("fuse", "added", "flushed")  # the probe's program sets each once
 # The probe's allowance beyond its budget: pages, the interpreter's own objects (measured: well under
 # a MiB); a fusion that copies early holds about 40 MiB, against a budget of 12-16.
 HELD_SLACK = 4 << 20
+COPIED_EARLY = "are tensors copied long before their buffer is due?"
 
 
 def probe_problem(result: CaseRun) -> str | None:
@@ -398,9 +399,20 @@ def probe_problem(result: CaseRun) -> str | None:
             return (f"{case.label()}: rank {rank}'s collectives carried {carried(task.counts(rank))} bytes of the "
                     f"step's {case.harness_bytes()}: every tensor must be reduced across the ranks")
     for rank in range(case.p):
-        if problem := held_problem(case, rank, task.memory(rank)):
+        if problem := held_problem(case, rank, task.memory(rank), largest_while_adding(task, rank)):
             return problem
     return None
+
+
+def largest_while_adding(task: Any, rank: int) -> int:
+    """The rank's largest collective from the probe's mark "fuse" to "added", as its agent traced it."""
+    largest, adding = 0, False
+    for span in task.timeline().events(rank):
+        if span.kind == "mark" and span.name in ("fuse", "added"):
+            adding = span.name == "fuse"
+        elif adding and span.kind in ("coll", "icoll"):
+            largest = max(largest, int(span.nbytes))
+    return largest
 
 
 def probe_sums_wrong(case: model.MemoryProbe, rank: int, value: Any) -> str | None:
@@ -413,12 +425,15 @@ def probe_sums_wrong(case: model.MemoryProbe, rank: int, value: Any) -> str | No
     return None
 
 
-def held_problem(case: model.MemoryProbe, rank: int, held: Any) -> str | None:
+def held_problem(case: model.MemoryProbe, rank: int, held: Any, largest_buffer: int = 0) -> str | None:
     """None if, after its last add(), rank ``rank``'s fusion held at most one buffer per dtype (the budget)
     beyond what its process held when the fusion was about to be made, and the process held no more then
     than the harness's tensors since before the learner's file was imported (``held``: grading's
-    HeldMemory, read by the rank's agent from /proc)."""
-    added = held.at("added") - held.at("fuse")
+    HeldMemory, read by the rank's agent from /proc). ``largest_buffer``: the rank's largest collective of
+    the probe, as its agent traced it; past threshold + the largest tensor, it is named as the cause."""
+    # The most held from "fuse" to "added", as the agent sampled it: not only at "added", where the
+    # learner's code, which sets the mark, could drop its copies for the moment of the reading.
+    added = held.peak_to("added") - held.at("fuse")
     early = held.at("fuse") - held.before_solution - case.harness_bytes() if held.before_solution >= 0 else 0
     budget = case.budget()
     if added + max(early, 0) <= budget + HELD_SLACK:
@@ -426,13 +441,16 @@ def held_problem(case: model.MemoryProbe, rank: int, held: Any) -> str | None:
     if early > HELD_SLACK:
         return (f"{case.label()}: rank {rank}'s process already held {mib(early)} more when the fusion was about "
                 f"to be made than the harness's tensors ({mib(case.harness_bytes())}) and the interpreter account "
-                f"for, then {mib(added)} more after the last add(), against one buffer per dtype, {mib(budget)}: "
+                f"for, then up to {mib(added)} more while add() ran, against one buffer per dtype, {mib(budget)}: "
                 "memory kept from the import of your file counts (a module-level array, or a large library such "
                 "as torch: the probe cannot tell them apart)")
-    return (f"{case.label()}: rank {rank}'s process held {mib(added)} more after the last add() than before the "
-            f"fusion was made (read from /proc by its agent), against one buffer per dtype of threshold + its "
-            f"largest tensor and one receive copy, {mib(budget)}: are tensors copied long before their buffer "
-            "is due?")
+    head = (f"{case.label()}: rank {rank}'s process held up to {mib(added)} more while add() ran than before "
+            f"the fusion was made (read from /proc by its agent), against one buffer per dtype of threshold + its "
+            f"largest tensor and one receive copy, {mib(budget)}")
+    limit = case.threshold + max(case.largest(d) for d in case.nbytes_by_dtype())
+    if largest_buffer > limit:
+        return f"{head}: its buffers reached {mib(largest_buffer)}, past threshold + the largest tensor"
+    return f"{head}: {COPIED_EARLY}"
 
 
 def mib(nbytes: int) -> str:

@@ -71,17 +71,25 @@ class Task:
 @dataclass(frozen=True)
 class HeldMemory:
     """A rank's memory readings (``TaskRun.memory``): bytes held before the learner's file was
-    imported (-1: never read), and at each mark, in order."""
+    imported (-1: never read), and at each mark, in order, with the most held since the reading
+    before (its agent samples the learner every few milliseconds while the task runs)."""
 
     before_solution: int
-    marks: tuple[tuple[str, int], ...]
+    marks: tuple[tuple[str, int, int], ...]
 
     def at(self, mark: str, nth: int = 0) -> int:
         """Bytes held at the ``nth`` mark named ``mark``."""
-        held = [value for name, value in self.marks if name == mark]
-        if nth >= len(held):
-            raise KeyError(f"{len(held)} mark(s) {mark!r}; no reading #{nth}")
-        return held[nth]
+        return self._reading(mark, nth)[1]
+
+    def peak_to(self, mark: str, nth: int = 0) -> int:
+        """The most bytes held from the reading before the ``nth`` mark named ``mark`` up to it."""
+        return self._reading(mark, nth)[2]
+
+    def _reading(self, mark: str, nth: int) -> tuple[str, int, int]:
+        found = [reading for reading in self.marks if reading[0] == mark]
+        if nth >= len(found):
+            raise KeyError(f"{len(found)} mark(s) {mark!r}; no reading #{nth}")
+        return found[nth]
 
 
 @dataclass

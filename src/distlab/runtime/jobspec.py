@@ -238,9 +238,10 @@ class TaskOutcome:
     # kernel by the rank's agent (its own process unsealed): the affinity the code applied.
     cpus: tuple[int, ...] = ()
     sent: SentLog | None = None  # what the rank sent, where its task asked (Task.record_sent)
-    # Where the task asked (Task.memory): (mark name, bytes the learner's processes held then),
-    # read by the rank's agent from /proc, the first entry BEFORE_SOLUTION's (rank/memory.py).
-    memory: list[tuple[str, int]] = field(default_factory=list)
+    # Where the task asked (Task.memory): (mark name, bytes the learner's processes held then, the
+    # most they held since the reading before), read by the rank's agent from /proc, the first
+    # entry BEFORE_SOLUTION's (rank/memory.py).
+    memory: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass

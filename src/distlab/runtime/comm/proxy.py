@@ -79,7 +79,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         book: RankBook | None = None,
         trigger_marks: tuple[str, ...] = (),
         record_sent: bool = False,
-        memory_probe: Callable[[], int] | None = None,
+        memory_probe: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()
@@ -160,8 +160,9 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         return self._book.sent
 
     @property
-    def memory_marks(self) -> list[tuple[str, int]]:
-        """What the learner's processes held at each mark, where the task asked (Task.memory)."""
+    def memory_marks(self) -> list[tuple[str, int, int]]:
+        """What the learner's processes held at each mark, and their peak since the reading before,
+        where the task asked (Task.memory)."""
         return self._book.memory
 
     def total_stats(self) -> CommStats:

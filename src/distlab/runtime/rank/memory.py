@@ -26,9 +26,10 @@ from __future__ import annotations
 import array
 import fcntl
 import os
+import random
 import termios
+import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..jobspec import BEFORE_SOLUTION
@@ -177,14 +178,53 @@ def steady_malloc() -> None:
         libc.mallopt(M_TRIM_THRESHOLD, STEADY_THRESHOLD)
 
 
-@dataclass
 class MemoryWitness:
-    """How a rank reads its learner's memory (``held``), and what it held before the learner's
-    file was imported (``before_solution``, set once read; None until then)."""
+    """How a rank reads its learner's memory (``held``), what it held before the learner's file was
+    imported (``before_solution``, set once read; None until then), and the peak between readings.
 
-    held: Callable[[], int]
-    before_solution: int | None = None
+    A reading at a mark is taken while the learner's code waits in its call, at a moment that code
+    chose: it could drop what it holds just then and make it again after (an outside tester's
+    solutions did, wrapping comm.mark). So while a task that reads memory runs, a thread samples
+    the learner at random intervals of a few milliseconds, and each reading carries the largest
+    sample since the one before: memory held between two marks shows there, whenever it was held
+    (to within a sample: something made and freed in a few milliseconds can slip between two)."""
 
-    def readings(self, marks: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    def __init__(self, held: Callable[[], int], before_solution: int | None = None) -> None:
+        self.held = held
+        self.before_solution = before_solution
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+        self._sampler: threading.Thread | None = None
+
+    def watch(self) -> None:
+        """Starts sampling (a task that reads memory begins)."""
+        self._peak = self.held()
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, args=(self._stop,), daemon=True)
+        self._sampler.start()
+
+    def unwatch(self) -> None:
+        if self._stop is not None and self._sampler is not None:
+            self._stop.set()
+            self._sampler.join()
+        self._stop = self._sampler = None
+
+    def reading(self) -> tuple[int, int]:
+        """What is held now, and the largest sample since the last reading (this one included)."""
+        now = self.held()
+        with self._lock:
+            peak, self._peak = max(self._peak, now), now
+        return now, peak
+
+    def _sample(self, stop: threading.Event) -> None:
+        jitter = random.Random()  # the learner's code must not know when: not the job's seed
+        while not stop.wait(jitter.uniform(0.002, 0.010)):
+            value = self.held()
+            with self._lock:
+                self._peak = max(self._peak, value)
+
+    def readings(self, marks: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
         """A task's TaskOutcome.memory: the reading before the solution first (-1: never read)."""
-        return [(BEFORE_SOLUTION, -1 if self.before_solution is None else self.before_solution), *marks]
+        before = -1 if self.before_solution is None else self.before_solution
+        return [(BEFORE_SOLUTION, before, before), *marks]

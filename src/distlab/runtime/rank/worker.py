@@ -268,6 +268,7 @@ def _run_task(
     plan = task.faults if task.faults is not None else job.faults
     platform = task.platform if task.platform is not None else job.platform
     clocked = platform is not None and (job.online_clock or plan is not None)
+    watcher = witness if task.memory else None  # reads the learner's memory during this task
     side = split_off(engine, members) if clocked else None
     result: TaskOutcome | None = None
     if group is not None:
@@ -287,19 +288,25 @@ def _run_task(
             ),
             clock=task_clock(platform, side),
             record_sent=task.record_sent,
-            memory_probe=witness.held if witness is not None and task.memory else None,
+            memory_probe=watcher.reading if watcher is not None else None,
             **_fault_layers(plan, world_rank),
         )
         if task.store and job.store_address:
             host, port = job.store_address.rsplit(":", 1)
             comm.attach_store(StoreLink(host, int(port), f"task{index}/"))
         start = time.perf_counter()
-        value = run(comm, index, task)
+        if watcher is not None:
+            watcher.watch()
+        try:
+            value = run(comm, index, task)
+        finally:
+            if watcher is not None:
+                watcher.unwatch()
         require_completed(comm.unwaited())
         events = trace.events if trace is not None else None
         result = TaskOutcome(value, comm.total_stats(), time.perf_counter() - start, events,
                              comm.marked, comm.stats_by_communicator(), cpus(), comm.sent,
-                             witness.readings(comm.memory_marks) if witness is not None and task.memory else [])
+                             watcher.readings(comm.memory_marks) if watcher is not None else [])
         comm.release_store()
         if group is not engine:
             _release(group, next_task)

@@ -16,9 +16,11 @@ refused with them: request_key, flock(2), open file description locks (F_OFD_*),
 (F_SETLEASE, F_GETLEASE), dnotify (F_NOTIFY) and inotify and fanotify (a watch in one rank sees
 which of two files another rank opens). Each fails with EPERM, so learner code sees an ordinary
 PermissionError; every other call, every other fcntl command included, is allowed. System V
-shared memory and message queues (shmget, msgget) are refused too: the learner's IPC namespace
-is its own, but a segment it does not map, or a queue, holds memory that the memory probe
-(runtime/rank/memory.py), reading the learner's mappings and files, would not count.
+shared memory and message queues (shmget, msgget) and memfd_create are refused too: the
+learner's IPC namespace is its own, but a segment it does not map, a queue, or a memfd whose
+descriptor it sent into a socket's queue (an outside tester kept 48 MiB there) holds memory that
+the memory probe (runtime/rank/memory.py), reading the learner's mappings, descriptors and files,
+would not count.
 
 How. ``install`` runs last in the learner's privilege drop, after no_new_privs (which lets a
 process without capabilities install a filter; it is kept by every thread and process the learner
@@ -41,20 +43,21 @@ PR_SET_SECCOMP covers all of it. The program is classic BPF on ``struct seccomp_
     11  jeq #fanotify_init (300), deny
     12  jeq #shmget (29), deny
     13  jeq #msgget (68), deny
-    14  jeq #fcntl (72), 0, allow
-    15  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
+    14  jeq #memfd_create (319), deny
+    15  jeq #fcntl (72), 0, allow
+    16  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
                                        reads of it (an unsigned int)
-    16  jeq #F_GETLK (5), deny
-    17  jeq #F_SETLK (6), deny
-    18  jeq #F_SETLKW (7), deny
-    19  jeq #F_OFD_GETLK (36), deny
-    20  jeq #F_OFD_SETLK (37), deny
-    21  jeq #F_OFD_SETLKW (38), deny
-    22  jeq #F_SETLEASE (1024), deny
-    23  jeq #F_GETLEASE (1025), deny
-    24  jeq #F_NOTIFY (1026), deny
-    25  allow: ret #SECCOMP_RET_ALLOW
-    26  deny:  ret #SECCOMP_RET_ERRNO | EPERM
+    17  jeq #F_GETLK (5), deny
+    18  jeq #F_SETLK (6), deny
+    19  jeq #F_SETLKW (7), deny
+    20  jeq #F_OFD_GETLK (36), deny
+    21  jeq #F_OFD_SETLK (37), deny
+    22  jeq #F_OFD_SETLKW (38), deny
+    23  jeq #F_SETLEASE (1024), deny
+    24  jeq #F_GETLEASE (1025), deny
+    25  jeq #F_NOTIFY (1026), deny
+    26  allow: ret #SECCOMP_RET_ALLOW
+    27  deny:  ret #SECCOMP_RET_ERRNO | EPERM
 
 (``listing()`` prints the program as built, in this form.) Elsewhere than x86_64 (the sandbox's
 numbers are x86_64's) or on a kernel without seccomp, nothing is installed, and ``DESCRIPTION``,
@@ -73,7 +76,7 @@ from pathlib import Path
 # x86_64 system call numbers (asm/unistd_64.h); refused outright.
 REFUSED_CALLS = {"add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253,
                  "inotify_init1": 294, "inotify_add_watch": 254, "fanotify_init": 300,
-                 "shmget": 29, "msgget": 68}
+                 "shmget": 29, "msgget": 68, "memfd_create": 319}
 SYS_FCNTL = 72
 # fcntl commands refused: locks, OFD locks, leases, dnotify. Others (F_GETFL, F_SETFD, F_DUPFD,
 # F_ADD_SEALS...) stay allowed.
@@ -89,8 +92,8 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 SUPPORTED = platform.machine() == "x86_64" and sys.maxsize > 2**32
 DESCRIPTION = ("no keyring, file locks, leases or file-change notifications (a seccomp filter "
-               "refuses them: ranks could share data through them), nor System V shared memory "
-               "or message queues")
+               "refuses them: ranks could share data through them), nor System V shared memory, "
+               "message queues or memfds")
 UNFILTERED = (f"no syscall filter ({'the kernel has no seccomp' if SUPPORTED else 'not x86_64'}): "
               "the kernel keyring and file locks are shared with other ranks")
 
