@@ -125,7 +125,8 @@ def test_the_agent_reads_what_the_learner_holds_wherever_it_holds_it(backend: st
 @pytest.mark.usefixtures("sealed")
 def test_memory_held_between_two_marks_shows_in_the_sampled_peak() -> None:
     # A reading at a mark is taken when the learner's code chose: its agent also samples it meanwhile.
-    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_between_marks",), memory=True)], LEARNER)
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_between_marks",), memory=True,
+                                                      memory_sampled=("start",))], LEARNER)
     result = run(job, deadline_s=60)
     assert result.ok, result.message
     (_, start, _), (_, end, peak) = result.task_outcomes(0)[0].memory[1:]

@@ -184,9 +184,11 @@ def test_a_rank_is_handed_its_own_batches_and_must_be_seen_sending_its_updated_s
     assert "more than the harness keeps" in judging.unshared_update(case, 3, (lo, hi), SentLog(overflowed=True), adam)
 
 
-def held(before: int, footprint: int, kept: int) -> HeldMemory:
-    """A rank's memory readings, as its agent takes them: before the solution, then at the marks."""
-    return HeldMemory(before, (("footprint", footprint, footprint), ("kept", kept, kept)))
+def held(before: int, footprint: int, kept: int, between: int | None = None) -> HeldMemory:
+    """A rank's memory readings, as its agent takes them: before the solution, then at the marks, each
+    step's pause ("rest" to "kept") holding ``kept``, or up to ``between`` while sampled."""
+    pause = (("rest", kept, kept), ("kept", kept, max(kept, between or 0)))
+    return HeldMemory(before, (("footprint", footprint, footprint), *pause * 3))
 
 
 def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
@@ -206,6 +208,23 @@ def test_the_memory_probe_holds_a_shard_and_names_whole_size_keeping() -> None:
     assert "less than its shard's moments" in hidden and "where does it keep them?" in hidden
     # Unsealed, a rank that was never read before the solution (-1) is judged on its growth alone.
     assert judging.footprint_problem(probe, 0, held(-1, ready + whole, ready + whole + shard)) is None
+    # Scratch dropped for each reading at a mark and made again after: the pause's samples show it.
+    dodged = judging.footprint_problem(probe, 2, held(base, ready, ready + shard, between=ready + shard + whole))
+    assert dodged is not None and "as much as plain Adam's whole m and v" in dodged
+
+
+def test_the_memory_probe_s_rank_hands_back_the_harness_s_arrays_whole() -> None:
+    probe = cases.footprint(3)
+    views = [probe.for_rank(rank) for rank in range(probe.p)]
+    assert all(v.seed == -1 and str(probe.seed) not in repr(v) for v in views)  # its gradients, no seed
+    assert all(np.array_equal(g, cases.flat_gradient(probe, 1, s)) for s, g in enumerate(views[1].gradients(1)))
+    digests = [cases.digest(g) for g in views[2].gradients(2)]
+    assert judging.footprint_value_problem(probe, 2, digests) is None
+    given_back = views[2].gradients(2)[0].copy()
+    given_back[: 1 << 20] = 0  # a MiB of pages given back (madvise): zeros when read again
+    wrong = judging.footprint_value_problem(probe, 2, [cases.digest(given_back), *digests[1:]])
+    assert wrong is not None and "the gradients it was handed changed" in wrong
+    assert "not the digests of the probe's gradients" in judging.footprint_value_problem(probe, 2, None)
 
 
 def test_the_calculator_and_byte_diagnoses() -> None:

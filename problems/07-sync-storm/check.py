@@ -41,7 +41,8 @@ def storm(t: CheckContext, plan: Plan) -> Run:
     learner's fused step and one Allreduce per tensor."""
     # The probe first: what the learner process holds then is the harness's and the learner's file's alone.
     probe = cases.memory_probe(t.seed)
-    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True, marks=judging.PROBE_MARKS)]
+    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True, memory_sampled=("fuse",),
+                  marks=judging.PROBE_MARKS)]
     # A step's counters are those of its phase, from the harness's mark "step" to the next: marks the learner's
     # code sets of other names cut nothing (Task.marks; judging.unreduced counts the "step" marks).
     tasks += [Task(ranks=c.p, case=c, label=f"training with {c.label()}", marks=judging.MARKS)

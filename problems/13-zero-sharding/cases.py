@@ -6,7 +6,8 @@ weights of a small MLP (one hidden tanh layer, one output). Hidden variants: the
 the parameter count never divides by the rank count), the rank count, lr, betas and eps, and the
 model sizes and rank counts the memory calculator is asked about."""
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field, replace
 from math import ceil
 
 import numpy as np
@@ -106,8 +107,18 @@ class Footprint:
 
     p: int
     size: int
-    seed: int
+    seed: int  # the checker's; -1 in a rank's view, which holds its own gradients instead
     steps: int = 3
+    own: tuple[np.ndarray, ...] | None = field(default=None, compare=False)  # a rank's view: its gradients
+
+    def for_rank(self, rank: int) -> "Footprint":
+        """Its own gradients, drawn here (by its agent), and no seed: a rank that gave back the pages
+        of the gradients it was handed, to make room the probe would read as its own, could not draw
+        them again, and the digests it hands back after the steps would not match."""
+        return replace(self, seed=-1, own=tuple(flat_gradient(self, rank, step) for step in range(self.steps)))
+
+    def gradients(self, rank: int) -> tuple[np.ndarray, ...]:
+        return self.own if self.own is not None else tuple(flat_gradient(self, rank, s) for s in range(self.steps))
 
     def shard_bytes(self) -> int:
         """The moments of one shard of ceil(N / p) parameters, float32: what a sharded Adam keeps."""
@@ -189,6 +200,11 @@ def footprint(seed: int) -> Footprint:
 
 def flat_gradient(case: Footprint, rank: int, step: int) -> np.ndarray:
     return np.random.default_rng([case.seed, rank, step]).standard_normal(case.size, dtype=np.float32)
+
+
+def digest(array: np.ndarray) -> str:
+    """Every byte of an array, in a few: what the probe hands back of the gradients it was handed."""
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 CLASSIC = (Memory(7.5e9, 64, 0), Memory(7.5e9, 64, 1), Memory(7.5e9, 64, 2), Memory(7.5e9, 64, 3))

@@ -19,10 +19,14 @@ parameter itself got the whole mean gradient from an allreduce and keeps whole m
 What it keeps elsewhere (a global, a cache, a closure, an mmap) the memory probe counts: a flat
 model of about 3 x 10^6 parameters steps 3 times on 4 ranks, first in the launch, and each rank's
 agent reads from /proc what its learner process holds (runtime/rank/memory.py): before the
-learner's file is imported, when the gradients are made, and after the last step. A shard of the
-moments is about 6 MiB; whole ones 18 MiB more, against about 2 MiB of the interpreter's own. The
-process reports no number of its own: tracemalloc, which an earlier probe read, was the learner's
-to stop or rewrite.
+learner's file is imported, when the gradients it was handed are there, and in a pause after each
+step, sampled while no code of the learner's runs (a reading at a mark alone, an outside tester
+showed, lets a wrapper of comm.mark drop whole-size scratch buffers just then). A shard of the
+moments is about 6 MiB; whole ones 18 MiB more, against well under a MiB of the interpreter's
+own. The rank then hands back the digests of its gradients: the harness's arrays must still be
+whole (pages given back with madvise once made room for kept buffers). The process
+reports no number of its own: tracemalloc, which an earlier probe read, was the learner's to stop
+or rewrite.
 
 Bytes are the replay's: every flow each rank sent (its collectives run as their ring algorithms),
 per step, against the same ranks' data-parallel allreduce of the same gradient.
@@ -45,7 +49,8 @@ def one_launch(t: CheckContext) -> Run:
     # The probe first: what the learner process holds then is the harness's and the learner's
     # file's alone, nothing left over from the training cases.
     probe = cases.footprint(t.seed)
-    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True, marks=judging.PROBE_MARKS)]
+    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True,
+                  memory_sampled=("rest",), marks=judging.PROBE_MARK_NAMES)]
     for case in trainings:
         tasks += [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}", record_sent=True),
                   Task(ranks=case.p, case=Baseline(case), label=f"the data-parallel baseline, p = {case.p}")]
@@ -101,16 +106,17 @@ def sharded_state(t: CheckContext, one_launch: Run) -> None:
         t.say(f"{case.label()}: the largest shard holds {most:,} bytes of moments, "
               f"{most / (2 * case.size * judging.MOMENT_BYTES):.4f} of the whole (1/p = {1 / case.p:.4f})")
     for probe in one_launch.cases(Footprint):
-        if moved := probe.task.marks_differ(judging.PROBE_MARKS):
+        if moved := probe.task.marks_differ(judging.probe_marks(probe.case)):
             t.fail(f"{moved}: the memory probe reads at the program's marks")
         held = [probe.task.memory(rank) for rank in range(probe.case.p)]
-        for rank, readings in enumerate(held):
-            if problem := judging.footprint_problem(probe.case, rank, readings):
+        for rank, (readings, value) in enumerate(zip(held, probe.values)):
+            if problem := (judging.footprint_value_problem(probe.case, rank, value)
+                           or judging.footprint_problem(probe.case, rank, readings)):
                 t.fail(f"{probe.case.label()}: {problem}")
-        kept = max(r.at("kept") - r.at("footprint") for r in held)
+        kept = max(judging.kept_between_steps(probe.case, r) for r in held)
         t.metric("kept_over_shard", round(kept / probe.case.shard_bytes(), 3))
-        t.say(f"{probe.case.label()}: each rank's process holds at most {judging.mib(kept)} more after its "
-              f"optimizer's steps (read from /proc by its agent), its shard's moments are "
+        t.say(f"{probe.case.label()}: each rank's process holds at most {judging.mib(kept)} more between its "
+              f"optimizer's steps (sampled from /proc by its agent), its shard's moments are "
               f"{judging.mib(probe.case.shard_bytes())}")
 
 

@@ -71,7 +71,12 @@ MOMENT_BYTES = 4  # float32 moments, like the weights
 # NumPy's lazily imported modules (measured: within 0.2 MiB of the arrays' bytes, sealed or not, MPI
 # or gloo); whole moments are 18 MiB more.
 HELD_SLACK = 4 << 20
-PROBE_MARKS = ("footprint", "kept")  # the probe's program sets each once, in this order
+PROBE_MARK_NAMES = ("footprint", "rest", "kept")  # the probe's program's marks (programs.footprint)
+
+
+def probe_marks(case: Footprint) -> list[str]:
+    """The probe's marks in order: "footprint", then "rest" and "kept" around each step's pause."""
+    return ["footprint", *(["rest", "kept"] * case.steps)]
 
 
 def weights_close(got: np.ndarray, want: np.ndarray, case: Training) -> bool:
@@ -202,7 +207,7 @@ def footprint_problem(case: Footprint, rank: int, held: HeldMemory) -> str | Non
     held at "footprint" beyond the harness's arrays, since before the learner's file was imported,
     counts too: memory set aside at import would otherwise hold whole moments unseen."""
     shard, whole = case.shard_bytes(), 2 * case.size * MOMENT_BYTES
-    kept = held.at("kept") - held.at("footprint")
+    kept = kept_between_steps(case, held)
     early = held.at("footprint") - held.before_solution - case.harness_bytes() if held.before_solution >= 0 else 0
     if kept < shard - HELD_SLACK:
         return (f"rank {rank}'s process held {mib(kept)} more after the optimizer's last step than before it was "
@@ -221,6 +226,25 @@ def footprint_problem(case: Footprint, rank: int, held: HeldMemory) -> str | Non
             f"made (as the kernel counts its memory, wherever the optimizer keeps it),{as_whole} {kept / shard:.2f}x "
             f"its shard's moments, 2 x ceil(N / p) x 4 = {mib(shard)}; a sharded Adam keeps nothing whole-size "
             "between steps")
+
+
+def kept_between_steps(case: Footprint, held: HeldMemory) -> int:
+    """The most the process held in the pauses after the steps (from "rest" to "kept", sampled by the
+    agent while no code of the learner's ran) beyond what it held when the optimizer was about to be
+    made: what the optimizer keeps between steps, whenever the learner's code would drop it."""
+    return max(held.peak_to("kept", k) for k in range(case.steps)) - held.at("footprint")
+
+
+def footprint_value_problem(case: Footprint, rank: int, value: Any) -> str | None:
+    """None when the probe's rank handed back the digests of the gradients it was handed, unchanged
+    (their pages given back to make room would read as zeros), else what it handed back."""
+    if not (isinstance(value, list) and all(isinstance(d, str) for d in value)):
+        return f"rank {rank} handed back {type(value).__name__}, not the digests of the probe's gradients"
+    if value != [cases.digest(cases.flat_gradient(case, rank, step)) for step in range(case.steps)]:
+        return (f"rank {rank}: the gradients it was handed changed while its optimizer ran: their pages were given "
+                "back, or written over; the probe counts the process's memory, the harness's arrays included, so "
+                "leave them whole")
+    return None
 
 
 def mib(nbytes: int) -> str:

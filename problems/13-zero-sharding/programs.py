@@ -2,6 +2,7 @@
 data-parallel baseline whose traffic the byte check compares with, the memory calculator, and the
 free run (main, bounds, figure). The ranks return plain data and judge nothing."""
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,20 +85,28 @@ def data_parallel(comm: Any, solution: Any, baseline: Baseline) -> None:
     comm.mark("done")
 
 
-def footprint(comm: Any, solution: Any, case: Footprint) -> None:
+QUIET_S = 0.03  # the pause after each step, in which the agent samples what the optimizer keeps
+
+
+def footprint(comm: Any, solution: Any, case: Footprint) -> list[str]:
     """The memory probe's program: the rank's agent reads, from /proc, what the learner's process
     holds (Task(memory=True)): before the learner's file was imported, at the mark "footprint"
-    (the weights and every gradient made, the optimizer not yet) and at the mark "kept" (its last
-    step done, the optimizer alive). The program reports nothing: the readings are the evidence."""
+    (the weights and the gradients it was handed there, the optimizer not yet), and after each
+    step from the mark "rest" to the mark "kept", a pause in which no code of the learner's runs,
+    sampled by the agent. Hands back the digests of the gradients: what the harness holds must
+    still be whole (pages given back to make room would show)."""
     weights = np.empty(case.size, dtype=np.float32)
     weights.fill(0.0)  # written now, so its pages are held before the optimizer is made
-    grads = [cases.flat_gradient(case, comm.Get_rank(), step) for step in range(case.steps)]
+    grads = case.gradients(comm.Get_rank())
     comm.mark("footprint")
     opt = solution.ShardedAdam(comm, case.size, 1e-3, (0.9, 0.999), 1e-8)
     for grad in grads:
         opt.step(weights, grad)
-    comm.mark("kept")
+        comm.mark("rest")
+        time.sleep(QUIET_S)
+        comm.mark("kept")
     del opt
+    return [cases.digest(g) for g in grads]
 
 
 def calculator(comm: Any, solution: Any, questions: list[Memory]) -> list[Any]:

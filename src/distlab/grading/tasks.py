@@ -59,13 +59,16 @@ class Task:
     # Each rank's agent reads what the learner's processes hold in memory, from /proc, at every
     # mark and once before the learner's file is imported: ``TaskRun.memory(rank)``.
     memory: bool = False
+    # From each mark named here to the next, the agent samples that memory every few milliseconds
+    # (a reading at a mark alone is taken when the learner's code calls it): HeldMemory.peak_to.
+    memory_sampled: tuple[str, ...] = ()
 
     def for_ranks(self) -> RankTask:
         args = (list(self.cases),) if self.cases is not None else (self.case,)
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
                         platform=self.platform, store=self.store, survivors=self.survivors,
                         needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent,
-                        memory=self.memory)
+                        memory=self.memory, memory_sampled=tuple(self.memory_sampled))
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ class Task:
     # The rank reads what the learner's processes hold in memory at each mark, from /proc
     # (rank/memory.py), and once before the learner's file is imported: TaskOutcome.memory.
     memory: bool = False
+    # Marks after which the rank's agent also samples that memory every few milliseconds, until
+    # the next mark: each reading then carries the most held since the one before.
+    memory_sampled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Declarations:
             self._slot.pause(1 << book.trigger_marks.index(name))
         book.marked.append((name, book.totals()))
         if book.memory_probe is not None:
-            book.memory.append((name, *book.memory_probe()))
+            book.memory.append((name, *book.memory_probe(name)))
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))

@@ -55,7 +55,7 @@ class RankBook:
         self.sent: SentLog | None = None
         # Where the task asks (Task.memory): what the learner's processes hold, read at each mark
         # (rank/memory.py), and each reading with its mark's name.
-        self.memory_probe: Callable[[], tuple[int, int]] | None = None  # (held now, peak since)
+        self.memory_probe: Callable[[str], tuple[int, int]] | None = None  # mark -> (held now, peak since)
         self.memory: list[tuple[str, int, int]] = []
 
     def totals(self) -> CommStats:

@@ -79,7 +79,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         book: RankBook | None = None,
         trigger_marks: tuple[str, ...] = (),
         record_sent: bool = False,
-        memory_probe: Callable[[], tuple[int, int]] | None = None,
+        memory_probe: Callable[[str], tuple[int, int]] | None = None,
     ) -> None:
         self._engine = engine
         self._slot = slot if slot is not None else NullSlot()

@@ -184,22 +184,27 @@ class MemoryWitness:
 
     A reading at a mark is taken while the learner's code waits in its call, at a moment that code
     chose: it could drop what it holds just then and make it again after (an outside tester's
-    solutions did, wrapping comm.mark). So while a task that reads memory runs, a thread samples
-    the learner at random intervals of a few milliseconds, and each reading carries the largest
-    sample since the one before: memory held between two marks shows there, whenever it was held
-    (to within a sample: something made and freed in a few milliseconds can slip between two)."""
+    solutions did, wrapping comm.mark). So from each mark the task names (``Task.memory_sampled``)
+    to the next, a thread samples the learner at random intervals of a few milliseconds, and each
+    reading carries the largest sample since the one before: memory held between those marks shows
+    there, whenever it was held (to within a sample: something made and freed in a few milliseconds
+    can slip between two). Sampling costs a core's fraction while it runs, so only there."""
 
     def __init__(self, held: Callable[[], int], before_solution: int | None = None) -> None:
         self.held = held
         self.before_solution = before_solution
         self._peak = 0
+        self._window = 0  # readings so far: a sample begun before a reading belongs to no later window
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
         self._sampler: threading.Thread | None = None
+        self._sampled: tuple[str, ...] = ()
+        self._active = threading.Event()  # set from a mark of ``_sampled`` to the next mark
 
-    def watch(self) -> None:
-        """Starts sampling (a task that reads memory begins)."""
-        self._peak = self.held()
+    def watch(self, sampled: tuple[str, ...]) -> None:
+        """A task that reads memory begins: sampling follows each mark named in ``sampled``."""
+        self._peak, self._sampled = self.held(), sampled
+        self._active.clear()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, args=(self._stop,), daemon=True)
         self._sampler.start()
@@ -207,22 +212,34 @@ class MemoryWitness:
     def unwatch(self) -> None:
         if self._stop is not None and self._sampler is not None:
             self._stop.set()
+            self._active.set()  # wakes the sampler to see the stop
             self._sampler.join()
         self._stop = self._sampler = None
 
-    def reading(self) -> tuple[int, int]:
-        """What is held now, and the largest sample since the last reading (this one included)."""
+    def reading(self, mark: str) -> tuple[int, int]:
+        """What is held now, at ``mark``, and the largest sample since the last reading (this one
+        included); samples follow if the task names ``mark``."""
         now = self.held()
         with self._lock:
             peak, self._peak = max(self._peak, now), now
+            self._window += 1
+        if mark in self._sampled:
+            self._active.set()
+        else:
+            self._active.clear()
         return now, peak
 
     def _sample(self, stop: threading.Event) -> None:
         jitter = random.Random()  # the learner's code must not know when: not the job's seed
-        while not stop.wait(jitter.uniform(0.002, 0.010)):
-            value = self.held()
+        while self._active.wait() and not stop.wait(jitter.uniform(0.002, 0.010)):
+            if not self._active.is_set():
+                continue
             with self._lock:
-                self._peak = max(self._peak, value)
+                window = self._window
+            value = self.held()  # a few milliseconds: a reading may come meanwhile
+            with self._lock:
+                if window == self._window:
+                    self._peak = max(self._peak, value)
 
     def readings(self, marks: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
         """A task's TaskOutcome.memory: the reading before the solution first (-1: never read)."""

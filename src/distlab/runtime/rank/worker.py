@@ -296,7 +296,7 @@ def _run_task(
             comm.attach_store(StoreLink(host, int(port), f"task{index}/"))
         start = time.perf_counter()
         if watcher is not None:
-            watcher.watch()
+            watcher.watch(task.memory_sampled)
         try:
             value = run(comm, index, task)
         finally:
