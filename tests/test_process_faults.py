@@ -96,6 +96,21 @@ def test_due_signals_skips_finished_killed_and_unknown_ranks() -> None:
     assert [a.kind for a in cont] == ["cont"]
 
 
+def test_no_signal_is_sent_before_every_rank_of_the_launch_has_begun_a_task(tmp_path: Path) -> None:
+    # A rank killed while a peer still met it in the engine failed that peer's set-up (gloo's
+    # connectFullMesh: "Connection closed by peer"), a death no survivor comes back from (seen in CI).
+    from distlab.runtime.supervisor.process_faults import FaultState, apply_due_faults
+
+    faults = FaultState(plan({"kind": "kill", "rank": 1, "at_step": 1}))
+    pids = {0: 10**9, 1: 10**9, 2: 10**9}  # no such processes: a signal sent would raise
+    joining = [st(0, state="running", step=1), st(1, state="running", step=1), st(2, state="starting")]
+    assert apply_due_faults(faults, tmp_path, 3, joining, {}, pids, 1.0, founders=3) is False
+    assert faults.killed == {} and faults.fired == set()
+    # With one rank's slot not even there yet, the same.
+    assert apply_due_faults(faults, tmp_path, 3, joining[:2], {}, pids, 1.0, founders=3) is False
+    assert faults.killed == {}
+
+
 def test_only_a_crash_is_restarted_and_only_within_budget_and_time() -> None:
     assert should_restart("crashed", 0, 1, 10.0)
     assert not should_restart("crashed", 1, 1, 10.0)

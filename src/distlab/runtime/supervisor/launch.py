@@ -152,7 +152,8 @@ def _run_attempt(
                     newcomers.start_due(states, now - started, gone, procs)
                     deaths.post(gone)
                     world = newcomers.world
-                if apply_due_faults(faults, job_dir, world, states, outcomes, pids, now - started):
+                if apply_due_faults(faults, job_dir, world, states, outcomes, pids, now - started,
+                                    founders=job.world_size):
                     # A rank just continued: it had no chance to move yet, so the stall clock
                     # starts again rather than counting its frozen time as no progress.
                     last_change = now
