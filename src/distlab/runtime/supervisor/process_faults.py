@@ -92,14 +92,15 @@ def apply_due_faults(
     outcomes: Mapping[int, RankOutcome],
     pids: dict[int, int],
     elapsed_s: float,
-    founders: int | None = None,
+    *,
+    founders: int,
 ) -> bool:
     """Sends the signals due now; True if one of them was a SIGCONT. ``founders``: the ranks the
     launch started with; until each has begun its first task (so has met its peers in the engine),
     nothing is sent and no paused rank goes on: a rank killed while a peer still meets it failed
     that peer's set-up (gloo: "Connection closed by peer" in connectFullMesh), a death no survivor
     comes back from."""
-    if founders is not None and not _all_joined(states, founders):
+    if not _all_joined(states, founders):
         return False
     for rank in range(world):
         if rank not in pids:
