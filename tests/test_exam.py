@@ -42,6 +42,28 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
     assert problem["below_proxy"]["launches_measured"] >= 1
     assert (folder / "submitted" / "03-ring-allreduce.py").read_text() == REFERENCE
     assert "Exam: 12/12" in (folder / "report.html").read_text()
+    verified = run_cli("exam", "--out", str(folder), "--verify")
+    assert verified.returncode == 0 and "holds" in verified.stdout, verified.stdout
+
+
+def test_verify_tells_results_edited_after_grading_and_a_kept_file_replaced(tmp_path: Path) -> None:
+    folder = tmp_path / "exam"
+    assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder)).returncode == 0
+    assert run_cli("exam", "--out", str(folder), "--submit").returncode == 0  # the starter: a low score
+    signed = (folder / "results.json").read_text()
+    results = json.loads(signed)
+    assert results["score"] < 12
+    results["score"] = results["problems"][0]["score"] = 12
+    (folder / "results.json").write_text(json.dumps(results))
+    edited = run_cli("exam", "--out", str(folder), "--verify")
+    assert edited.returncode == 1, edited.stdout
+    assert "does not carry this installation's signature" in edited.stdout
+    (folder / "results.json").write_text(signed)
+    (folder / "submitted" / "03-ring-allreduce.py").write_text(REFERENCE)  # a better file put in its place
+    swapped = run_cli("exam", "--out", str(folder), "--verify")
+    assert swapped.returncode == 1 and "is not the file graded for problem 03" in swapped.stdout, swapped.stdout
+    assert "signature" not in swapped.stdout
+    assert run_cli("exam", "--out", str(tmp_path / "none"), "--verify").returncode == 2
 
 
 def test_a_late_file_that_bypasses_the_communicator_scores_zero_and_is_flagged(tmp_path: Path) -> None:

@@ -342,12 +342,16 @@ def exam(
     problems: Optional[str] = typer.Option(None, help="comma-separated problem numbers, to open an exam"),
     time_limit: Optional[str] = typer.Option(None, "--time", help="duration, e.g. 90m or 1h30m"),
     submit: bool = typer.Option(False, "--submit", help="grade the exam in --out"),
+    verify: bool = typer.Option(
+        False, "--verify", help="say whether --out's results and kept files are as they were graded"
+    ),
     seal: str = typer.Option("on", help="on: the candidate's code runs sealed, out of the grader's reach"),
     allow_unsealed: bool = typer.Option(
         False, "--allow-unsealed", help="grade with --seal off all the same (the results say so)"
     ),
 ) -> None:
-    """A timed assessment: open it (--problems, --time), then grade it (--submit)."""
+    """A timed assessment: open it (--problems, --time), grade it (--submit), and later check that
+    its results are as graded (--verify)."""
     from . import exam as exams
 
     bank = _bank()
@@ -356,6 +360,17 @@ def exam(
     if not sealed and not allow_unsealed:
         raise UsageError("an exam grades sealed: with --seal off the candidate's code shares its "
                          "process with what grades it; add --allow-unsealed to grade so anyway")
+    if verify and submit:
+        raise UsageError("--submit grades the exam, --verify checks a graded one: give one of them")
+    if verify:
+        found = exams.verify_results(out)
+        for finding in found:
+            console.print(escape(f"does not hold: {finding}"))
+        if found:
+            raise typer.Exit(1)
+        console.print(escape(f"{out / 'results.json'} holds: signed by this installation, every "
+                             "submitted file as graded"))
+        return
     if submit:
         summary = exams.submit(bank, out, console, seal=sealed)
         console.print(escape(f"exam score {summary['score']}/{summary['max_score']}: "

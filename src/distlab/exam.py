@@ -5,8 +5,9 @@ records the problems, fresh secret seeds and the deadline, and DIR/work/ gets th
 candidate to edit. `distlab exam --out DIR --submit` grades: every problem is checked on its
 secret seed (expected values are computed in the checker, outside the candidate's processes), the
 files are kept with their SHA-256 in DIR/submitted/, and the assessor gets DIR/results.json (one
-document, every problem) and DIR/report.html. A file changed after the deadline is graded as it
-was not: it scores zero, and the report says so. When it changed is the later of its mtime and its
+document, every problem, signed with the key that signs exam.json) and DIR/report.html;
+`distlab exam --out DIR --verify` says whether the results and the kept files are as graded.
+A file changed after the deadline is graded as it was not: it scores zero, and the report says so. When it changed is the later of its mtime and its
 ctime: ``touch`` can set the first back, not the second (so grade the folder the candidate worked
 in: a copy of it, even ``cp -a``, reads every file as changed when it was copied). A file that is a link, not a regular file,
 missing or over 4 MiB is refused (scored 0, nothing run): the grader runs as the assessor, and
@@ -224,9 +225,46 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
         "max_score": sum(d["max_score"] for d in documents),
         "problems": documents,
     }
-    write_atomically(folder / "results.json", json.dumps(summary, indent=2, default=str) + "\n")
-    write_atomically(folder / "report.html", assessor_page(summary))
-    return summary
+    # Signed as it reads back (JSON's own types), so that `--verify` can tell an edited score.
+    signed: dict[str, Any] = json.loads(json.dumps(summary, default=str))
+    signed["signature"] = examkey.sign(signed)
+    write_atomically(folder / "results.json", json.dumps(signed, indent=2) + "\n")
+    write_atomically(folder / "report.html", assessor_page(signed))
+    return signed
+
+
+def verify_results(folder: Path) -> list[str]:
+    """What does not hold in a graded exam's results: their signature (this installation's key,
+    as exam.json's), and each submitted file against the SHA-256 it was graded with. Empty when
+    all holds: the assessor reads results.json as the grader wrote it."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{folder} holds no graded exam: grade it first with --submit") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        return [f"{path} is not the JSON the grader wrote ({exc})"]
+    if not isinstance(results, dict):
+        return [f"{path} is not the document the grader wrote"]
+    found = []
+    if not examkey.verify(results):
+        found.append(f"{path} does not carry this installation's signature: it was edited after "
+                     "grading (or graded elsewhere)")
+    problems = results.get("problems")
+    for doc in problems if isinstance(problems, list) else []:
+        if not isinstance(doc, dict) or not isinstance(doc.get("solution"), str):
+            continue  # an unsigned document's shape is already reported above
+        kept = folder / "submitted" / Path(doc["solution"]).name
+        try:
+            digest = hashlib.sha256(kept.read_bytes()).hexdigest()
+        except OSError as exc:
+            found.append(f"{kept} cannot be read ({exc.strerror}): the graded file is gone")
+            continue
+        if digest != doc.get("file_sha256"):
+            found.append(f"{kept} is not the file graded for problem {doc.get('problem')} "
+                         f"(its SHA-256 is {digest[:16]}…, the results say "
+                         f"{str(doc.get('file_sha256'))[:16]}…)")
+    return found
 
 
 def assessor_page(summary: dict[str, Any]) -> str:
