@@ -260,3 +260,24 @@ def sends_of_every_kind(comm, solution):
     alone.Allgather(np.full(2, 5.0), np.empty(2))
     comm.Sendrecv(np.ones(1), rank, 9, np.empty(1), rank, 9)
     return None
+
+
+def short_messages(comm, solution):
+    """Rank 1 sends rank 0 four 8-byte messages, each received into a 1 KiB buffer (Recv, Irecv
+    and Wait, Sendrecv, a Recv with a timeout); then every rank sends itself 64 bytes."""
+    import numpy as np
+
+    rank, big = comm.Get_rank(), np.empty(128)
+    if rank == 1:
+        for tag in range(4):
+            if tag == 2:
+                comm.Sendrecv(np.ones(1), 0, tag, np.empty(1), 0, tag)
+            else:
+                comm.Send(np.ones(1), 0, tag)
+    elif rank == 0:
+        comm.Recv(big, 1, 0)
+        comm.Irecv(big, 1, 1).Wait()
+        comm.Sendrecv(np.ones(1), 1, 2, big, 1, 2)
+        comm.Recv(big, 1, 3, timeout=30)
+    comm.Sendrecv(np.ones(8), rank, 9, np.empty(8), rank, 9)
+    return None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..clock.online import EAGER_LIMIT, Timekeeper
-from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest
+from ..engines.base import ANY_SOURCE, ANY_TAG, Engine, EngineRequest, arrived_bytes
 from ..trace.events import TraceRecorder
 from .collectives import Collectives
 from .declared import Declarations
@@ -115,6 +115,10 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         # Read on every call: kept as plain attributes rather than looked up through the engine.
         self._size = engine.size
         self._world_ranks = list(engine.world_ranks)
+        # A message to itself is a copy in the rank, never on a link: it counts among the calls and
+        # their bytes, not as a message sent or received (padding counts with free messages to
+        # itself once met a check's byte bound without the traffic).
+        self._me = self._world_ranks[engine.rank]
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -256,8 +260,9 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         stats = self.stats
         stats.calls["Send"] += 1
         stats.op_bytes["Send"] += nbytes
-        stats.sent_msgs[dst] += 1
-        stats.sent_bytes[dst] += nbytes
+        if dst != self._me:
+            stats.sent_msgs[dst] += 1
+            stats.sent_bytes[dst] += nbytes
         if not sent:  # the message stays under way, posted: it may still be received
             if self._trace is not None:
                 self._trace.send(self._ctx, dst, tag, nbytes, fault, wall0)
@@ -284,15 +289,17 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self._slot.blocked_on("Recv", src, -1, nbytes, self._ctx)
         if limit is None:
             got_source, got_tag = self._engine.recv(array, source, tag)
+            arrived = arrived_bytes(self._engine, nbytes)
         else:
-            got_source, got_tag = self._timed_recv(array, source, tag, limit, wall0)
+            got_source, got_tag, arrived = self._timed_recv(array, source, tag, limit, wall0)
         self._slot.running()
         got_src = world[got_source]
         stats = self.stats
         stats.calls["Recv"] += 1
         stats.op_bytes["Recv"] += nbytes
-        stats.recv_msgs[got_src] += 1
-        stats.recv_bytes[got_src] += nbytes
+        if got_src != self._me:
+            stats.recv_msgs[got_src] += 1
+            stats.recv_bytes[got_src] += arrived
         if self._clock is not None:
             self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
         if self._trace is not None:
@@ -312,7 +319,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         action, arrival = self._outgoing(dest, tag, nbytes)
         dst = self._world_ranks[dest]
         self.stats.count_call("Isend", nbytes)
-        self.stats.count_send(dst, nbytes)
+        if dst != self._me:
+            self.stats.count_send(dst, nbytes)
         if self._book.sent is not None and (action is None or not action.drop):
             self._log_sent("Isend", dst, array)
         req = 0
@@ -385,26 +393,29 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self._slot.blocked_on("Sendrecv", src, dst, send_nbytes, self._ctx)
         if limit is None:
             if dropped:
-                matched: tuple[int, int] | None = self._engine.recv(recv_array, source, recvtag)
+                got = self._engine.recv(recv_array, source, recvtag)
             else:
-                matched = self._engine.sendrecv(send_array, dest, sendtag, recv_array, source, recvtag)
-            delivered = True
+                got = self._engine.sendrecv(send_array, dest, sendtag, recv_array, source, recvtag)
+            matched: tuple[int, int] | None = got
+            arrived, delivered = arrived_bytes(self._engine, recv_nbytes), True
         else:
-            matched, delivered = self._timed_exchange(
+            taken, delivered = self._timed_exchange(
                 None if dropped else send_array, dest, sendtag, rendezvous, recv_array, source,
                 recvtag, limit, wall0)
+            matched, arrived = (taken[:2], taken[2]) if taken is not None else (None, 0)
         self._slot.running()
         if self._book.sent is not None and not dropped:
             self._log_sent("Sendrecv", dst, send_array)
         stats = self.stats
         stats.calls["Sendrecv"] += 1
         stats.op_bytes["Sendrecv"] += send_nbytes
-        stats.sent_msgs[dst] += 1
-        stats.sent_bytes[dst] += send_nbytes
-        if matched is not None:
+        if dst != self._me:
+            stats.sent_msgs[dst] += 1
+            stats.sent_bytes[dst] += send_nbytes
+        if matched is not None and world[matched[0]] != self._me:
             got_src = world[matched[0]]
             stats.recv_msgs[got_src] += 1
-            stats.recv_bytes[got_src] += recv_nbytes
+            stats.recv_bytes[got_src] += arrived
         if self._clock is not None:
             # A message taken has its stamp taken too, even by a call that then gives up.
             received = self._clock.receive_stamp(*matched) if matched is not None else 0.0

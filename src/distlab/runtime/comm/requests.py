@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ...ops import as_numpy
-from ..engines.base import ANY_SOURCE, ANY_TAG, UNDEFINED, EngineRequest, finished_by
+from ..engines.base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    UNDEFINED,
+    EngineRequest,
+    arrived_bytes,
+    finished_by,
+)
 from .rankstate import ALL_PEERS
 
 if TYPE_CHECKING:
@@ -234,7 +241,9 @@ class Request:
             return
         if self._is_recv:
             self._matched = (source, tag)
-            self._comm.stats.count_recv(self._comm._world(source), self._nbytes)
+            source_world = self._comm._world(source)
+            if source_world != self._comm._me:  # from itself: a copy, not traffic (proxy.py)
+                self._comm.stats.count_recv(source_world, arrived_bytes(self._inner, self._nbytes))
             if self._comm._clock is not None:
                 self.arrival = self._comm._clock.receive_stamp(source, tag)
 

@@ -42,7 +42,9 @@ class Readings:
 
 @dataclass
 class CommStats(Readings):
-    """Counters of one rank. Peers are world ranks; bytes are payload bytes."""
+    """Counters of one rank. Peers are world ranks; bytes are payload bytes, a receive's those
+    that arrived (where the engine says: MPI) rather than its buffer's. A message a rank sends
+    itself counts among ``calls`` and ``op_bytes`` only: it never crosses a link."""
 
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     op_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))

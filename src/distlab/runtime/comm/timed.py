@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from ..clock.online import ExchangeTimedOut, Timekeeper
-from ..engines.base import Engine, EngineRequest, abandon, finished_by
+from ..engines.base import Engine, EngineRequest, abandon, arrived_bytes, finished_by
 from ..trace.events import TIMEOUT, TraceRecorder
 from .errors import CommBroken, CommTimeout, timeout_seconds
 from .rankstate import NullSlot, RankSlot
@@ -119,11 +119,12 @@ class TimedCalls:
     # -- point to point ---------------------------------------------------------------------
 
     def _timed_recv(self, array: np.ndarray, source: int, tag: int, limit: float,
-                    wall0: float, call: str = "Recv") -> tuple[int, int]:
-        """A receive that gives up at its deadline: (source, tag) of the message it took."""
+                    wall0: float, call: str = "Recv") -> tuple[int, int, int]:
+        """A receive that gives up at its deadline: (source, tag, bytes) of the message it took."""
         receiving = self._engine.irecv(array, source, tag, cancellable=True)
         if finished_by(receiving, self._deadline(limit, wall0)) or not receiving.cancel():
-            return receiving.wait()
+            got_source, got_tag = receiving.wait()
+            return got_source, got_tag, arrived_bytes(receiving, array.nbytes)
         raise self._timed_out(call, source, limit, wall0, "no message came")
 
     def _timed_send(self, array: np.ndarray, dest: int, tag: int, limit: float,
@@ -139,9 +140,10 @@ class TimedCalls:
 
     def _timed_exchange(self, send: np.ndarray | None, dest: int, sendtag: int, rendezvous: bool,
                         recv: np.ndarray, source: int, recvtag: int, limit: float,
-                        wall0: float) -> tuple[tuple[int, int] | None, bool]:
+                        wall0: float) -> tuple[tuple[int, int, int] | None, bool]:
         """A Sendrecv that gives up at its deadline (``send`` None: a fault dropped the send):
-        what the receive matched (None if withdrawn), and whether the send completed."""
+        what the receive matched (source, tag, bytes; None if withdrawn), and whether the send
+        completed."""
         sending: EngineRequest | None = None
         if send is not None:
             sending = self._engine.isend(send.copy(), dest, sendtag, synchronous=rendezvous)
@@ -154,13 +156,13 @@ class TimedCalls:
         if finished_by(done, self._deadline(limit, wall0)):
             if sending is not None:
                 sending.wait()
-            return receiving.wait(), True
+            return (*receiving.wait(), arrived_bytes(receiving, recv.nbytes)), True
         sent = sending is None or sending.test()
         if sending is not None and not sent:
             abandon(sending)
         if receiving.cancel():
             return None, sent
-        return receiving.wait(), sent
+        return (*receiving.wait(), arrived_bytes(receiving, recv.nbytes)), sent
 
     # -- collectives ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,7 +56,9 @@ class Engine(Protocol):
         ...
 
     def recv(self, buf: np.ndarray, source: int, tag: int) -> tuple[int, int]:
-        """Blocking receive into ``buf``; returns the actual (source, tag)."""
+        """Blocking receive into ``buf``; returns the actual (source, tag). An engine that can tell
+        how many bytes arrived (MPI) sets ``received_bytes`` after each blocking receive and on each
+        completed receive request; one that cannot (gloo) has none (see ``arrived_bytes``)."""
         ...
 
     def isend(
@@ -215,6 +217,16 @@ def abandon(request: EngineRequest, buffers: object = None) -> None:
 
 class Testable(Protocol):
     def test(self) -> bool: ...
+
+
+def arrived_bytes(receiver: Any, buffer_bytes: int) -> int:
+    """The bytes a completed receive took: what ``receiver`` (an engine after a blocking receive,
+    or a receive's request) says arrived where its engine can tell (MPI's status count), else the
+    receive buffer's size (gloo does not say). The counters count this, not the buffer: a learner
+    who received 8-byte messages into buffers of the size a check expects was counted as moving
+    them all."""
+    got = getattr(receiver, "received_bytes", None)
+    return buffer_bytes if got is None else int(got)
 
 
 def finished_by(request: Testable, deadline: float) -> bool:

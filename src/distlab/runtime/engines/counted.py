@@ -47,6 +47,10 @@ class CountedEngine:
         self.world_ranks: list[int] = inner.world_ranks
         self.path: str = inner.path
 
+    @property
+    def received_bytes(self) -> int | None:
+        return getattr(self._inner, "received_bytes", None)
+
     def _count(self, dest: int, buf: np.ndarray) -> None:
         self._handed.count(self.world_ranks[dest], buf.nbytes)
 

@@ -31,12 +31,14 @@ class _Request:
         self._is_recv = is_recv
         self._status = _mpi().Status()
         self._done = False
+        self.received_bytes: int | None = None  # a receive's, once it has completed
 
     def wait(self) -> tuple[int, int]:
         if not self._done:
             self._request.Wait(self._status)
             self._done = True
         if self._is_recv:
+            self.received_bytes = self._status.Get_count(_mpi().BYTE)
             return self._status.Get_source(), self._status.Get_tag()
         return -1, -1
 
@@ -69,6 +71,9 @@ class MpiEngine:
         self._names = GroupNames()
         # One Status for the blocking receives, reused: they run one at a time on a rank.
         self._status = _mpi().Status()
+        # The bytes the last blocking receive (Recv, Sendrecv) took: a message may be shorter than
+        # its buffer, and the counters count what arrived (the buffer is the learner's to size).
+        self.received_bytes: int | None = None
 
     @property
     def raw(self) -> Any:
@@ -84,6 +89,7 @@ class MpiEngine:
     def recv(self, buf: np.ndarray, source: int, tag: int) -> tuple[int, int]:
         status = self._status
         self._comm.Recv(buf, source, tag, status)
+        self.received_bytes = status.Get_count(_mpi().BYTE)
         return status.Get_source(), status.Get_tag()
 
     def isend(self, buf: np.ndarray, dest: int, tag: int, synchronous: bool = True) -> _Request:
@@ -113,6 +119,7 @@ class MpiEngine:
     ) -> tuple[int, int]:
         status = self._status
         self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+        self.received_bytes = status.Get_count(_mpi().BYTE)
         return status.Get_source(), status.Get_tag()
 
     def barrier(self) -> None:

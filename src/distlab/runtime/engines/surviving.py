@@ -158,6 +158,10 @@ class _SurvivingRequest:
     def __init__(self, inner: Any, engine: SurvivingEngine, call: str) -> None:
         self._inner, self._engine, self._call = inner, engine, call
 
+    @property
+    def received_bytes(self) -> int | None:
+        return getattr(self._inner, "received_bytes", None)
+
     def wait(self) -> tuple[int, int]:
         return self._engine.guarded(self._call, self._inner.wait)  # type: ignore[no-any-return]
 
