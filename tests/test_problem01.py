@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,13 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
                                    "set them to zero at the start of every step"], [BYTES, BALANCE]),
     # sealed or not, a server's view holds no worker's examples: cases.sgd raises in the server
     "forged_frames.py": (MODEL, ["'s view of the case holds no examples of rank"], []),
+    # a right model, its pushes zeros of the right size: what they carried is checked, not their bytes
+    "forged_central.py": (MODEL, ["sent server 0 no message carrying the gradient of its batch at the model of step 0",
+                                  "cannot have come from the workers' gradients"], [BALANCE]),
+    # a serial server whose workers compute undeclared and declare batch.gradient while idle
+    "forged_hidden_compute.py": (MODEL, ["declared its gradient of step 0 before the pull of step 0",
+                                         "call batch.gradient(w) on the model you pulled"],
+                                 [BYTES, BALANCE]),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -92,6 +100,8 @@ NAMES_ITS_BUG = {
     "(a stale read)": "stale_pull.py",
     "were never reset between steps": "sum_never_reset.py",
     "view of the case holds no examples": "forged_frames.py",
+    "no message carrying the gradient of its batch": "forged_central.py",
+    "before the pull of step": "forged_hidden_compute.py",
 }
 
 
@@ -332,7 +342,7 @@ def test_a_rank_is_handed_its_own_part_of_the_case_only() -> None:
 
     case = small_case()
     server, worker = for_rank(case, 1), for_rank([case], 3)[0]
-    assert server.seed == worker.seed == -1 and server == replace_seed(case) and "own" not in repr(server)
+    assert server.seed == worker.seed == -1 and server == view_of(case) and "own" not in repr(server)
     assert np.array_equal(cases.initial_weights(server), cases.initial_weights(case))
     for got, want in zip(cases.worker_data(worker, 1), cases.worker_data(case, 1)):
         assert np.array_equal(got, want)
@@ -340,13 +350,13 @@ def test_a_rank_is_handed_its_own_part_of_the_case_only() -> None:
                        (worker, lambda v: cases.worker_data(v, 0)), (worker, cases.initial_weights)):
         with pytest.raises(ValueError, match="view of the case holds no"):
             call(view)
-    assert isinstance(for_rank(cases.Timed(**vars_of(case)), 4), cases.Timed)
+    # nor what marks a case for the checks: which worker is late, the timed case's class and equal batches
+    for marked in (cases.Timed(**vars_of(case)), replace(case, late=3)):
+        assert all(type(v) is cases.Case and v == view_of(case) for v in (for_rank(marked, 0), for_rank(marked, 4)))
 
 
-def replace_seed(case: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(case, seed=-1)
+def view_of(case: Any) -> Any:
+    return replace(case, seed=-1, late=None, batches=(), what="a rank's view")
 
 
 def vars_of(case: Any) -> dict[str, Any]:
@@ -388,6 +398,65 @@ def test_a_right_model_needs_the_workers_pushes_and_the_harness_compute() -> Non
         assert message is not None and "the declared compute differs from the harness's: worker rank 3" in message
     # a learner's fault plan may slow a rank: then the spans' number and labels only
     assert judging.compute_problem(run(case.steps, {**honest, 3: gradient(35, scale=2.0)}), platform, True) is None
+
+
+def test_a_message_holds_a_slice_exactly_or_times_one_factor() -> None:
+    want = np.array([0.5, -2.0, 0.0, 3.0])
+    assert judging.holds(np.array([9.0, 0.5, -2.0, 0.0, 3.0, 7.0]), want, scaled=False)
+    assert judging.holds(np.array([0.5, -2.0, 0.0, 3.0]).view(np.uint8), want, scaled=False)  # sent as bytes
+    assert judging.holds(np.array([-0.25, 1.0, 0.0, -1.5, 20.0]), want, scaled=True)  # a mean, a negated one
+    assert not judging.holds(np.array([-0.25, 1.0, 0.0, -1.5, 20.0]), want, scaled=False)
+    for wrong in (np.zeros(5), [0.5, -2.0, 0.0, 3.001], [0.5, -2.0, 0.0], [1.0, -2.0, 0.0, 3.0], [0.5, 2.0, 0.0, 3.0]):
+        assert not judging.holds(np.array(wrong), want, scaled=True), wrong
+    assert judging.holds(np.array([1.0, 0.0, 0.0, 0.0, 0.0]), np.zeros(4), scaled=True)  # a slice no example touches
+
+
+def test_a_right_model_is_held_to_what_its_messages_carried() -> None:
+    """Pulls must carry synchronous SGD's shards, pushes the gradient of the worker's batch at them (times
+    one factor), and each worker's k-th declared gradient must sit between its pull and its push."""
+    from types import SimpleNamespace
+
+    from distlab.grading import SentLog
+    from distlab.grading.views import Span
+
+    case = small_case()  # S = 2, workers 2, 3, 4, K = 4
+    layout, models = [(0, 151), (151, 301)], cases.trajectory(case, case.steps)
+    compute = Span("compute", 0.0, 1.0, name="gradient")
+
+    def run(push: Any = np.append, pull: Any = lambda m: m, at: int = 1) -> Any:
+        """``at``: the worker's compute among its calls of a step (0 before the pull's wait, 2 after its pushes)."""
+        events: dict[int, list[Any]] = {r: [] for r in range(5)}
+        logs = {r: SentLog() for r in range(5)}
+
+        def send(src: int, dst: int, data: np.ndarray) -> Any:
+            logs[src].add("Send", dst, data, 0)
+            return Span("send", 0.0, 0.0, peer=dst, nbytes=data.nbytes, message=(0, src, dst, 0, len(logs[src].items)))
+
+        for model in models[:-1]:
+            for i, w in enumerate(case.worker_ranks):
+                X, y = cases.worker_data(case, i)
+                gradient = X.T @ (cases.sigmoid(X @ model) - y)
+                for s, (lo, hi) in enumerate(layout):
+                    events[s].append(send(s, w, pull(model[lo:hi])))
+                calls = [Span("wait", 0.0, 0.0, received=tuple(events[s][-1].message for s in range(2))),
+                         *[send(w, s, push(gradient[lo:hi], len(y))) for s, (lo, hi) in enumerate(layout)]]
+                events[w] += calls[:at] + [compute] + calls[at:]
+        timeline = SimpleNamespace(events=lambda rank, kind=None: [e for e in events[rank] if kind in (None, e.kind)])
+        return SimpleNamespace(case=case, task=SimpleNamespace(timeline=lambda: timeline, sent=logs.__getitem__))
+
+    def problem(**how: Any) -> str:
+        return judging.carried_problem(run(**how), layout) or ""
+
+    assert problem() == "" and problem(push=lambda g, n: np.append(g / n, n)) == ""  # a mean and its count
+    zeros = problem(push=lambda g, n: np.zeros(len(g) + 1))
+    assert "worker rank 2 sent server 0 no message carrying the gradient of its batch at the model of step 0" in zeros
+    assert "server 0 sent worker rank 2 no message carrying its shard (keys 0..150)" in problem(pull=np.zeros_like)
+    assert "worker rank 2 declared its gradient of step 0 before the pull of step 0 from server 0" in problem(at=0)
+    assert "worker rank 2 declared its gradient of step 0 after its push of step 0 to server 0" in problem(at=3)
+    broken = run()
+    broken.task.sent(3).items.pop()
+    message = judging.carried_problem(broken, layout)
+    assert message is not None and "rank 3's copy of what it sent does not match its trace" in message
 
 
 def test_a_forged_server_return_fails_without_crashing_the_check() -> None:

@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import CaseRun, CheckContext, Counts, TaskRun, first_mismatch
+from distlab.grading import (
+    COLLECTIVE,
+    CaseRun,
+    CheckContext,
+    Counts,
+    TaskRun,
+    first_mismatch,
+)
 
 from . import cases
 from .cases import Case
@@ -15,6 +22,8 @@ from .cases import Case
 ITEMSIZE = 8  # the model, gradients and pulls are float64
 BYTES_TOLERANCE = 0.02  # bytes per worker per step within 2% of one pull + one push (an extra pull: 5.6% or more)
 TIME_LIMIT = 1.10  # virtual time per step at most 10% above the bound
+# what a right model's missing evidence says: the workers did not train it, whatever a late worker did
+EVIDENCE = ("differs from the harness's", "cannot have come from")
 IN_STEP = ("answer the pull of step k only after applying step k - 1, and count a push only in the step it "
            "is tagged with")
 
@@ -124,7 +133,8 @@ def model_problem(run: CaseRun, platform: Any, learner_faults: bool = False) -> 
     got = np.concatenate([shard for _, shard in sorted(run.values[: case.servers], key=lambda v: v[0])])
     if close(got, cases.sgd(case)):
         # The shards are the learner's word; what the agents recorded is the evidence behind them.
-        return gradients_problem(run, layout) or compute_problem(run, platform, learner_faults)
+        return (gradients_problem(run, layout) or compute_problem(run, platform, learner_faults)
+                or carried_problem(run, layout))
     message, named = diagnose_model(case, got, layout)
     if named:
         return message
@@ -173,6 +183,96 @@ def compute_problem(run: CaseRun, platform: Any, learner_faults: bool = False) -
                 f"{labels}), where batch.gradient declares {case.steps}, one per step, of {fmt(want)} each "
                 f"('gradient': 4 x {n} examples x {case.keys} keys flops); call batch.gradient(w) once per "
                 "step: only the harness declares compute")
+    return None
+
+
+# -- what the messages carried (Task(record_sent=True): each rank's agent copies every buffer it sends) --
+#
+# Byte counts and declared spans say nothing of what travelled: a server that trained alone on examples
+# the workers shipped it, with pushes of zeros and batch.gradient called on a dummy model, passed them;
+# so did workers that computed their gradients undeclared and called batch.gradient while idle. So a
+# right model is held to the checker's own synchronous SGD too: each step k, each server's messages to
+# each worker carry its shard of model k; each worker's to each server, the slice of its batch's
+# gradient at model k (times one factor: a mean and its count are as good as the sum); and the worker's
+# k-th declared gradient sits, in its trace, after that pull arrived and before that push left.
+
+CARRIED_RTOL = 1e-6  # of the slice's largest value; the same float64 sums in another order are 1e-15 off
+
+
+def holds(data: np.ndarray, want: np.ndarray, scaled: bool) -> bool:
+    """Whether ``data`` holds ``want`` (``scaled``: c * want, one c != 0) as a run of consecutive values."""
+    if data.dtype.kind != "f":
+        if data.nbytes % ITEMSIZE:
+            return False
+        data = data.view(np.float64)  # a float64 message sent as bytes
+    data, m = data.astype(np.float64, copy=False), len(want)
+    if not 0 < m <= len(data):
+        return m == 0
+    tol, order = CARRIED_RTOL * float(np.max(np.abs(want))), np.argsort(-np.abs(want))
+    if tol == 0:  # a slice no example touches: zeros, whatever the factor
+        return bool(np.any(np.all(np.lib.stride_tricks.sliding_window_view(data, m) == 0, axis=1)))
+    a, b, starts = order[0], order[min(1, m - 1)], np.arange(len(data) - m + 1)  # anchors pick the offsets
+    factor = data[starts + a] / want[a] if scaled else np.ones(len(starts))
+    near = np.abs(data[starts + b] - factor * want[b]) <= tol * np.abs(factor)
+    return any(np.all(np.abs(data[o:o + m] - factor[o] * want) <= tol * abs(factor[o]))
+               for o in starts[near & (factor != 0)])
+
+
+def sends(timeline: Any, task_run: TaskRun, rank: int) -> dict[int, list[tuple[np.ndarray, Any, int]]] | str:
+    """Each peer's messages from ``rank`` in call order, (values, message key, place among the rank's calls):
+    its agent's copies matched to its trace's sends; why not, in words, where the two disagree."""
+    log = task_run.sent(rank)
+    traced = [(i, span) for i, span in enumerate(timeline.events(rank)) if span.kind == "send" and span.peer != rank]
+    copied = [item for item in log.items if item.peer not in (COLLECTIVE, rank)]
+    if log.overflowed or [span.peer for _, span in traced] != [item.peer for item in copied]:
+        return (f"rank {rank}'s copy of what it sent does not match its trace's sends: what its messages carried "
+                "is unknown, and a model no message is known to have carried cannot have come from the workers")
+    out: dict[int, list[tuple[np.ndarray, Any, int]]] = {}
+    for (i, span), item in zip(traced, copied):
+        out.setdefault(span.peer, []).append((item.data, span.message, i))
+    return out
+
+
+def carried_problem(run: CaseRun, layout: list[tuple[int, int]]) -> str | None:
+    """None if the servers' messages carried synchronous SGD's shards, the workers' their batches' gradients
+    at those models, and each worker declared its gradient between the two; else the first that did not."""
+    case, timeline, K = run.case, run.task.timeline(), run.case.steps
+    models, ranks = cases.trajectory(case, K), range(case.servers + case.workers)
+    out = {rank: sends(timeline, run.task, rank) for rank in ranks}
+    if bad := next((text for text in out.values() if isinstance(text, str)), None):
+        return f"{case.label()}: {bad}"
+    for i, w in enumerate(case.worker_ranks):
+        (X, y), events = cases.worker_data(case, i), timeline.events(w)
+        arrived = {key: j for j, span in enumerate(events) if span.kind == "wait" for key in span.received}
+        pulled, pushed = [[] for _ in range(K)], [[] for _ in range(K)]  # (server, place among w's calls)
+        for s, (lo, hi) in enumerate(layout):
+            pulls, pushes, at_pull, at_push = out[s].get(w, []), out[w].get(s, []), 0, 0
+            for k in range(K if hi > lo else 0):
+                at_pull = next((j for j in range(at_pull, len(pulls)) if holds(pulls[j][0], models[k][lo:hi], False)),
+                               None)
+                if at_pull is None:
+                    return (f"{case.label()}: server {s} sent worker rank {w} no message carrying its shard (keys "
+                            f"{lo}..{hi - 1}) of the model of step {k}, as synchronous gradient descent has it: the "
+                            "workers' gradients cannot have come from the servers' model; each step, send every "
+                            "worker your shard")
+                gradient = X[:, lo:hi].T @ (cases.sigmoid(X @ models[k]) - y)
+                at_push = next((j for j in range(at_push, len(pushes)) if holds(pushes[j][0], gradient, True)), None)
+                if at_push is None:
+                    return (f"{case.label()}: worker rank {w} sent server {s} no message carrying the gradient of its "
+                            f"batch at the model of step {k} for keys {lo}..{hi - 1} (summed, or times one factor): "
+                            "the servers' model cannot have come from the workers' gradients; each step, push each "
+                            "server the slice of batch.gradient(w) for its keys, at the w you pulled")
+                pulled[k].append((s, arrived.get(pulls[at_pull][1], len(events))))
+                pushed[k].append((s, pushes[at_push][2]))
+                at_pull, at_push = at_pull + 1, at_push + 1
+        for k, at in enumerate([j for j, span in enumerate(events) if span.kind == "compute"][:K]):
+            early, late = [s for s, j in pulled[k] if j > at], [s for s, j in pushed[k] if j < at]
+            if early or late:
+                where = (f"before the pull of step {k} from server {early[0]} had arrived" if early else
+                         f"after its push of step {k} to server {late[0]} had left")
+                return (f"{case.label()}: worker rank {w} declared its gradient of step {k} {where}: the gradient it "
+                        "pushed cannot have come from the compute it declared, so the replay charges compute where "
+                        "none ran; call batch.gradient(w) on the model you pulled, between the pull and the push")
     return None
 
 
