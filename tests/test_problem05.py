@@ -342,12 +342,23 @@ def _carried(cases: ModuleType, case: Any, b2_share: Callable[[int], float]) -> 
 
 def test_the_allreduces_must_carry_the_partial_sums(cases: ModuleType, judging: ModuleType) -> None:
     """The counting check reads what each allreduce carried (the agents' record): an honest TP MLP written
-    another way passes, with b2 after the sum, in one rank's partial sum or in every rank's (bias_every_rank,
-    which the values check names); junk of the right size fails, naming the rank, the allreduce and what it
+    another way passes, with b2 after the sum or in one rank's partial sum, as the card allows; b2 in more
+    ranks' partial sums is named (bias_every_rank; an outside tester's copy of it scored the counting points),
+    any other multiple of it is junk; junk of the right size fails, naming the rank, the allreduce and what it
     should have carried (an outside tester sent zeros of the right size)."""
     for case in (c for batch in cases.mlp_cases(SEED) for c in batch):
-        for share in (lambda r: 0.0, lambda r: float(r == case.p - 1), lambda r: 1.0):
+        for share in (lambda r: 0.0, lambda r: float(r == case.p - 1)):
             assert judging.diagnose_carried(case, _carried(cases, case, share)) is None, case
+        msg = judging.diagnose_carried(case, _carried(cases, case, lambda r: 1.0))
+        assert f"every rank put b2 into its partial sum before the forward allreduce of block 0, so the sum counts " \
+               f"it {case.p} times" in msg and judging.carried_in_short(msg).startswith("b2 went into")
+        if case.p > 2:
+            msg = judging.diagnose_carried(case, _carried(cases, case, lambda r: float(r < 2)))
+            assert "ranks 0, 1 each put b2 into its partial sum" in msg and "counts it 2 times" in msg
+        for share in (lambda r: 1.0 / case.p, lambda r: 2.0 * (r == 0)):  # b2 split, or twice on one rank
+            msg = judging.diagnose_carried(case, _carried(cases, case, share))
+            assert "rank 0's forward allreduce of block 0 carried something else" in msg
+            assert judging.carried_in_short(msg) == "an allreduce carried something else"
         sent = _carried(cases, case, lambda r: 0.0)
         sent["forward"][1][0] = np.zeros_like(sent["forward"][1][0])
         msg = judging.diagnose_carried(case, sent)
@@ -366,6 +377,65 @@ def test_the_allreduces_must_carry_the_partial_sums(cases: ModuleType, judging: 
         assert "float32 values, expected tokens x hidden" in judging.diagnose_carried(case, sent)
         sent["backward"][0] = "the record of what rank 0 sent overflowed"
         assert "overflowed" in judging.diagnose_carried(case, sent)
+
+
+def _task(case: Any, counts: list[Any], sent: list[list[Any]], overflowed: bool = False) -> Any:
+    """A stand-in for an MLP task's TaskRun: its cases, each rank's counters and record of what it sent."""
+    from types import SimpleNamespace
+
+    from distlab.runtime.comm.sent import SentLog
+
+    logs = [SentLog(items, overflowed=overflowed) for items in sent]
+    return SimpleNamespace(spec=SimpleNamespace(ranks=case.p, cases=[case], label="the MLP cases"),
+                           counts=lambda rank: counts[rank], sent=lambda rank: logs[rank])
+
+
+def test_a_rank_that_received_the_others_weights_is_not_graded(cases: ModuleType, judging: ModuleType) -> None:
+    """What reached a rank, over its whole task, against what its TP allreduces bring: the reference's exactly;
+    a needless allreduce of what every rank holds (forward_allreduce_twice's x) brings nothing; the zero-padded
+    weights allreduced at set-up (an outside tester's whole MLP on every rank), a gather, or zero-byte messages
+    (each carries a tag) go over, and the message says why the values and the share are not graded."""
+    from distlab.grading import COLLECTIVE, Counts
+    from distlab.runtime.comm.sent import Sent
+
+    case = cases.mlp_cases(SEED)[0][1]
+    p, k, size = case.p, case.blocks, case.activation_bytes
+    rng = np.random.default_rng(0)
+
+    def allreduce(data: np.ndarray) -> Any:
+        return Sent("Allreduce", COLLECTIVE, data, 1, tuple(range(p)))
+
+    tp = [[allreduce(rng.standard_normal(size // 8)) for _ in range(2 * k)] for _ in range(p)]
+    honest = Counts(calls={"Allreduce": 2 * k}, op_bytes={"Allreduce": 2 * k * size})
+    assert judging.received(_task(case, [honest] * p, tp), 0) == judging.tp_budget([case])
+    assert judging.received_too_much(_task(case, [honest] * p, tp)) is None
+    x = rng.standard_normal(size // 8)
+    twice = Counts(calls={"Allreduce": 3 * k}, op_bytes={"Allreduce": 3 * k * size})
+    assert judging.received_too_much(_task(case, [twice] * p, [t + [allreduce(x)] * k for t in tp])) is None
+    skewed = [t + [allreduce(x if r else x + 1)] * k for r, t in enumerate(tp)]  # not the same on every rank
+    assert "rank 0 received" in judging.received_too_much(_task(case, [twice] * p, skewed))
+    assert judging.received_too_much(_task(case, [twice] * p, [t + [allreduce(x)] * k for t in tp], True))
+    weights = 8 * case.blocks * (case.whole_params - case.hidden)
+    gathered = Counts(calls={"Allreduce": 3 * k}, op_bytes={"Allreduce": weights})
+    msg = judging.received_too_much(_task(case, [gathered] * p, [[allreduce(rng.standard_normal(9))] for _ in tp]))
+    assert "rank 0 received" in msg and "could hold the other ranks' weights and run the MLP alone" in msg
+    none = Counts()
+    gather = Counts(calls={"Allgather": 1}, op_bytes={"Allgather": weights // p})
+    assert "rank 1 received" in judging.received_too_much(_task(case, [none, gather] + [none] * (p - 2), tp))
+    tags = Counts(calls={"Recv": 4 * k}, recv_msgs={1: 4 * k}, recv_bytes={1: 0})
+    assert judging.received(_task(case, [tags] + [none] * (p - 1), tp), 0) == 8 * 4 * k
+    tags = Counts(calls={"Recv": 1000 * k * size}, recv_msgs={1: 1000 * k * size})
+    assert "rank 0 received" in judging.received_too_much(_task(case, [tags] + [none] * (p - 1), tp))
+
+
+def test_the_tp_budget_is_far_below_the_other_shards(cases: ModuleType, judging: ModuleType) -> None:
+    """Over 2000 seeds' MLP cases, the other ranks' shards of a case, even packed at 4 bytes per element, are
+    more than twice what its TP allreduces bring a rank: a rank that runs any case alone goes over its task's
+    budget, whatever it does in the others."""
+    for seed in range(2000):
+        for case in (c for batch in cases.mlp_cases(seed) for c in batch):
+            others = case.blocks * (case.whole_params - case.hidden) * (case.p - 1) // case.p
+            assert 4 * others > 2 * judging.tp_budget([case]), (seed, case)
 
 
 def test_shards_follow_the_card(judging: ModuleType) -> None:
@@ -493,9 +563,11 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
         {COUNT, TIME},
         ["forward made 2 allreduce call(s), expected exactly 1", "f's forward must be the identity"],
     ),
-    "bias_every_rank.py": (
-        {MLP},
-        ["by exactly (p - 1) * b2 on every rank", "added on every rank"],
+    "bias_every_rank.py": (  # the card allows b2 in one rank's partial sum, not in every rank's
+        {MLP, COUNT, TIME},
+        ["by exactly (p - 1) * b2 on every rank", "added on every rank",
+         "every rank put b2 into its partial sum before the forward allreduce of block 0, so the sum counts it",
+         "b2 went into the forward allreduce on more than one rank (see the check above)"],
     ),
     "plan_no_optimizer.py": (
         {PLAN},
@@ -526,6 +598,22 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
          "rank 0's forward allreduce of block 0 carried something else: it must carry its partial sum of the "
          "row-parallel layer", "an allreduce carried something else (see the check above)"],
     ),
+    "forged_bias_every_rank.py": (  # bias_every_rank written another way: b2 into g's input
+        {MLP, COUNT, TIME},
+        ["by exactly (p - 1) * b2 on every rank",
+         "every rank put b2 into its partial sum before the forward allreduce of block 0",
+         "b2 went into the forward allreduce on more than one rank (see the check above)"],
+    ),
+    "forged_gather_weights.py": (  # the whole block on every rank, allreduced at set-up: values are no evidence
+        {PLAN, MLP, SPLIT, COUNT, TIME},
+        ["could hold the other ranks' weights and run the MLP alone; its values are not graded",
+         "could hold the other ranks' weights and run the MLP alone; its share is not graded",
+         "more than its blocks' TP allreduces bring", "forward made 0 allreduce call(s)"],
+    ),
+    "forged_fake_param_count.py": (  # the starter, whose parameters() says 1/p: the gradients say otherwise
+        {PLAN, MLP, SPLIT, COUNT, TIME},
+        ["fc1.weight.grad has shape", "the share is read from the gradient shards ParallelMLP hands back"],
+    ),
     "row_split_wrong_dim.py": (
         {MLP, SPLIT, COUNT, TIME},
         ["RuntimeError: mat1 and mat2 shapes cannot be multiplied",
@@ -547,10 +635,20 @@ REAL_BUG = {
     "row_split_wrong_dim.py": "RuntimeError: mat1 and mat2 shapes cannot be multiplied",
     "forged_rule_and_whole_mlp.py": "each rank holds only its own partial sum",
     "forged_junk_echo.py": "forward allreduce of block 0 carried something else",
+    "forged_bias_every_rank.py": "by exactly (p - 1) * b2 on every rank",
+    "forged_gather_weights.py": "could hold the other ranks' weights and run the MLP alone",
+    "forged_fake_param_count.py": "the share is read from the gradient shards ParallelMLP hands back",
 }
 
-# What the counting check says of an allreduce that carries junk: said of the forged fixtures only.
-CARRIED_JUNK = "carried something else"
+# Phrases that name a forgery or one bug, and the fixtures they are said of: of no other solution.
+SAID_ONLY_OF = {
+    "carried something else": {"forged_rule_and_whole_mlp.py", "forged_junk_echo.py"},
+    "could hold the other ranks' weights": {"forged_gather_weights.py"},
+    "put b2 into its partial sum": {"bias_every_rank.py", "forged_bias_every_rank.py"},
+}
+
+# The forged fixtures whose plan is the starter's (pure DP); plan_table says so.
+STARTER_PLAN = {"forged_gather_weights.py", "forged_fake_param_count.py"}
 
 
 def test_every_buggy_fixture_has_a_row() -> None:
@@ -579,6 +677,8 @@ def test_plan_messages_name_only_the_fixtures_own_misreading(name: str, cases: M
                 assert all(needle in told for needle in BUGGY[name][1]), (BUGGY[name][1], told)
         elif name == "forged_rule_and_whole_mlp.py":  # the checker's rule is out of the ranks' reach: no plan
             assert wrong and all("plan raised RuntimeError: no cases module" in message for message in wrong)
+        elif name in STARTER_PLAN:
+            assert "plan answered pure DP" in (judging.diagnose_all_dp(table, answers) or "")
         else:
             assert wrong == [], wrong
 
@@ -601,7 +701,8 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
         assert status == ("failed" if check_name in failing else "passed"), (check_name, run.out)
     for needle in needles:
         assert needle in run.messages(), f"{needle!r} missing from:\n{run.out}"
-    assert (CARRIED_JUNK in run.messages()) == name.startswith("forged_"), run.out
+    for phrase, said_of in SAID_ONLY_OF.items():
+        assert (phrase in run.messages()) == (name in said_of), (phrase, run.out)
     assert f"distlab check 05 --seed {SEED}" in run.flat
     if name == "row_split_wrong_dim.py":
         # The MLP crashed, the plan was still graded on its own.
@@ -653,6 +754,7 @@ def test_starter_fails_with_helpful_messages(checked: Callable[..., Checked]) ->
     assert re.search(r"fc1\.weight\.grad has shape \(\d+, \d+\), expected \(\d+, \d+\): rank r keeps rows", text)
     assert "the whole block, unsplit" in text
     assert "forward made 0 allreduce call(s)" in text
+    assert not any(phrase in text for phrase in SAID_ONLY_OF), text
     assert run.results is not None and run.results["score"] == 0
 
 

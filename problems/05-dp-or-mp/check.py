@@ -1,6 +1,7 @@
 """Checks for problem 05. The plan on a table of cases (eight named ones, then hidden ones) against
 the checker's own rule, a wrong layout's memory worked out to say why; then the tensor-parallel MLP
-on p = 2, 3 and 4 ranks: values against one device, each rank's share of the weights (1/p), one
+on p = 2, 3 and 4 ranks (none receiving more than its TP allreduces bring, which could carry the others'
+weights): values against one device, each rank's share of the weights (1/p), one
 allreduce of tokens x hidden each way per block carrying the rank's partial sum (forward) or its part of
 dL/dx (backward), as its agent recorded what it sent, and their time on the virtual clock."""
 
@@ -116,6 +117,13 @@ def outside_phases(t: CheckContext, run: Run) -> None:
                        "nothing else")
 
 
+def received_too_much(t: CheckContext, run: Run, what: str) -> None:
+    """Fails where a rank received more than its TP allreduces bring: the other ranks' weights fit in it."""
+    for task_run in run.tasks[1:]:
+        if message := judging.received_too_much(task_run):
+            t.fail(f"{message}; {what} not graded")
+
+
 @CHECKS.check("plan picks the rule's layout on a table of cases", points=4)
 def plan_table(t: CheckContext, one_launch: Run) -> None:
     run = one_launch
@@ -143,7 +151,10 @@ def plan_table(t: CheckContext, one_launch: Run) -> None:
 def mlp_matches(t: CheckContext, one_launch: Run) -> None:
     t.say("p = 2, 3, 4; one block, then a stack of 2-3; float64; output, dL/dx and the "
           "gradient shards of W1, b1, W2, b2 against torch on one device")
-    results = mlp_results(t, mlp_run(one_launch, first=True))
+    run = mlp_run(one_launch, first=True)
+    results = mlp_results(t, run)
+    received_too_much(t, run, "its values are")
+    t.say("no rank received more than its TP allreduces bring, so none could hold the others' weights")
     for result in results:
         want = judging.single_device(result.case)
         for diagnose in (judging.diagnose_grad_shapes, judging.diagnose_output, judging.diagnose_input_grad,
@@ -156,8 +167,15 @@ def mlp_matches(t: CheckContext, one_launch: Run) -> None:
 
 @CHECKS.check("each rank keeps 1/p of the weights (within 1%)", points=2)
 def weights_split(t: CheckContext, one_launch: Run) -> None:
+    """The evidence: no rank received more than its TP allreduces bring (so none holds another's shard), and
+    each hands back gradients of its shard's shapes, the checker's values where they depend on nothing else.
+    The learner's word: the parameter elements it counts, and so a copy of its own shard kept besides them
+    (zero-padded to the whole shape or not; too small for the memory probe to see)."""
+    run = mlp_run(one_launch)
+    results = mlp_results(t, run)
+    received_too_much(t, run, "its share is")
     worst_ratio = 0.0
-    for result in mlp_results(t, mlp_run(one_launch)):
+    for result in results:
         case = result.case
         share = case.whole_params / case.p
         for rank, value in enumerate(result.values):
@@ -169,8 +187,12 @@ def weights_split(t: CheckContext, one_launch: Run) -> None:
                          f"{case.whole_params}, within 1%)",
                          f"{case.label()}: block {block} on rank {rank} keeps {count} ({ratio:.2f}x the "
                          f"share){': the whole block, unsplit' if count == case.whole_params else ''}")
+    for result in results:
+        if message := judging.unproven_share(result.case, result.values, judging.single_device(result.case)):
+            t.fail(f"{message}: the share is read from the gradient shards ParallelMLP hands back")
     t.metric("worst_deviation", round(worst_ratio, 5))
-    t.say(f"every rank keeps its share, at most {worst_ratio:.2%} over (the replicated bias b2)")
+    t.say(f"every rank counts its share, at most {worst_ratio:.2%} over (the replicated bias b2), and hands "
+          "back its shard's gradients")
 
 
 @CHECKS.check("one allreduce of tokens x hidden values in forward, one in backward, per block", points=2)
@@ -211,8 +233,9 @@ def tp_time(t: CheckContext, one_launch: Run) -> None:
                          "one allreduce each way per block before the time is graded",
                          f"{case.label()}: rank {rank} made {judging.allreduce_calls(by_phase['forward'])} in "
                          f"forward and {judging.allreduce_calls(by_phase['backward'])} in backward (see the check above)")
-            t.expect(judging.wrong_carried(result) is None, "allreduces that carry the partial sums before the time "
-                     "is graded", f"{case.label()}: an allreduce carried something else (see the check above)")
+            carried = judging.wrong_carried(result)
+            t.expect(carried is None, "allreduces that carry the partial sums before the time is graded",
+                     f"{case.label()}: {judging.carried_in_short(carried or '')} (see the check above)")
         bound = sum(2 * r.case.blocks * judging.ring_time(t, p, r.case.activation_bytes) for r in results)
         measured = t.measured_time(task_run)
         t.say(f"p = {p}: {measured * 1e6:.1f} us {t.clock} for {sum(2 * r.case.blocks for r in results)} "
