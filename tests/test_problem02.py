@@ -97,8 +97,70 @@ def test_the_choose_grid_brackets_crossovers_from_both_sides() -> None:
     notes = [c.note for c in grid]
     assert notes.count("just below the crossover") >= 4
     assert notes.count("just below the crossover") == notes.count("just above the crossover")
+    for below, above in zip(grid, grid[1:]):  # the two sizes either side of a crossover, 26% apart
+        if below.note == "just below the crossover":
+            cross = judging.crossover(below.p, below.alpha, below.beta)
+            assert above.note == "just above the crossover" and below.n < cross < above.n
+            assert above.n <= cases.CHOOSE_GRID * below.n * 1.01
     kinds = {frozenset(judging.fastest(c.p, c.n, c.alpha, c.beta)) for c in grid}
     assert {frozenset({a}) for a in cases.ALGORITHMS} - {frozenset({"binomial_tree"})} <= kinds
+
+
+def test_the_choose_sizes_do_not_give_the_crossover_away() -> None:
+    """What a rank holds of the choose cases: per (p, alpha, beta), the sizes of one geometric grid
+    from 1 B to 1 GiB, sorted, whatever the crossover (an outside tester's choose read it off the two
+    sizes drawn at it)."""
+    rng = np.random.default_rng(8)
+    cases.draw_predict_cases(rng)
+    seen: dict[tuple, list[int]] = {}
+    for case in cases.draw_choose_cases(rng, judging.crossover):
+        view = case.for_rank(0)
+        assert view.note == ""
+        seen.setdefault((view.p, view.alpha, view.beta), []).append(view.n)
+    assert len(seen) == 9
+    for sizes in seen.values():
+        assert sizes == sorted(set(sizes)) and sizes[0] < 4 and (1 << 30) / cases.CHOOSE_GRID <= sizes[-1] <= 1 << 30
+        ratios = [b / a for a, b in zip(sizes, sizes[1:]) if a >= 1000]
+        assert max(ratios) / min(ratios) < 1.01  # one ratio all along: no size nearer a crossover
+
+
+def _choose_with(wrong: Callable[[str, int, float, float, float], float]) -> Callable[..., str]:
+    return lambda p, n, alpha, beta: min(judging.candidates(p), key=lambda a: wrong(a, p, n, alpha, beta))
+
+
+def test_a_wrong_formula_chooses_wrong_somewhere_on_every_seed() -> None:
+    """The choose check fails a run when any choice is not a fastest algorithm. On every seed, the
+    choose of each common wrong formula (one tree for binomial_tree; Rabenseifner with a (p-1) lg p
+    term; ring moving whole vectors; log2 p rounds for a tree over p not a power of two) picks
+    somewhere an algorithm clearly slower than the fastest (over 300 seeds when written: one tree 84%
+    slower at least, log2 p 2.3%, the others 100% or more); 40 seeds in the suite."""
+    formula, lg = judging.formula, cases.lg
+
+    def wrong(name: str) -> Callable[[str, int, float, float, float], float]:
+        def cost(a: str, p: int, n: float, alpha: float, beta: float) -> float:
+            if a == "binomial_tree" and name in ("one tree", "log2 p"):
+                return (1 if name == "one tree" else 2 * math.log2(p) / lg(p)) * lg(p) * (alpha + n * beta)
+            if a == "rabenseifner" and name == "(p-1) lg p":
+                return 2 * lg(p) * alpha + 2 * (p - 1) * lg(p) / p * n * beta
+            if a == "ring" and name == "whole vectors":
+                return 2 * (p - 1) * (alpha + n * beta)
+            return formula(a, p, n, alpha, beta)
+        return cost
+
+    least = {}
+    for seed in range(40):
+        rng = np.random.default_rng([seed, 3])  # as check.formulas draws them
+        cases.draw_predict_cases(rng)
+        grid = cases.draw_choose_cases(rng, judging.crossover)
+        for name in ("one tree", "log2 p", "(p-1) lg p", "whole vectors"):
+            choose = _choose_with(wrong(name))
+            picks = [choose(c.p, c.n, c.alpha, c.beta) for c in grid]
+            assert judging.judge_choices(grid, picks) is not None, (name, seed)
+            slower = max(formula(a, c.p, c.n, c.alpha, c.beta) / min(formula(b, c.p, c.n, c.alpha, c.beta)
+                                                                     for b in judging.candidates(c.p)) - 1
+                         for a, c in zip(picks, grid))
+            least[name] = min(least.get(name, math.inf), slower)
+    assert least["log2 p"] >= 0.02 and all(v >= 0.8 for k, v in least.items() if k != "log2 p"), least
 
 
 # -- the hidden cluster and the ring ----------------------------------------------------------------
@@ -354,6 +416,11 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     # the ring sizes reach it only after measuring, and the ring is predicted from its own fits.
     "forged_checker_answers.py": ({FIT, SPIKES, PREDICT, CHOOSE, RING},
                                   ["nothing was measured yet", "predict raised StopIteration"]),
+    # Outside testers' attacks: the mean of samples timed on a Bcast, which the spikes never reach;
+    # a choose that read the crossover off the sizes of the harness's list of cases.
+    "forged_collective_samples.py": ({SPIKES}, ["rank 0's measure moved", "bytes through Bcast",
+                                                "a sample timed on a collective never meets one"]),
+    "forged_choose_reads_cases.py": ({PREDICT, CHOOSE}, ["that is one tree", "large enough to be bandwidth-bound"]),
 }
 
 
@@ -372,6 +439,8 @@ DIAGNOSES: dict[str, set[str]] = {
     "nothing was measured yet": {"starter", "forged_checker_answers.py"},
     "did not fit its hidden values": set(),  # a ring within 10% from links that are not the cluster's
     "did not run as the harness calls it": set(),
+    "a sample timed on a collective never meets one": {"forged_collective_samples.py"},
+    "that is one tree": {"forged_choose_reads_cases.py"},
 }
 
 

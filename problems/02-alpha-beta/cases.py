@@ -17,6 +17,7 @@ FORMULA_RTOL = 1e-9
 WORLD_SIZES = (3, 4, 5, 6, 8)
 SPIKE_PROBABILITY = 0.05  # of each message, on the shared cluster
 SHARED_SLOWDOWN = (1.2, 1.6)  # each cable's latency and time per byte on the shared cluster, times the quiet's
+CHOOSE_GRID = 2 ** (1 / 3)  # the choose cases' sizes: a geometric grid, 26% apart
 
 Link = tuple[float, float]  # (alpha in seconds, beta in seconds per byte)
 
@@ -220,18 +221,23 @@ def draw_predict_cases(rng: np.random.Generator) -> list[Case]:
 
 def draw_choose_cases(rng: np.random.Generator, crossover: Callable[[int, float, float], float | None]
                       ) -> list[Choice]:
-    """Nine p, each with its alpha and beta: six sizes from 1 B to 1 GiB, one either side of the crossover
-    (``crossover``: judging.crossover, which the checker passes in; the answers stay out of this file)."""
+    """Nine p, each with its alpha and beta, and for each the sizes of a geometric grid from 1 B to 1 GiB,
+    CHOOSE_GRID apart from a random offset: every crossover has a size just below and one just above it
+    (``crossover``: judging.crossover, which the checker passes in; the note, which says so, stays out of
+    the ranks). No size stands out, so the list the rank holds does not give the crossover away: two sizes
+    drawn at it, after six others, did to a choose that read the harness's list."""
     ps = [int(p) for p in rng.choice([2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], size=5, replace=False)]
     ps += [int(p) for p in rng.choice([3, 5, 6, 7, 9, 12, 24, 48, 100, 1000], size=4, replace=False)]
     cases = []
     for p in ps:
         alpha = float(np.exp(rng.uniform(np.log(5e-7), np.log(5e-5))))
         beta = 8 / (float(np.exp(rng.uniform(np.log(1.0), np.log(400.0)))) * 1e9)
-        sizes = [int(np.exp2(rng.uniform(lo, lo + 5))) for lo in (0, 5, 10, 15, 20, 25)]
-        cases += [Choice("", p, n, alpha, beta) for n in sizes]
+        steps = np.arange(rng.uniform(0, 1), math.log(1 << 30, CHOOSE_GRID))
+        sizes = sorted({max(1, int(CHOOSE_GRID ** k)) for k in steps})
         cross = crossover(p, alpha, beta)
-        if cross is not None and 4 <= cross <= 1 << 34:
-            cases += [Choice("", p, max(1, int(cross / 1.25)), alpha, beta, "just below the crossover"),
-                      Choice("", p, int(cross * 1.25) + 1, alpha, beta, "just above the crossover")]
+        below = max((n for n in sizes if cross is not None and n < cross), default=None)
+        above = min((n for n in sizes if cross is not None and n > cross), default=None)
+        notes = {below: "just below the crossover", above: "just above the crossover"} \
+            if below is not None and above is not None else {}
+        cases += [Choice("", p, n, alpha, beta, notes.get(n, "")) for n in sizes]
     return cases

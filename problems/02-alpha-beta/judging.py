@@ -83,6 +83,23 @@ def exchange(measured: Any, r: int, p: int) -> tuple[int, int]:
     return counts.sent_msgs.get(right, 0), counts.recv_msgs.get(right, 0)
 
 
+HARNESS_AGREE_BYTES = 24  # programs.on_cluster's Allreduce after measure: three float64
+NOT_PING_PONG = ("the shared cluster's spikes delay point-to-point messages, so a sample timed on a collective "
+                 "never meets one and says nothing of how your fit copes with them. Time every sample on a "
+                 "ping-pong (Send, then Recv the echo), as the card asks, and keep the fastest of the repeats")
+
+
+def collective_bytes(measured: Any, r: int) -> dict[str, int]:
+    """The bytes rank r moved through each collective in a measure task, beyond the harness's own
+    Allreduce after measure, from the proxy's counters: a sample timed on a collective (a Bcast on a
+    pair's sub-communicator) has met none of the spikes, which the fault plan puts on point-to-point
+    messages, so it says nothing of how a fit copes with them."""
+    counts = measured.task.counts(r)
+    moved = {op: counts.op_bytes.get(op, 0) for op in counts.collectives_used()}
+    moved["Allreduce"] = moved.get("Allreduce", 0) - HARNESS_AGREE_BYTES
+    return {op: n for op, n in sorted(moved.items()) if n > 0}
+
+
 def repeats(fit: Fitted, again: Fitted) -> bool:
     """Whether two fits of one link agree as two runs on the exact virtual clock do."""
     return close(again.alpha, fit.alpha, 1e-9) and close(again.beta, fit.beta, 1e-9)
