@@ -5,7 +5,8 @@ the virtual clock, stragglers 2-5x slow (hidden: who, when, how much, the data, 
 s = 0 and s = 3 under the card's stragglers (each worker slow once every three steps, at a random
 step), a hidden s in 1-2 with one worker slow for a long stretch (the others run into the bound),
 and workers that finish at different times (the first to finish holds every other one's read until
-its last push; then one of the two left is slow, so the bound still binds).
+its last push; then one of the two left is slow, so the bound still binds, and every read it frees
+must be answered when freed).
 
 Why the staleness is measured from the trace: the staleness a read saw is a fact about the order
 of the server's messages, which its proxy records as they happen (the agent's, outside the
@@ -143,9 +144,10 @@ def finishers_released(t: CheckContext, every_case: Run) -> None:
             t.fail(problem)
     reads = judging.reads_of(run)
     for problem in (judging.reads_count_problem(case, reads, workers), judging.over_bound(case, reads, workers),
-                    judging.late_read(judging.server_events(run.task), case, workers, last_only=True)):
+                    judging.late_read(judging.server_events(run.task), case, workers, last_only=True),
+                    judging.late_after_finish(judging.server_events(run.task), case, workers)):
         if problem:
             t.fail(problem)
     t.say(f"every worker read the model as often as it has steps ({', '.join(map(str, case.steps))}), staleness at "
-          f"most {judging.worst(reads).staleness:g}, every read a last push freed answered at once; the server "
+          f"most {judging.worst(reads).staleness:g}, every read freed after a worker finished answered at once; the server "
           f"returned after the last push, at {fmt_s(run.task.timeline().makespan)} on the virtual clock")

@@ -40,17 +40,27 @@ def reads_in_trace(events: Iterable[tuple[str, int | None, int | None]], case: C
     return reads
 
 
-def late_read(events: Iterable[tuple[str, int | None, int | None]], case: Case, workers: list[int],
-              last_only: bool = False) -> str | None:
-    """The first read answered later than the rule allows, in words, or None: a read the rule allows
-    after a push must be answered before the server takes the next one (``last_only``: a read that a
-    worker's last push freed). Read from the same trace as the staleness: after each receive of a
-    push, the clock table (a finished worker at infinity) and the reads waiting (a push that is not
-    a worker's last asks for its next model)."""
+@dataclass(frozen=True)
+class Held:
+    """A read the rule allowed after a push that the server answered only after it took another."""
+
+    worker: int  # index 0 .. W-1
+    clock: int
+    pusher: int  # whose push allowed it
+    last: bool  # that push was the pusher's last
+    received: tuple[int, ...]  # the messages in from each worker then (steps + 1: it had finished)
+
+
+def held_reads(events: Iterable[tuple[str, int | None, int | None]], case: Case, workers: list[int],
+               staleness: int) -> list[Held]:
+    """Every read that the rule with bound ``staleness`` (a finished worker at infinity) allowed after a
+    push but the server had not answered when it took the next one, from the same trace as the
+    staleness: after each receive of a push, the clock table and the reads waiting (a push that is
+    not a worker's last asks for its next model). A read held on is listed again at each push."""
     index = {rank: k for k, rank in enumerate(workers)}
     received, replies = [0] * len(workers), [0] * len(workers)
     due: list[int] = []  # the workers whose reads the rule allowed after the latest push
-    pusher = -1
+    pusher, out = -1, []
     for kind, peer, tag in events:
         if peer not in index:
             continue
@@ -60,17 +70,61 @@ def late_read(events: Iterable[tuple[str, int | None, int | None]], case: Case, 
             continue
         if kind != "recv" or tag != PUSH:
             continue
-        for j in due:
-            if replies[j] < received[j]:
-                return _late(case, workers, j, received[j] - 1, pusher, received)
+        out += [Held(j, received[j] - 1, pusher, received[pusher] > case.steps[pusher], tuple(received))
+                for j in due if replies[j] < received[j]]
         received[k] += 1
         pusher = k
         table = [math.inf if n > case.steps[i] else max(n - 1, 0) for i, n in enumerate(received)]
         due = [j for j in range(len(workers)) if replies[j] < received[j] <= case.steps[j]
-               and min(table) >= received[j] - 1 - case.staleness]
-        if last_only and received[k] <= case.steps[k]:
-            due = []
-    return None
+               and min(table) >= received[j] - 1 - staleness]
+    return out
+
+
+def late_read(events: Iterable[tuple[str, int | None, int | None]], case: Case, workers: list[int],
+              last_only: bool = False) -> str | None:
+    """The first read answered later than the rule allows, in words, or None: a read the rule allows
+    after a push must be answered before the server takes the next one (``last_only``: a read that a
+    worker's last push freed)."""
+    held = [h for h in held_reads(events, case, workers, case.staleness) if h.last or not last_only]
+    return _late(case, workers, held[0].worker, held[0].clock, held[0].pusher, list(held[0].received)) \
+        if held else None
+
+
+KEPT_AFTER_FINISH = "the finished worker's last clock held it back"
+
+
+def late_after_finish(events: Iterable[tuple[str, int | None, int | None]], case: Case,
+                      workers: list[int]) -> str | None:
+    """The first read freed after a worker had finished that the server held past the next push, in
+    words, or None; freed by the rule the server kept until the first worker finished: synchronous
+    training's (min(clock) >= c) when every read before then was exactly synchronous, else the bound.
+    What a finish changes is this check's (the throughput check grades the rest): a server that keeps
+    a finished worker's last clock in the table and answers the reads it holds only when every worker
+    left waits neither deadlocks nor goes past s, but it runs in lockstep, with no bound to use."""
+    events = list(events)
+    before = [r for r in reads_in_trace(events, case, 0, workers) if all(n < k for n, k in zip(r.pushes, case.steps))]
+    synchronous = all(r.staleness <= 0 for r in before) and \
+        all(_finished(case, h) for h in held_reads(events, case, workers, 0))
+    s = 0 if synchronous else case.staleness
+    held = held_reads(events, case, workers, s)
+    late = [h for h in held if _finished(case, h)]
+    if not late:
+        return None
+    h, done, prompt = late[0], _finished(case, late[0]), len(late) == len(held)
+    kept = min(max(n - 1, 0) for n in h.received)  # the slowest clock, the finished at their last
+    text = (f"{case.label()}: worker rank {workers[h.worker]}'s read at clock {h.clock} was allowed once rank "
+            f"{workers[h.pusher]}'s push was in ({', '.join(f'rank {workers[j]}' for j in done)} had finished, "
+            "infinitely far ahead), but the server took another push before answering it")
+    if prompt and kept < h.clock - s:
+        rule = "synchronous training" if synchronous else "the bound"
+        return (text + f"; until a worker finished it answered every read as soon as {rule} allowed: "
+                f"{KEPT_AFTER_FINISH} ({kept}, below c - s = {h.clock - s}). A worker that has finished "
+                "never pushes again: count it as infinitely far ahead (math.inf), not at its last clock")
+    return text + ": after every push, answer every kept read the rule now allows"
+
+
+def _finished(case: Case, h: Held) -> list[int]:
+    return [j for j, n in enumerate(h.received) if n > case.steps[j]]
 
 
 def _late(case: Case, workers: list[int], j: int, clock: int, pusher: int, received: list[int]) -> str:
@@ -95,14 +149,21 @@ def over_bound(case: Case, reads: list[Read], workers: list[int]) -> str | None:
 
 
 OFF_BY_ONE = "the bound is off by one"
+RULE_BY_S = "the rule must not change with s"
+SSP_S = cases.SSP_STALENESS
 NOT_THE_SLOWEST = "did the read wait for the slowest worker"
 
 
 def staleness_cause(excess: list[float]) -> str:
-    """Why reads broke the bound, from every case's largest staleness minus its s. Over by exactly one
-    wherever it is over, with the long-straggler case among them (a gate that ignores the others goes
-    far past it there): the bound is off by one. Further over: the read did not wait for the slowest."""
+    """Why reads broke the bound, from every case's largest staleness minus its s (s = 0, s = 3, the
+    long straggler). Over with s = 3 alone: the rule changes with s (an outside tester's server was
+    synchronous below 3 and unbounded from it). Over by exactly one wherever it is over, with the
+    long-straggler case among them (a gate that ignores the others goes far past it there): the bound
+    is off by one. Further over: the read did not wait for the slowest."""
     over = [e for e in excess if e > 0]
+    if excess[1] > 0 and excess[0] <= 0 and excess[-1] <= 0:
+        return (f"; the bound held with s = 0 and under the long straggler, and broke only with s = {SSP_S}: "
+                f"{RULE_BY_S} (a read at clock c waits until min(clock) >= c - s, whatever s is)")
     if over and all(e == 1 for e in over) and excess[-1] == 1:
         return (f"; every read over the bound is over by exactly one, in every case: {OFF_BY_ONE} (a worker at "
                 "clock c may read once the slowest worker is at c - s, not c - s - 1)")
