@@ -85,7 +85,11 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     # The built-in Allreduce after a mark of its own: the harness's "case" marks bound the counters.
     "forged_own_mark.py": (["called the built-in Allreduce"], []),
     # The built-in Allreduce with the program's marks dropped and set again after the last case.
-    "forged_moved_marks.py": (["called Allreduce x24 before the program's first mark 'case'"], ["✓ passed"]),
+    "forged_moved_marks.py": (["called Allreduce x12 before the program's first mark 'case'"], ["✓ passed"]),
+    # A star of every later case during an empty one, then junk of the ring's size; where a task held
+    # one case, a star (or a chain) that sent the other ranks only the elements they handed back.
+    "forged_star_sampled.py": (["n = 0 (empty)", "with nothing to reduce: other cases' bytes?"], []),
+    "forged_chain_sampled.py": (["n = 0 (empty)", "with nothing to reduce: other cases' bytes?"], []),
     "syntax_error.py": (
         ["SyntaxError", f"syntax_error.py, line {line_of('syntax_error.py', 'range(p - 1)')}"],
         [],
@@ -139,6 +143,11 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
         assert ratio and float(ratio[1]) >= 1.05 + 2 * 0.05, timed
     if name == "not_divisible.py":
         assert "(not divisible by p)" in run.check("results equal")["message"]
+    if name.endswith("_sampled.py"):
+        # Right values on every rank, all of them: no better than the honest star's 8 of 12.
+        assert run.check("results equal")["status"] == "passed", run.out
+        assert run.check("time within 5%")["status"] == "failed", run.out
+        assert run.results["score"] <= 8, run.out
     if name == "raises.py":
         assert run.wall_s < 30, f"took {run.wall_s:.1f} s: the failed rank's peers were not ended"
     if name == "infinite_loop.py":
@@ -166,6 +175,8 @@ REAL_BUG = {
     "forged_expected.py": "view of the case holds no input of rank",
     "forged_own_mark.py": "called the built-in Allreduce",
     "forged_moved_marks.py": "before the program's first mark",
+    "forged_star_sampled.py": "with nothing to reduce: other cases' bytes?",
+    "forged_chain_sampled.py": "with nothing to reduce: other cases' bytes?",
 }
 ALTERNATIVES = ["alt_isend.py", "alt_torch_compatible.py", "alt_returns_buf.py", "alt_barrier.py"]
 # Attacks on the seal itself, checked sealed in tests/test_seal_attacks.py: unsealed, where the learner

@@ -65,7 +65,7 @@ def diagnose(result: grading.CaseRun) -> str | None:
 
 def wrong_result(case: Case, rank: int, result: CaseResult, want: np.ndarray, sent: int) -> str | None:
     """None when ``rank`` holds the reduction, else the symptom named the way a reviewer would."""
-    got, indices = result.sample, case.kept(rank)
+    got, indices = result.buf, np.arange(case.n)
     mismatch = grading.first_mismatch(got, want[indices], **tolerance(case))
     if mismatch is None:
         return None
@@ -111,8 +111,7 @@ def wrong_result(case: Case, rank: int, result: CaseResult, want: np.ndarray, se
 def spread_missing(case: Case, results: list[CaseResult], want: np.ndarray) -> bool:
     """Every element is right on some rank but not on all, and every wrong one is a partial
     reduction that holds its rank's input: the reduction ran, the spreading did not."""
-    indices = case.kept()  # the sample that every rank but the full one sent
-    got = [result.sample[indices] if rank == case.full_rank else result.sample for rank, result in enumerate(results)]
+    indices, got = np.arange(case.n), [result.buf for result in results]
     if case.p == 1 or any(g.shape != indices.shape for g in got):
         return False
     ok = [grading.agreement(g, want[indices], **tolerance(case)) for g in got]

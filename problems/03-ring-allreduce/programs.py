@@ -1,7 +1,8 @@
 """Problem 03 on the ranks: the cases (every length that trips people up, each rank's input, the
 expected result) and the learner's allreduce run on them. Hidden variants, from the seed: the input
-values, the lengths past p, the large length, which rank returns its whole buffer."""
+values, the lengths past p, the large length."""
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 from functools import reduce
@@ -22,7 +23,6 @@ class Case:
     op: str
     seed: int
     shape: str  # which edge this length probes
-    full_rank: int  # the rank whose whole result comes back (others send a sample)
     own: tuple[int, np.ndarray] | None = field(default=None, compare=False)  # a rank's view: (its rank, its input)
 
     def label(self) -> str:
@@ -45,10 +45,6 @@ class Case:
         values = rng.integers(-1000, 1000, size=self.n) if self.dtype == "int64" else rng.standard_normal(self.n)
         return values.astype(self.dtype)
 
-    def kept(self, rank: int = -1) -> np.ndarray:
-        """The indices of the result that ``rank`` sends back: all, or (any other rank) about 4096."""
-        return np.arange(0, self.n, 1 if rank == self.full_rank else max(1, self.n // 4096))
-
     def expected(self) -> np.ndarray:
         """The reduction of every rank's input, computed here, outside the ranks."""
         return reduce(np.add if self.op == "SUM" else np.maximum, map(self.input, range(self.p)))
@@ -63,8 +59,11 @@ def cases_for(p: int, rng: np.random.Generator) -> list[Case]:
     lengths = [(0, "empty"), (1, "one element"), (max(p - 1, 1), "fewer than p" if p > 1 else "one element"),
                (p * int(rng.integers(3, 9)) + int(rng.integers(1, p)) if p > 1 else 7, "not divisible by p"),
                (large, "large")]
-    return [Case(p, n, dtype, op, int(rng.integers(1 << 31)), shape, int(rng.integers(p)))
-            for n, shape in lengths for dtype in ("float32", "float64", "int64") for op in OPS]
+    cases = []
+    for (n, shape), dtype, op in itertools.product(lengths, ("float32", "float64", "int64"), OPS):
+        cases.append(Case(p, n, dtype, op, int(rng.integers(1 << 31)), shape))
+        rng.integers(p)  # once the rank that sent back all its result: drawn still, so each seed keeps its variants
+    return cases
 
 
 def draw(seed: int) -> tuple[list[list[Case]], list[Timed]]:
@@ -72,14 +71,15 @@ def draw(seed: int) -> tuple[list[list[Case]], list[Timed]]:
     one timed case for each of three rank counts."""
     rng = np.random.default_rng([seed, 3])
     groups = [cases_for(p, rng) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
-    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM", int(rng.integers(1 << 31)), "large", 0)
+    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM", int(rng.integers(1 << 31)), "large")
              for p in (4, 8, int(rng.choice([3, 5, 6, 7])))]
     return groups, timed
 
 
-# One case on one rank: the result at the case's kept indices, and what allreduce returned: "buf"
-# (buf itself or a view of it), else its type's name ("NoneType" when it returned nothing).
-CaseResult = NamedTuple("CaseResult", [("sample", np.ndarray), ("returned", str)])
+# One case on one rank: the whole result, and what allreduce returned: "buf" (buf itself or a view
+# of it), else its type's name ("NoneType" when it returned nothing). All of it: with a sample of
+# about 4096 elements, one rank reduced and the others were sent only the elements read back.
+CaseResult = NamedTuple("CaseResult", [("buf", np.ndarray), ("returned", str)])
 
 
 def run_cases(comm, solution, cases: list[Case]) -> list[CaseResult]:
@@ -90,14 +90,14 @@ def run_cases(comm, solution, cases: list[Case]) -> list[CaseResult]:
         comm.mark("case")
         returned = solution.allreduce(comm, buf, OPS[case.op])
         view = isinstance(returned, np.ndarray) and np.may_share_memory(returned, buf)
-        results.append(CaseResult(buf[case.kept(rank)].copy(), "buf" if view else type(returned).__name__))
+        results.append(CaseResult(buf.copy(), "buf" if view else type(returned).__name__))
     return results
 
 
 def main(comm, solution, n="1048576"):
     """A free run (distlab run, mpirun, torchrun): one float64 allreduce of n elements. Rank 0
     checks it against every rank's input regenerated there, so the run holds only the allreduce."""
-    case = Case(comm.Get_size(), int(n), "float64", "SUM", 0, "free run", 0)
+    case = Case(comm.Get_size(), int(n), "float64", "SUM", 0, "free run")
     buf, start = case.input(comm.Get_rank()), time.perf_counter()
     solution.allreduce(comm, buf, SUM)
     elapsed = time.perf_counter() - start
