@@ -14,6 +14,7 @@ smuggle to the others inside a message of the right size, and from the keys one 
 rebuild every stage. The checker keeps the whole case and draws everything from the seed.
 """
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -98,13 +99,21 @@ class Pipe:
     def for_rank(self, rank: int) -> "Pipe":
         """What stage ``rank``'s process is handed: its own layers' starting weights, the features on
         stage 0, the labels on the last stage, made here by its agent; no seed (with it, one process
-        could compute every stage alone) and no key (a rank could smuggle it to the others)."""
+        could compute every stage alone) and no key (a rank could smuggle it to the others). Of the
+        stage times, its own only (NaN for the others): with all of them, a schedule replayed the
+        pipeline's bubble and hid its spans only where the bubble would fail anyway."""
         own = Own(rank, self.start_weights(rank), self.batch_features() if rank == 0 else None,
                   self.labels() if rank == self.p - 1 else None)
-        return replace(self, seed=-1, own=own)
+        return replace(self, forward_s=only(self.forward_s, rank), backward_s=only(self.backward_s, rank), seed=-1,
+                       own=own)
 
 
 # -- the model's start and the data: every stage's here, only its own in a rank --------------------
+
+
+def only(times: tuple[float, ...], stage: int) -> tuple[float, ...]:
+    """``times`` with every stage's but ``stage``'s NaN: unknown there."""
+    return tuple(t if s == stage else math.nan for s, t in enumerate(times))
 
 
 def weights_key(seed: int, stage: int) -> int:

@@ -12,16 +12,16 @@ The checks then read, in the supervisor:
   equal stages, or, for unequal stages where no formula holds, the critical path of the schedule's
   canonical order replayed here with the same stage times;
 - the stashed activations, counted from the forwards and backwards the harness's Stage declared,
-  in each stage's program order: m on every stage for GPipe, at most p for 1F1B.
+  in each stage's program order, on every step: m on every stage for GPipe, at most p for 1F1B.
 
 The spans the bubble and the stash are read from are declared from the learner's process, so each
 check that reads them first compares them with what the harness's Stage declares for the case
 (judging.declared_message): its labels, its stage times, one forward and one backward per
-micro-batch, each after the message it needs. Junk of the right sizes in that order would still
-pass them, so they also hold what every message carried (the task keeps a copy of each, taken by
-the rank's agent) against the pipeline computed here on the whole case (judging.carried_message):
-each activation sent on is the stage's output of a micro-batch, each gradient sent back the
-stage's backward of one.
+micro-batch (none declared is a stash of none: no pass), each after the message it needs. Junk of
+the right sizes in that order would still pass them, so they also hold what every message carried
+(the task keeps a copy of each, taken by the rank's agent) against the pipeline computed here on
+the whole case (judging.carried_message): each activation sent on is the stage's output of a
+micro-batch, each gradient sent back the stage's backward of one.
 """
 
 from typing import Any, NamedTuple
@@ -159,11 +159,12 @@ def bubble_is_the_schedules(t: CheckContext, pipelines: Run) -> None:
 def stash_is_bounded(t: CheckContext, pipelines: Run) -> None:
     for result in of(pipelines, GPIPE_TASK, ONE_F_ONE_B_TASK):
         pipe = result.case
-        step = step_of(t, result, 0)
-        if message := (judging.declared_message(pipe, step, times=not t.learner_faults)
-                       or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
-                       or judging.carried_message(pipe, result.task, step, 0, result.values)):
-            t.fail(message)
+        for k in range(STEPS):  # every step: step 0 alone was read, and a schedule hid its spans there
+            step = step_of(t, result, k)
+            if message := (judging.declared_message(pipe, step, times=not t.learner_faults)
+                           or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
+                           or judging.carried_message(pipe, result.task, step, k, result.values)):
+                t.fail(message)
         t.metric(f"stash {pipe.schedule} m={pipe.m}", step.peaks)
         t.say(f"{pipe.label()}: peak stash per stage {step.peaks}")
     t.say("every stage sent one message per micro-batch to each neighbour; 1F1B holds min(p - stage, m) "
@@ -175,13 +176,15 @@ def fewer_micro_batches_than_stages(t: CheckContext, pipelines: Run) -> None:
     runs = of(pipelines, SMALL_TASK)
     gradients(t, runs)
     for result in runs:
-        pipe, step = result.case, step_of(t, result, 0)
-        problem = (judging.declared_message(pipe, step, times=not t.learner_faults)
-                   or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
-                   or judging.carried_message(pipe, result.task, step, 0, result.values)) or (
-            None if t.learner_faults else
-            judging.bubble_message(pipe, step, cases.expected_bubble(pipe, message_s(t)), BUBBLE_TOLERANCE))
-        if problem:
-            t.fail(problem)
+        pipe = result.case
+        for k in range(STEPS):
+            step = step_of(t, result, k)
+            problem = (judging.declared_message(pipe, step, times=not t.learner_faults)
+                       or judging.stash_message(pipe, step) or judging.traffic_message(pipe, step)
+                       or judging.carried_message(pipe, result.task, step, k, result.values)) or (
+                None if t.learner_faults else
+                judging.bubble_message(pipe, step, cases.expected_bubble(pipe, message_s(t)), BUBBLE_TOLERANCE))
+            if problem:
+                t.fail(problem)
         t.say(f"{pipe.label()}: bubble {step.bubble or 0:.3f} ((p-1)/(m+p-1) = "
               f"{cases.formula_bubble(pipe.p, pipe.m):.3f}), peak stash per stage {step.peaks}")

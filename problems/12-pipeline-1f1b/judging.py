@@ -532,9 +532,8 @@ def gradients_right(pipe: Pipe, values: Any, step: int) -> bool:
 
 def carried_message(pipe: Pipe, task: Any, step: Step, k: int, values: Any) -> str | None:
     """contents_message for training step ``k`` of the pipeline (see above), None where not graded:
-    a step after wrong gradients, or one that declared no compute at all (the schedule's own checks
-    say that, as for declared_message)."""
-    if not any(step.compute) or (k > 0 and not gradients_right(pipe, values, k)):
+    a step after wrong gradients (the gradient checks say why)."""
+    if k > 0 and not gradients_right(pipe, values, k):
         return None
     return contents_message(pipe, step, step_sends(task, step), carried(pipe)[k], k)
 
@@ -552,9 +551,12 @@ def declared_message(pipe: Pipe, step: Step, times: bool = True) -> str | None:
     after its k-th activation in), a backward the gradient stage s+1 sent and its own forward, and a
     stage sends its k-th activation after its k-th forward, its k-th gradient after its k-th
     backward. ``times``: compare the seconds too (not under a fault plan, which may slow a rank).
-    A run that declared nothing at all is left to the schedule's own checks, which say so."""
+    Nothing declared is no pass: a schedule that hid its spans from one step (its Stage's comm
+    swapped for one whose compute() does nothing) showed a stash of none there."""
     if not any(step.compute):
-        return None
+        return (f"{pipe.label()}: no stage declared a forward or a backward on the virtual clock (stage.forward "
+                "and stage.backward declare each one they run): no micro-batch went through the Stage, or its "
+                "declarations were kept off the clock")
     head = f"{pipe.label()}: the declared compute differs from the harness's: "
     every = sorted((kind, i) for kind in "FB" for i in range(pipe.m))
     for s in range(pipe.p):
