@@ -28,6 +28,8 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
     opened = run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder))
     assert opened.returncode == 0, opened.stdout
     seed = json.loads((folder / "exam.json").read_text())["seeds"]["03"]
+    # Seeds as wide as --seed takes: below 10**9 a rank found its own in 21 s (1 in 2**31 is below 2**32).
+    assert 2**32 <= seed < 2**63
     (folder / "work" / "03-ring-allreduce.py").write_text(REFERENCE)
     graded = run_cli("exam", "--out", str(folder), "--submit")
     assert graded.returncode == 0, graded.stdout
@@ -138,6 +140,32 @@ def test_the_graded_code_cannot_read_the_work_folder_where_files_change_after_th
     assert graded.returncode == 0, graded.stdout
     problem = json.loads((tmp_path / "exam" / "results.json").read_text())["problems"][0]
     assert problem["score"] == 0 and "FileNotFoundError" in json.dumps(problem["checks"]), problem["checks"][0]
+
+
+def test_the_graded_code_cannot_read_another_exam_beside_its_own(outside_tmp: Path) -> None:
+    """An outside tester's file exec'd another candidate's graded copy from an exam folder beside
+    its own: every exam this installation opened is hidden from the graded code, and what the
+    grader writes is the assessor's alone."""
+    alice, bob = outside_tmp / "alice", outside_tmp / "bob"
+    for folder in (alice, bob):
+        assert run_cli("exam", "--problems", "03", "--time", "30m", "--out", str(folder)).returncode == 0
+    (alice / "work" / "03-ring-allreduce.py").write_text(REFERENCE)
+    assert run_cli("exam", "--out", str(alice), "--submit").returncode == 0
+    assert (alice / "submitted").stat().st_mode & 0o777 == 0o700
+    assert (alice / "results.json").stat().st_mode & 0o777 == 0o600
+    (bob / "work" / "03-ring-allreduce.py").write_text(
+        "import pathlib\n"
+        "exec((pathlib.Path(__file__).parents[2] / 'alice' / 'submitted' / '03-ring-allreduce.py').read_text())\n")
+    assert run_cli("exam", "--out", str(bob), "--submit").returncode == 0
+    problem = json.loads((bob / "results.json").read_text())["problems"][0]
+    assert problem["score"] == 0 and "FileNotFoundError" in json.dumps(problem["checks"]), problem["checks"][0]
+    # Alice's exam.json or results.json copied into Bob's folder carry Alice's folder, signed.
+    (bob / "results.json").write_bytes((alice / "results.json").read_bytes())
+    copied = run_cli("exam", "--out", str(bob), "--verify")
+    assert copied.returncode == 1 and "copied in from another exam" in copied.stdout, copied.stdout
+    (bob / "exam.json").write_bytes((alice / "exam.json").read_bytes())
+    regraded = run_cli("exam", "--out", str(bob), "--submit")
+    assert regraded.returncode == 0 and "an exam file copied in from another exam" in regraded.stdout, regraded.stdout
 
 
 def test_an_edited_exam_file_is_graded_as_tampered(tmp_path: Path) -> None:

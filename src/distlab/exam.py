@@ -34,7 +34,6 @@ import html
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from . import examkey
 from .bank import Bank
 from .errors import StateError, UsageError
 from .grading.console import ConsoleReporter
-from .grading.runner import Options, check_problem, not_run
+from .grading.runner import Options, check_problem, draw_seed, not_run
 from .workspace import write_atomically
 
 EXAM_FILE = "exam.json"
@@ -74,8 +73,11 @@ class Exam:
     tampered: str = ""  # why exam.json cannot be trusted (its signature does not hold), or ""
 
     def to_json(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"format_version": 1, "problems": self.problems, "seeds": self.seeds,
-                                  "started_at": self.started_at, "deadline": self.deadline}
+        # The folder is signed too: another exam's exam.json (a later deadline), copied in whole,
+        # carries a good signature of its own folder.
+        fields: dict[str, Any] = {"format_version": 2, "problems": self.problems, "seeds": self.seeds,
+                                  "started_at": self.started_at, "deadline": self.deadline,
+                                  "folder": str(self.folder)}
         return {**fields, "signature": examkey.sign(fields)}
 
     @classmethod
@@ -85,6 +87,9 @@ class Exam:
             tampered = "" if examkey.verify(data) else (
                 f"{folder / EXAM_FILE} does not carry this installation's signature: it was edited "
                 "after the exam opened (or opened elsewhere)")
+            if not tampered and data.get("folder", str(folder)) != str(folder):  # format 1: none
+                tampered = (f"{folder / EXAM_FILE} is the exam opened in {data['folder']}: an exam "
+                            "file copied in from another exam")
             return cls(list(data["problems"]), {k: int(v) for k, v in data["seeds"].items()},
                        float(data["started_at"]), float(data["deadline"]), folder, tampered)
         except FileNotFoundError:
@@ -99,8 +104,9 @@ def open_exam(bank: Bank, problems: list[str], seconds: float, folder: Path) -> 
     entries = [bank.ready_problem(p) for p in problems]
     folder.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    exam = Exam([e.number for e in entries], {e.number: secrets.randbelow(10**9) for e in entries},
+    exam = Exam([e.number for e in entries], {e.number: draw_seed() for e in entries},
                 now, now + seconds, folder)
+    examkey.remember_exam(folder)  # hidden from every later exam's graded code (submit)
     # The assessor's alone: the seeds give away every hidden variant (cases.py is readable).
     write_atomically(folder / EXAM_FILE, json.dumps(exam.to_json(), indent=2) + "\n", mode=0o600)
     for entry in entries:
@@ -181,8 +187,11 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
     # Out of the candidate's sealed code's sight: the exam's state, its results, the signing key,
     # and the work folder, where a file written after the deadline (read by a solution that was
     # not) would be graded unflagged: the solution is graded from its copy in submitted/.
+    # And every other exam this installation opened, whole: a candidate's file once exec'd another
+    # candidate's graded copy from an exam folder beside its own (/srv/exams/*/submitted/).
     private = (str(folder / EXAM_FILE), str(folder / "results.json"), str(folder / "report.html"),
-               str(examkey.key_path()), str(folder / "work"))
+               str(examkey.key_path()), str(folder / "work"),
+               *(str(other) for other in examkey.exams_opened() if other != folder))
     submitted_at = time.time()
     documents = []
     for number in exam.problems:
@@ -190,6 +199,7 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
         work = folder / "work" / entry.card().solution_file
         kept = folder / "submitted" / work.name
         kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.parent.chmod(0o700)  # the assessor's: no other account reads a graded file
         taken = take_submission(work)
         kept.write_bytes(taken.data)
         late = taken.changed_at > exam.deadline
@@ -216,6 +226,7 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
         documents.append(doc)
     summary = {
         "schema": "distlab.exam/1",
+        "folder": str(folder),  # signed: another exam's results, copied in, name their own
         "started_at": _iso(exam.started_at),
         "deadline": _iso(exam.deadline),
         "submitted_at": _iso(submitted_at),
@@ -228,8 +239,8 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
     # Signed as it reads back (JSON's own types), so that `--verify` can tell an edited score.
     signed: dict[str, Any] = json.loads(json.dumps(summary, default=str))
     signed["signature"] = examkey.sign(signed)
-    write_atomically(folder / "results.json", json.dumps(signed, indent=2) + "\n")
-    write_atomically(folder / "report.html", assessor_page(signed))
+    write_atomically(folder / "results.json", json.dumps(signed, indent=2) + "\n", mode=0o600)
+    write_atomically(folder / "report.html", assessor_page(signed), mode=0o600)
     return signed
 
 
@@ -250,6 +261,9 @@ def verify_results(folder: Path) -> list[str]:
     if not examkey.verify(results):
         found.append(f"{path} does not carry this installation's signature: it was edited after "
                      "grading (or graded elsewhere)")
+    elif results.get("folder") != str(folder):
+        found.append(f"{path} holds the results of the exam in {results.get('folder')}: copied in "
+                     "from another exam")
     problems = results.get("problems")
     for doc in problems if isinstance(problems, list) else []:
         if not isinstance(doc, dict) or not isinstance(doc.get("solution"), str):

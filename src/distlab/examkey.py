@@ -6,7 +6,10 @@ installation's, kept in ``$DISTLAB_EXAM_KEY`` or ``~/.config/distlab/exam-key`` 
 a 0700 folder): a candidate who edits a seed or moves the deadline cannot sign the new content,
 and ``submit`` grades every problem as tampered. The key and the exam's files are hidden from
 the candidate's sealed code (runtime/seal/sandbox.py); an account that can read the key file
-could sign, so run the exam under an account the candidate does not hold.
+could sign, so run the exam under an account the candidate does not hold. The signed fields name
+the exam's folder, so another exam's exam.json or results.json copied in reads as copied; and
+the folders of every exam opened here are listed beside the key, so that each exam's graded code
+is kept from the others (their work and graded files).
 """
 
 from __future__ import annotations
@@ -48,3 +51,25 @@ def sign(fields: dict[str, Any]) -> str:
 def verify(fields: dict[str, Any]) -> bool:
     signature = fields.get("signature")
     return isinstance(signature, str) and hmac.compare_digest(signature, sign(fields))
+
+
+def _opened_list() -> Path:
+    return key_path().parent / "exams-opened"
+
+
+def remember_exam(folder: Path) -> None:
+    """Adds ``folder`` to the exams this installation opened (beside the key, the assessor's)."""
+    listed = _opened_list()
+    listed.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(listed, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(str(folder) + "\n")
+
+
+def exams_opened() -> list[Path]:
+    """The folders of the exams this installation opened that still exist."""
+    try:
+        lines = _opened_list().read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [Path(line) for line in dict.fromkeys(lines) if line and Path(line).is_dir()]
