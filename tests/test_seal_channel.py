@@ -363,3 +363,20 @@ def test_a_blocking_call_may_carry_its_timeout_and_no_other_call_may() -> None:
         decode(Call.RECV, (0.5, 0.5), place)
     with pytest.raises(BadRequest, match=r"Irecv takes 0 floats, not 1"):
         decode(Call.IRECV, (0.5,), place)
+
+
+def test_an_empty_buffer_of_a_shape_numpy_cannot_make_is_refused() -> None:
+    """(0, 2**62) float64 claims its zero bytes truly, but NumPy refuses to shape it: an outside
+    tester's request crashed the agent's serve with NumPy's ValueError instead of a rejection."""
+    size = 1 << 20
+    f8 = np.dtype("<f8")
+
+    def decode(shape: tuple[int, ...]) -> Any:
+        body = encode_request(5, Call.RECV, (1, 0), (), (), (Buffer(0, 0, f8, shape),), "")
+        block = struct.pack("<Q", 5) + framed(body)
+        return decode_request(block + bytes(CONTROL - len(block)), CALLS, size, 4)
+
+    assert decode((0, 5)).outputs[0].shape == (0, 5)
+    with pytest.raises(BadRequest, match=r"larger than the data region"):
+        decode((0, 2**62))
+    np.empty((0, 5), dtype=f8).reshape((0, size // 8))  # the largest it accepts, NumPy shapes

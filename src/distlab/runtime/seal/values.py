@@ -53,16 +53,26 @@ class UnsafeValue(Exception):
         self.name = name
 
 
+# Listed callables that make something of a size their arguments say (bytearray(3 << 30), a list of
+# a range, NumPy's empty array of a shape): a result of 48 bytes once took the agent to 12.6 GB.
+# Here they make nothing larger than the pickle itself: a value's bytes travel in it.
+_SIZED = frozenset({"bytearray", "bytes", "list", "set", "frozenset", "tuple", "dict", "deque",
+                    "OrderedDict", "_reconstructor", "_reconstruct"})
+
+
 class _ListedOnly(pickle.Unpickler):
     def __init__(self, data: bytes, packages: tuple[str, ...]) -> None:
         super().__init__(io.BytesIO(data))
         self._packages = packages
+        self._limit = len(data) + 4096
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch.storage", "_load_from_bytes"):
             # torch's own is torch.load(..., weights_only=False): a whole unpickler. A tensor's
             # storage is read here with torch's restricted one instead.
             return _storage_weights_only
+        if (module, name) in _SAFE and name in _SIZED:
+            return _bounded(super().find_class(module, name), self._limit)
         if (module, name) in _SAFE:
             return super().find_class(module, name)
         # Otherwise a class, by its plain name, defined in the problem's package (its cases or its
@@ -77,6 +87,32 @@ class _ListedOnly(pickle.Unpickler):
         if not isinstance(found, type) or found.__module__ != module:
             raise UnsafeValue(f"{module}.{name}")
         return found
+
+
+def _bounded(make: Any, limit: int) -> Any:
+    """``make``, refusing any argument that asks for more than ``limit`` items or bytes: an int,
+    a sized argument (a range's length costs nothing to ask), or a shape's product."""
+
+    shaped = getattr(make, "__name__", "") == "_reconstruct"  # NumPy's (class, shape, dtype)
+
+    def made(*args: Any) -> Any:
+        for arg in args:
+            if shaped and type(arg) is tuple and all(type(d) is int for d in arg):
+                asked = 1
+                for d in arg:
+                    asked *= max(d, 1)
+            elif type(arg) is int:
+                asked = arg
+            elif type(arg) in (range, list, tuple, set, frozenset, dict, bytes, bytearray, str):
+                asked = len(arg)
+            else:
+                continue
+            if asked > limit:
+                raise UnsafeValue(f"{getattr(make, '__name__', make)} of {asked} items from a pickle "
+                                  f"of {limit - 4096} bytes")
+        return make(*args)
+
+    return made
 
 
 def _storage_weights_only(data: bytes) -> Any:

@@ -239,6 +239,11 @@ def _decode_buffer(op: str, i: int, block: bytes, at: int, end: int,
     if math.prod(shape) * dtype.itemsize != nbytes:  # Python ints: no overflow to hide a lie
         raise BadRequest(f"{op}: buffer {i} is {shape} x {dtype.itemsize} bytes ({dtype}), "
                          f"but claims {nbytes} bytes")
+    # An empty buffer's other dims could still be any size (0 x 2**62: zero bytes), which NumPy
+    # refuses to shape: none may be larger than the data region.
+    if math.prod(d for d in shape if d) * dtype.itemsize > max(data_size, dtype.itemsize):
+        raise BadRequest(f"{op}: buffer {i} has shape {shape}, larger than the data region "
+                         f"({data_size} bytes) in its other dimensions")
     return Buffer(offset, nbytes, dtype, shape), at
 
 
