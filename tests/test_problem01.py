@@ -103,6 +103,9 @@ NAMES_ITS_BUG = {
     "no message carrying the gradient of its batch": "forged_central.py",
     "before the pull of step": "forged_hidden_compute.py",
 }
+# And the fixtures a phrase may also name, where it is their bug too: a stale pull computes before
+# its pulls have arrived; where MPI wrote them in time its model is right and its trace says so.
+MAY_ALSO = {"before the pull of step": {"stale_pull.py"}}
 
 
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
@@ -127,7 +130,8 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
         assert run.check(name_start)["status"] == "passed", run.check(name_start)["message"]
     assert f"distlab check 01 --seed {SEED}" in run.flat  # the replay hint
     for phrase, owner in NAMES_ITS_BUG.items():
-        assert (phrase in run.messages()) == (owner == name), (phrase, run.messages())
+        if name not in MAY_ALSO.get(phrase, ()):
+            assert (phrase in run.messages()) == (owner == name), (phrase, run.messages())
     if name == "mean_of_means.py":
         # The same mistake under the late worker is named as itself, not as mixed steps.
         assert "mixed" not in run.check(LATE)["message"]
