@@ -49,3 +49,35 @@ def read_again(comm):
 
     comm._end.call(Call.BEFORE_SOLUTION)
     comm.Barrier()
+
+
+def hold_in_the_arena(comm):
+    """24 MiB kept in the seal's arena (mapped again through /proc/self/fd), where the learner's
+    processes hold nothing of it; then 24 MiB parked in the agent as a message to itself."""
+    import mmap
+    import os
+
+    comm.mark("start")
+    arena = None
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:") and os.fstat(int(name)).st_size > 64 * MIB:
+            size = os.fstat(int(name)).st_size
+            arena = mmap.mmap(int(name), size, mmap.MAP_SHARED)
+    kept = np.frombuffer(arena, dtype=np.uint8)[-24 * MIB:]
+    kept[:] = 7
+    comm.mark("in arena")
+    survived = bool(kept[::4096].all())
+    del kept
+    parked = np.full(24 * MIB // 8, 3.0)
+    request = comm.Isend(parked, comm.Get_rank(), 5)
+    del parked
+    comm.mark("parked")
+    back = np.empty(24 * MIB // 8)
+    comm.Recv(back, comm.Get_rank(), 5)
+    request.Wait()
+    comm.mark("taken back")  # in the learner's array now, no longer in the agent
+    return survived

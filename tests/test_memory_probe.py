@@ -134,6 +134,22 @@ def test_memory_held_between_two_marks_shows_in_the_sampled_peak() -> None:
 
 
 @pytest.mark.usefixtures("sealed")
+def test_what_the_learner_keeps_in_the_arena_or_parks_in_its_agent_is_lost_or_counted() -> None:
+    """An outside tester kept 24 MB of Adam's moments in the seal's arena, and another parked them in
+    its agent as a message to itself: a reading clears the arena's data region (what was kept there
+    reads as zeros after) and counts the bytes the rank sent itself and has not taken back."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_in_the_arena",), memory=True)],
+                                 LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    outcome = result.task_outcomes(0)[0]
+    assert outcome.value is False  # the arena was cleared at the mark: its 24 MiB are gone
+    (_, start, _), (_, in_arena, _), (_, parked, _), (_, back, _) = outcome.memory[1:]
+    assert in_arena - start < 2 * MIB, (start, in_arena)  # cleared, so nothing held there to count
+    assert parked - start > 23 * MIB and abs(back - parked) < 2 * MIB, (start, parked, back)
+
+
+@pytest.mark.usefixtures("sealed")
 def test_a_reading_the_learner_asks_for_itself_is_tampering() -> None:
     job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("read_again",), memory=True)], LEARNER)
     result = run(job, deadline_s=60)

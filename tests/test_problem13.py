@@ -219,12 +219,21 @@ def test_the_memory_probe_s_rank_hands_back_the_harness_s_arrays_whole() -> None
     assert all(v.seed == -1 and str(probe.seed) not in repr(v) for v in views)  # its gradients, no seed
     assert all(np.array_equal(g, cases.flat_gradient(probe, 1, s)) for s, g in enumerate(views[1].gradients(1)))
     digests = [cases.digest(g) for g in views[2].gradients(2)]
-    assert judging.footprint_value_problem(probe, 2, digests) is None
+    weights = judging.probe_adam(probe).astype(np.float32)  # as a float32 optimizer ends, to rounding
+    assert judging.footprint_value_problem(probe, 2, [*digests, weights]) is None
     given_back = views[2].gradients(2)[0].copy()
     given_back[: 1 << 20] = 0  # a MiB of pages given back (madvise): zeros when read again
-    wrong = judging.footprint_value_problem(probe, 2, [cases.digest(given_back), *digests[1:]])
+    wrong = judging.footprint_value_problem(probe, 2, [cases.digest(given_back), *digests[1:], weights])
     assert wrong is not None and "the gradients it was handed changed" in wrong
     assert "not the digests of the probe's gradients" in judging.footprint_value_problem(probe, 2, None)
+    # Moments kept in the seal's arena, which each reading clears: the steps after the first go wrong.
+    lost = weights.copy()
+    lost[::7] += 1e-4
+    nearly = weights.copy()
+    nearly[:100] += 1e-4  # a hundred weights where the mean gradient rounds near zero: within the rule
+    assert judging.footprint_value_problem(probe, 2, [*digests, nearly]) is None
+    said = judging.footprint_value_problem(probe, 2, [*digests, lost])
+    assert said is not None and "lost or changed state it needed between steps" in said
 
 
 def test_the_calculator_and_byte_diagnoses() -> None:

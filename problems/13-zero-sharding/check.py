@@ -105,12 +105,18 @@ def sharded_state(t: CheckContext, one_launch: Run) -> None:
         t.metric(f"state_share_p{case.p}", round(most / (2 * case.size * judging.MOMENT_BYTES), 5))
         t.say(f"{case.label()}: the largest shard holds {most:,} bytes of moments, "
               f"{most / (2 * case.size * judging.MOMENT_BYTES):.4f} of the whole (1/p = {1 / case.p:.4f})")
+    # The probe's weights show state lost between its steps (kept where a reading clears it), once the
+    # optimizer's arithmetic is right where the first check grades it; otherwise they would say nothing new.
+    right = all(judging.weights_problem(run.case, [v.weights for v in run.values],
+                                        [judging.owned(v.state, run.case.size) if isinstance(v.state, dict) else None
+                                         for v in run.values]) is None
+                for run in one_launch.cases(Training))
     for probe in one_launch.cases(Footprint):
         if moved := probe.task.marks_differ(judging.probe_marks(probe.case)):
             t.fail(f"{moved}: the memory probe reads at the program's marks")
         held = [probe.task.memory(rank) for rank in range(probe.case.p)]
         for rank, (readings, value) in enumerate(zip(held, probe.values)):
-            if problem := (judging.footprint_value_problem(probe.case, rank, value)
+            if problem := (judging.footprint_value_problem(probe.case, rank, value, weights_graded=right)
                            or judging.footprint_problem(probe.case, rank, readings)):
                 t.fail(f"{probe.case.label()}: {problem}")
         kept = max(judging.kept_between_steps(probe.case, r) for r in held)

@@ -93,8 +93,9 @@ def footprint(comm: Any, solution: Any, case: Footprint) -> list[str]:
     holds (Task(memory=True)): before the learner's file was imported, at the mark "footprint"
     (the weights and the gradients it was handed there, the optimizer not yet), and after each
     step from the mark "rest" to the mark "kept", a pause in which no code of the learner's runs,
-    sampled by the agent. Hands back the digests of the gradients: what the harness holds must
-    still be whole (pages given back to make room would show)."""
+    sampled by the agent. Hands back the digests of the gradients (what the harness holds must
+    still be whole: pages given back to make room would show) and the weights after the steps
+    (state the optimizer kept where a reading clears it, the seal's shared buffers, is lost)."""
     weights = np.empty(case.size, dtype=np.float32)
     weights.fill(0.0)  # written now, so its pages are held before the optimizer is made
     grads = case.gradients(comm.Get_rank())
@@ -106,7 +107,7 @@ def footprint(comm: Any, solution: Any, case: Footprint) -> list[str]:
         time.sleep(QUIET_S)
         comm.mark("kept")
     del opt
-    return [cases.digest(g) for g in grads]
+    return [*(cases.digest(g) for g in grads), weights]
 
 
 def calculator(comm: Any, solution: Any, questions: list[Memory]) -> list[Any]:

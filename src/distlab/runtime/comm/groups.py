@@ -57,6 +57,10 @@ class RankBook:
         # (rank/memory.py), and each reading with its mark's name.
         self.memory_probe: Callable[[str], tuple[int, int]] | None = None  # mark -> (held now, peak since)
         self.memory: list[tuple[str, int, int]] = []
+        # Bytes the rank sent itself and has not received yet: sealed, they wait in the agent (in
+        # MPI's queue or gloo's mailbox), out of the learner's processes, so the memory probe adds
+        # them (an outside tester parked 24 MB of optimizer state between steps so).
+        self.parked = 0
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

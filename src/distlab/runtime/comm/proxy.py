@@ -263,6 +263,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if dst != self._me:
             stats.sent_msgs[dst] += 1
             stats.sent_bytes[dst] += nbytes
+        else:
+            self._book.parked += nbytes
         if not sent:  # the message stays under way, posted: it may still be received
             if self._trace is not None:
                 self._trace.send(self._ctx, dst, tag, nbytes, fault, wall0)
@@ -300,6 +302,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if got_src != self._me:
             stats.recv_msgs[got_src] += 1
             stats.recv_bytes[got_src] += arrived
+        else:
+            self._book.parked -= arrived
         if self._clock is not None:
             self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
         if self._trace is not None:
@@ -321,6 +325,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self.stats.count_call("Isend", nbytes)
         if dst != self._me:
             self.stats.count_send(dst, nbytes)
+        else:
+            self._book.parked += nbytes
         if self._book.sent is not None and (action is None or not action.drop):
             self._log_sent("Isend", dst, array)
         req = 0
@@ -412,10 +418,14 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if dst != self._me:
             stats.sent_msgs[dst] += 1
             stats.sent_bytes[dst] += send_nbytes
+        else:
+            self._book.parked += send_nbytes
         if matched is not None and world[matched[0]] != self._me:
             got_src = world[matched[0]]
             stats.recv_msgs[got_src] += 1
             stats.recv_bytes[got_src] += arrived
+        elif matched is not None:
+            self._book.parked -= arrived
         if self._clock is not None:
             # A message taken has its stamp taken too, even by a call that then gives up.
             received = self._clock.receive_stamp(*matched) if matched is not None else 0.0

@@ -241,9 +241,11 @@ class Request:
             return
         if self._is_recv:
             self._matched = (source, tag)
-            source_world = self._comm._world(source)
+            source_world, arrived = self._comm._world(source), arrived_bytes(self._inner, self._nbytes)
             if source_world != self._comm._me:  # from itself: a copy, not traffic (proxy.py)
-                self._comm.stats.count_recv(source_world, arrived_bytes(self._inner, self._nbytes))
+                self._comm.stats.count_recv(source_world, arrived)
+            else:
+                self._comm._book.parked -= arrived
             if self._comm._clock is not None:
                 self.arrival = self._comm._clock.receive_stamp(source, tag)
 

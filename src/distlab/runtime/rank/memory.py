@@ -190,8 +190,16 @@ class MemoryWitness:
     there, whenever it was held (to within a sample: something made and freed in a few milliseconds
     can slip between two). Sampling costs a core's fraction while it runs, so only there."""
 
-    def __init__(self, held: Callable[[], int], before_solution: int | None = None) -> None:
+    def __init__(self, held: Callable[[], int], before_solution: int | None = None,
+                 held_at_mark: Callable[[], int] | None = None, parked_apart: bool = False) -> None:
         self.held = held
+        # A reading at a mark, where no call is in flight, may read more than a sample can (the
+        # sealed rank's: its arena's data region, cleared first).
+        self.held_at_mark = held_at_mark or held
+        # What the learner's code parked in its agent (messages to itself not yet received), set
+        # per task where ``parked_apart`` (sealed): unsealed it is in the rank's own memory.
+        self.parked_apart = parked_apart
+        self.parked: Callable[[], int] = lambda: 0
         self.before_solution = before_solution
         self._peak = 0
         self._window = 0  # readings so far: a sample begun before a reading belongs to no later window
@@ -203,7 +211,7 @@ class MemoryWitness:
 
     def watch(self, sampled: tuple[str, ...]) -> None:
         """A task that reads memory begins: sampling follows each mark named in ``sampled``."""
-        self._peak, self._sampled = self.held(), sampled
+        self._peak, self._sampled = self.held() + self.parked(), sampled
         self._active.clear()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, args=(self._stop,), daemon=True)
@@ -219,7 +227,7 @@ class MemoryWitness:
     def reading(self, mark: str) -> tuple[int, int]:
         """What is held now, at ``mark``, and the largest sample since the last reading (this one
         included); samples follow if the task names ``mark``."""
-        now = self.held()
+        now = self.held_at_mark() + self.parked()
         with self._lock:
             peak, self._peak = max(self._peak, now), now
             self._window += 1
@@ -236,7 +244,7 @@ class MemoryWitness:
                 continue
             with self._lock:
                 window = self._window
-            value = self.held()  # a few milliseconds: a reading may come meanwhile
+            value = self.held() + self.parked()  # a few milliseconds: a reading may come meanwhile
             with self._lock:
                 if window == self._window:
                     self._peak = max(self._peak, value)

@@ -61,7 +61,7 @@ class LearnerProcess:
         self._gone_note = gone_note
         self._arena_inode = os.fstat(agent.arena.fd).st_ino
         self._code: int | None = None  # the pid of the learner's code, once looked up
-        self.memory = MemoryWitness(self.held_memory)
+        self.memory = MemoryWitness(self.held_memory, held_at_mark=self._held_at_mark, parked_apart=True)
         if memory_probe:
             self._service.read_before_solution = self._read_before_solution
         self._finishing = threading.Event()
@@ -134,6 +134,13 @@ class LearnerProcess:
         reaper = _parent(code) if code != self._child.pid else code
         pids = [code, *(pid for pid in descendants(reaper) if pid != code)]
         return held_bytes(pids, self._arena_inode, scratch_of=code)
+
+    def _held_at_mark(self) -> int:
+        """At a mark the learner waits in its call and no call of its is in flight: the arena's
+        data region is cleared, then the learner's processes read, then whatever the arena holds
+        again counts as theirs (an outside tester kept 24 MB of optimizer state there, unread)."""
+        self._agent.arena.clear_data()
+        return self.held_memory() + self._agent.arena.data_held()
 
     def _read_before_solution(self) -> None:
         self.memory.before_solution = self.held_memory()

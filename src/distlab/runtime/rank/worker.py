@@ -296,6 +296,9 @@ def _run_task(
             comm.attach_store(StoreLink(host, int(port), f"task{index}/"))
         start = time.perf_counter()
         if watcher is not None:
+            if watcher.parked_apart:  # sealed: what it sent itself waits in this process
+                book = comm._book
+                watcher.parked = lambda: book.parked
             watcher.watch(task.memory_sampled)
         try:
             value = run(comm, index, task)

@@ -127,6 +127,16 @@ class Arena:
         flat = target.reshape(-1).view(np.uint8)
         flat[:nbytes] = self._bytes[self._span(offset, nbytes)]
 
+    def clear_data(self) -> None:
+        """Gives the data region's pages back (its bytes read as zeros after): between calls it
+        holds nothing a call needs, and a learner that kept its own arrays there (mapping the
+        arena again through /proc/self/fd) held memory no reading of its processes counts."""
+        self._map.madvise(mmap.MADV_REMOVE, DATA, self.data_size)
+
+    def data_held(self) -> int:
+        """The bytes the arena holds beyond its control blocks (tmpfs counts a memfd's pages)."""
+        return max(0, os.fstat(self.fd).st_blocks * 512 - DATA)
+
     def close(self) -> None:
         """Unmaps the arena and closes this end's descriptor."""
         # The views export the mapping's buffer: mmap refuses to close while they live.
