@@ -81,3 +81,19 @@ def hold_in_the_arena(comm):
     request.Wait()
     comm.mark("taken back")  # in the learner's array now, no longer in the agent
     return survived
+
+
+def flood_the_agent(comm):
+    """Messages to itself, unreceived: 32 MiB each until the agent refuses one; then taken back."""
+    sent, said, requests = 0, "", []
+    try:
+        while sent < 4096:
+            requests.append(comm.Isend(np.ones(4 * MIB), comm.Get_rank(), 1))
+            sent += 32
+    except MemoryError as refused:
+        said = str(refused)
+    back = np.empty(4 * MIB)
+    for request in requests:
+        comm.Recv(back, comm.Get_rank(), 1)
+        request.Wait()
+    return sent, said

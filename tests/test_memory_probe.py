@@ -13,7 +13,7 @@ import pytest
 import test_launcher
 from test_launcher import run
 
-from distlab.runtime.jobspec import Task
+from distlab.runtime.jobspec import Limits, Task
 from distlab.runtime.rank.memory import descendants, held_bytes
 from distlab.runtime.zygote.client import preload_for
 
@@ -147,6 +147,19 @@ def test_what_the_learner_keeps_in_the_arena_or_parks_in_its_agent_is_lost_or_co
     (_, start, _), (_, in_arena, _), (_, parked, _), (_, back, _) = outcome.memory[1:]
     assert in_arena - start < 2 * MIB, (start, in_arena)  # cleared, so nothing held there to count
     assert parked - start > 23 * MIB and abs(back - parked) < 2 * MIB, (start, parked, back)
+
+
+@pytest.mark.usefixtures("sealed")
+def test_messages_a_learner_leaves_unreceived_to_itself_stop_at_its_memory_limit() -> None:
+    """Sealed they wait in the agent, which no limit of the learner's bounds (an outside tester's
+    sends took an agent to 3.3 GB; it keeps the rank's limits now): past half the rank's memory
+    limit a send to itself is refused, in words the learner's code can catch."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("flood_the_agent",))], LEARNER,
+                                 limits=Limits(address_space_mb=1024))
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    sent, said = result.task_outcomes(0)[0].value
+    assert sent == 512 and "more than half its memory limit (512 MiB)" in said, (sent, said)
 
 
 @pytest.mark.usefixtures("sealed")

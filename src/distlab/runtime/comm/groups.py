@@ -61,6 +61,7 @@ class RankBook:
         # MPI's queue or gloo's mailbox), out of the learner's processes, so the memory probe adds
         # them (an outside tester parked 24 MB of optimizer state between steps so).
         self.parked = 0
+        self.park_limit = 1 << 62  # half the rank's memory limit, where the job sets one (rank/worker.py)
 
     def totals(self) -> CommStats:
         """The rank's counters over every communicator: a copy, or the task communicator's own

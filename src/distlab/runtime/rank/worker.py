@@ -149,6 +149,9 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
             rank_limits.apply(job.limits)
             run = _in_process(program, solution)
         else:
+            # The agent keeps the rank's limits too: it holds what the learner sends, receives and
+            # parks, and without them a learner's code could fill the machine through it.
+            rank_limits.apply(job.limits)
             run = learner.run_task
         cpus = learner.cpus if learner is not None else _own_cpus
         tasks = pickle.loads(job.tasks_blob)  # its cases are classes of the program's package
@@ -291,6 +294,8 @@ def _run_task(
             memory_probe=watcher.reading if watcher is not None else None,
             **_fault_layers(plan, world_rank),
         )
+        # Half the rank's memory limit, which the agent keeps too: refused in words before it is met.
+        comm._book.park_limit = job.limits.address_space_mb << 19
         if task.store and job.store_address:
             host, port = job.store_address.rsplit(":", 1)
             comm.attach_store(StoreLink(host, int(port), f"task{index}/"))
