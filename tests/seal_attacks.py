@@ -202,6 +202,8 @@ def shared_kernel_objects(comm):
         "shmget": syscall(29, 0, 1 << 20, 0o1600),  # IPC_PRIVATE, IPC_CREAT | 0600: memory no mapping shows
         "msgget": syscall(68, 0, 0o1600),
         "memfd_create": call(lambda: os.close(os.memfd_create("distlab-probe"))),
+        "socketpair": call(lambda: [s.close() for s in __import__("socket").socketpair()]),
+        "socket": call(lambda: __import__("socket").socket().close()),
         "F_GETFL": fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
         "F_SETFD": call(lambda: fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)),
         "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),

@@ -20,7 +20,10 @@ shared memory and message queues (shmget, msgget) and memfd_create are refused t
 learner's IPC namespace is its own, but a segment it does not map, a queue, or a memfd whose
 descriptor it sent into a socket's queue (an outside tester kept 48 MiB there) holds memory that
 the memory probe (runtime/rank/memory.py), reading the learner's mappings, descriptors and files,
-would not count.
+would not count. So are new sockets (socket, socketpair): the learner's one socket, its channel to
+its agent, is made by the agent; an outside tester kept 18 MiB of optimizer state queued in
+socketpairs of its own (8 MiB a socket, as many as its descriptors), and pipes' descriptors in
+flight in a socket's queue, where no process holds them (the network namespace is empty anyway).
 
 How. ``install`` runs last in the learner's privilege drop, after no_new_privs (which lets a
 process without capabilities install a filter; it is kept by every thread and process the learner
@@ -44,20 +47,22 @@ PR_SET_SECCOMP covers all of it. The program is classic BPF on ``struct seccomp_
     12  jeq #shmget (29), deny
     13  jeq #msgget (68), deny
     14  jeq #memfd_create (319), deny
-    15  jeq #fcntl (72), 0, allow
-    16  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
+    15  jeq #socket (41), deny
+    16  jeq #socketpair (53), deny
+    17  jeq #fcntl (72), 0, allow
+    18  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
                                        reads of it (an unsigned int)
-    17  jeq #F_GETLK (5), deny
-    18  jeq #F_SETLK (6), deny
-    19  jeq #F_SETLKW (7), deny
-    20  jeq #F_OFD_GETLK (36), deny
-    21  jeq #F_OFD_SETLK (37), deny
-    22  jeq #F_OFD_SETLKW (38), deny
-    23  jeq #F_SETLEASE (1024), deny
-    24  jeq #F_GETLEASE (1025), deny
-    25  jeq #F_NOTIFY (1026), deny
-    26  allow: ret #SECCOMP_RET_ALLOW
-    27  deny:  ret #SECCOMP_RET_ERRNO | EPERM
+    19  jeq #F_GETLK (5), deny
+    20  jeq #F_SETLK (6), deny
+    21  jeq #F_SETLKW (7), deny
+    22  jeq #F_OFD_GETLK (36), deny
+    23  jeq #F_OFD_SETLK (37), deny
+    24  jeq #F_OFD_SETLKW (38), deny
+    25  jeq #F_SETLEASE (1024), deny
+    26  jeq #F_GETLEASE (1025), deny
+    27  jeq #F_NOTIFY (1026), deny
+    28  allow: ret #SECCOMP_RET_ALLOW
+    29  deny:  ret #SECCOMP_RET_ERRNO | EPERM
 
 (``listing()`` prints the program as built, in this form.) Elsewhere than x86_64 (the sandbox's
 numbers are x86_64's) or on a kernel without seccomp, nothing is installed, and ``DESCRIPTION``,
@@ -76,7 +81,7 @@ from pathlib import Path
 # x86_64 system call numbers (asm/unistd_64.h); refused outright.
 REFUSED_CALLS = {"add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253,
                  "inotify_init1": 294, "inotify_add_watch": 254, "fanotify_init": 300,
-                 "shmget": 29, "msgget": 68, "memfd_create": 319}
+                 "shmget": 29, "msgget": 68, "memfd_create": 319, "socket": 41, "socketpair": 53}
 SYS_FCNTL = 72
 # fcntl commands refused: locks, OFD locks, leases, dnotify. Others (F_GETFL, F_SETFD, F_DUPFD,
 # F_ADD_SEALS...) stay allowed.
