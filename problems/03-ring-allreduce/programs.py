@@ -54,14 +54,22 @@ class Timed(Case):
     """A case whose virtual time is graded (float64 SUM, about 2 MiB: bandwidth-bound)."""
 
 
-def cases_for(p: int, rng: np.random.Generator) -> list[Case]:
+def widened(drawn: int, salt: np.random.Generator) -> int:
+    """A case's seed: the 31 bits its variant has always drawn, and 32 more from a stream of the
+    session's own. A rank's input follows from its case's seed, and with 31 bits an outside
+    tester's ranks found it from their own first element (numpy's seeding redone in C, under a
+    minute), then summed every rank's input and sent zeros."""
+    return drawn | (int(salt.integers(1 << 32)) << 31)
+
+
+def cases_for(p: int, rng: np.random.Generator, salt: np.random.Generator) -> list[Case]:
     large = (1 << 17) + int(rng.integers(1, 4096))  # about 1 MiB of float64: past the eager limit
     lengths = [(0, "empty"), (1, "one element"), (max(p - 1, 1), "fewer than p" if p > 1 else "one element"),
                (p * int(rng.integers(3, 9)) + int(rng.integers(1, p)) if p > 1 else 7, "not divisible by p"),
                (large, "large")]
     cases = []
     for (n, shape), dtype, op in itertools.product(lengths, ("float32", "float64", "int64"), OPS):
-        cases.append(Case(p, n, dtype, op, int(rng.integers(1 << 31)), shape))
+        cases.append(Case(p, n, dtype, op, widened(int(rng.integers(1 << 31)), salt), shape))
         rng.integers(p)  # once the rank that sent back all its result: drawn still, so each seed keeps its variants
     return cases
 
@@ -69,9 +77,10 @@ def cases_for(p: int, rng: np.random.Generator) -> list[Case]:
 def draw(seed: int) -> tuple[list[list[Case]], list[Timed]]:
     """The variant of ``seed``: the cases of each rank count (the card's and a hidden one), and
     one timed case for each of three rank counts."""
-    rng = np.random.default_rng([seed, 3])
-    groups = [cases_for(p, rng) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
-    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM", int(rng.integers(1 << 31)), "large")
+    rng, salt = np.random.default_rng([seed, 3]), np.random.default_rng([seed, 3, 1])
+    groups = [cases_for(p, rng, salt) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
+    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM",
+                   widened(int(rng.integers(1 << 31)), salt), "large")
              for p in (4, 8, int(rng.choice([3, 5, 6, 7])))]
     return groups, timed
 
