@@ -60,3 +60,6 @@ def test_under_the_learners_fault_plan_the_time_is_reported_not_graded(tmp_path:
     ok = run_cli("check", "03", "--solution", "reference", "--faults", str(plan), "--seed", "11", *UNSEALED)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "reported, not graded" in _flat(ok.stdout)
+    # So the run is practice, never progress: a plan that delayed nothing once turned a slow ring's
+    # failed check of time into a pass that counted.
+    assert "not recorded in your progress" in _flat(ok.stdout)
