@@ -421,6 +421,10 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     "forged_collective_samples.py": ({SPIKES}, ["rank 0's measure moved", "bytes through Bcast",
                                                 "a sample timed on a collective never meets one"]),
     "forged_choose_reads_cases.py": ({PREDICT, CHOOSE}, ["that is one tree", "large enough to be bandwidth-bound"]),
+    # An outside tester's attack: alpha the mean of 0-byte Barriers on the pair's sub-communicator
+    # (no bytes through a collective, no spike either), beta from the tail of a train of Isends.
+    "forged_barrier_train.py": ({SPIKES}, ["rank 0's measure called Barrier", "on a sub-communicator",
+                                           "a sample timed on a collective never meets one"]),
 }
 
 
@@ -439,7 +443,7 @@ DIAGNOSES: dict[str, set[str]] = {
     "nothing was measured yet": {"starter", "forged_checker_answers.py"},
     "did not fit its hidden values": set(),  # a ring within 10% from links that are not the cluster's
     "did not run as the harness calls it": set(),
-    "a sample timed on a collective never meets one": {"forged_collective_samples.py"},
+    "a sample timed on a collective never meets one": {"forged_collective_samples.py", "forged_barrier_train.py"},
     "that is one tree": {"forged_choose_reads_cases.py"},
 }
 

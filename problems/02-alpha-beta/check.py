@@ -98,6 +98,10 @@ def fits_survive_spikes(t: CheckContext, cluster: Cluster, on_cluster: Run) -> N
         if moved := judging.collective_bytes(spiked, r):
             t.fail(f"with spikes on {share} of messages, rank {r}'s measure moved "
                    f"{', '.join(f'{n} bytes through {op}' for op, n in moved.items())}: {judging.NOT_PING_PONG}")
+        if called := judging.pair_collectives(spiked, r, p):  # a 0-byte Barrier moved nothing, yet timed
+            t.fail(f"with spikes on {share} of messages, rank {r}'s measure called "
+                   f"{', '.join(f'{op} {n} times' for op, n in called.items())} on a sub-communicator: "
+                   f"{judging.NOT_PING_PONG}")
     worst = max(fit_error(fit, link) for fit, link in zip(spiky, links))
     t.metric("spike_s", cluster.spike_s)
     t.metric("worst_fit_error", round(worst, 6))

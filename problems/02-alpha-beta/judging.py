@@ -100,6 +100,19 @@ def collective_bytes(measured: Any, r: int) -> dict[str, int]:
     return {op: n for op, n in sorted(moved.items()) if n > 0}
 
 
+def pair_collectives(measured: Any, r: int, p: int) -> dict[str, int]:
+    """Rank r's collective calls on a communicator smaller than the task's, from its agent's trace,
+    by name: 0 bytes or not (a Barrier on the pair {r, r+1} times the pair's latency), such a call
+    is a sample that no spike can reach, where a Barrier of every rank only lines up the turns."""
+    called: dict[str, int] = {}
+    for event in measured.task.traces.get(r, []):
+        if event[0] in ("coll", "icoll"):
+            op, group = (event[1], event[2]) if event[0] == "coll" else (event[2], event[3])
+            if group is not None and len(set(group)) < p:
+                called[str(op)] = called.get(str(op), 0) + 1
+    return dict(sorted(called.items()))
+
+
 def repeats(fit: Fitted, again: Fitted) -> bool:
     """Whether two fits of one link agree as two runs on the exact virtual clock do."""
     return close(again.alpha, fit.alpha, 1e-9) and close(again.beta, fit.beta, 1e-9)
