@@ -201,6 +201,9 @@ class Scripted:
     def Send(self, buf, dest, tag):  # noqa: N802
         pass
 
+    def mark(self, name):
+        pass
+
 
 def test_a_server_that_never_answers_is_told_why_instead_of_hanging() -> None:
     box = programs.Mailbox(Scripted({1: [(0, False)], 2: [(0, False)]}, {}), [1, 2], cases.FEATURES)
@@ -349,6 +352,9 @@ BUGGY: dict[str, tuple[str, list[str], list[str]]] = {
     "forged_kept_clock_flush.py": (FINISH, ["the server took another push before answering it",
                                             judging.KEPT_AFTER_FINISH], [SYNC, STALE, SPEED, LOSS]),
     "forged_sync_or_unbounded.py": (STALE, ["expected at most s = 3", judging.RULE_BY_S], [SYNC, SPEED, FINISH]),
+    # An outside tester's attack: last_not_rechecked's server, which catches the mailbox's Stuck and only
+    # then answers the reads it kept (no worker computes by then, so the order of messages looks right).
+    "forged_caught_stuck.py": (FINISH, [judging.CAUGHT_STUCK, "a worker's last push too"], [SYNC, STALE, SPEED, LOSS]),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -366,6 +372,7 @@ NAMES_ITS_BUG = {
     judging.NOT_ITS_GRADIENT: "forged_gradients.py",
     judging.KEPT_AFTER_FINISH: "forged_kept_clock_flush.py",
     judging.RULE_BY_S: "forged_sync_or_unbounded.py",
+    judging.CAUGHT_STUCK: "forged_caught_stuck.py",
 }
 
 

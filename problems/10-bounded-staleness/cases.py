@@ -244,6 +244,7 @@ PUSH, ANNOUNCE, MODEL = 11, 12, 13  # the tags of the harness's messages (progra
 KEPT_CLOCK = "does your server still count its last clock as the slowest?"
 NOT_RECHECKED = ("the waiting reads it frees were not answered: re-check the waiting reads on every push, the last "
                  "one too")
+STUCK_MARK = "mailbox stuck"  # the mark the mailbox sets in the server's trace before it raises Stuck
 Gate = Callable[[int, list[float], int], bool]  # (the reader's clock c, the clock table, s) -> may it read?
 
 

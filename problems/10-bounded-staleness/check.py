@@ -143,7 +143,8 @@ def finishers_released(t: CheckContext, every_case: Run) -> None:
         if problem:
             t.fail(problem)
     reads = judging.reads_of(run)
-    for problem in (judging.reads_count_problem(case, reads, workers), judging.over_bound(case, reads, workers),
+    for problem in (judging.caught_stuck(run.task), judging.reads_count_problem(case, reads, workers),
+                    judging.over_bound(case, reads, workers),
                     judging.late_read(judging.server_events(run.task), case, workers, last_only=True),
                     judging.late_after_finish(judging.server_events(run.task), case, workers)):
         if problem:

@@ -91,6 +91,18 @@ def late_read(events: Iterable[tuple[str, int | None, int | None]], case: Case, 
 
 
 KEPT_AFTER_FINISH = "the finished worker's last clock held it back"
+CAUGHT_STUCK = "the server caught the harness's Stuck and went on"
+
+
+def caught_stuck(task: Any, server: int = 0) -> str | None:
+    """The mailbox's Stuck, marked in the server's trace before it was raised, where the server went on:
+    a server that catches it and only then answers a read the rule had freed at an earlier push leaves
+    an order of messages like the correct one's, but it would have waited for ever."""
+    if any(name == cases.STUCK_MARK for name, _at in task.timeline().marks(server)):
+        return (f"{CAUGHT_STUCK} (every worker left waited for a read, so no push could come), answering the reads "
+                "it kept only then. A read is answered at the push that frees it, a worker's last push too, never "
+                "because nothing else can happen")
+    return None
 
 
 def late_after_finish(events: Iterable[tuple[str, int | None, int | None]], case: Case,

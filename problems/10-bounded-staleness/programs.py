@@ -53,6 +53,9 @@ class Mailbox:
     def next(self) -> Push | None:
         if not self._active:
             if self._waiting:
+                # The agent records the mark: a server that catches the Stuck and then answers the read
+                # (as its last push should have) leaves a trace as correct as the reference's.
+                self._comm.mark(cases.STUCK_MARK)
                 raise Stuck("the server asked for the next push, but no worker can send one: "
                             + ", ".join(f"rank {w} (reading at clock {c})" for w, c in sorted(self._waiting.items()))
                             + " wait for a read, and " + self._why_stuck())
