@@ -7,6 +7,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from distlab.grading import Widener
+
 FIELDS = 8  # categorical fields per impression: user segment, ad category, hour, device, ...
 CARDINALITY = 100  # values per field before hashing
 RTOL, ATOL = 1e-6, 1e-9  # float64 and the same arithmetic: only the summation order may differ
@@ -103,7 +105,8 @@ def worker_data(case: Case, index: int) -> tuple[np.ndarray, np.ndarray]:
     return impressions(case.seed, 10 + index, case.batches[index], case.keys)
 
 
-def make_case(rng: np.random.Generator, S: int, W: int, what: str, steps: int = 0, equal: bool = False):
+def make_case(rng: np.random.Generator, widen: Widener, S: int, W: int, what: str, steps: int = 0,
+              equal: bool = False):
     keys = int(rng.integers(1200, 3600))
     while S > 1 and keys % S == 0:
         keys += 1  # never a multiple of S: the shards cannot all be the same size
@@ -115,21 +118,23 @@ def make_case(rng: np.random.Generator, S: int, W: int, what: str, steps: int = 
     elif W > 1 and len(set(batches)) == 1:
         batches[-1] += 7  # never all equal: averaging over workers must differ from over examples
     k, lr = steps or int(rng.integers(5, 10)), round(float(rng.uniform(0.5, 1.5)), 4)
-    return (Timed if equal else Case)(S, W, keys, tuple(batches), k, lr, int(rng.integers(1 << 31)), what)
+    # The data's seed 63 bits wide: from 31, a worker could find it from its own examples, and so
+    # every worker's (distlab.grading.seeds).
+    return (Timed if equal else Case)(S, W, keys, tuple(batches), k, lr, widen(int(rng.integers(1 << 31))), what)
 
 
 def sweep(seed: int) -> list[Case]:
     """Every case of a session, in the order the checks read them; the late worker's is last."""
-    rng = np.random.default_rng([seed, 1])
+    rng, widen = np.random.default_rng([seed, 1]), Widener(seed, 1)
     S, W, big_s = int(rng.integers(2, 4)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
     *cases, late = [
-        make_case(rng, S, W, "the main case"),
-        make_case(rng, 1, 1, "one server, one worker"),
-        make_case(rng, 1, int(rng.integers(2, 5)), "one server"),
-        make_case(rng, int(rng.integers(2, 5)), 1, "one worker"),
-        make_case(rng, big_s, 8 - big_s, "eight ranks"),
-        make_case(rng, int(rng.integers(1, 3)), 4, "the timed case", equal=True),
-        make_case(rng, 2, 3, "one worker late", steps=4),
+        make_case(rng, widen, S, W, "the main case"),
+        make_case(rng, widen, 1, 1, "one server, one worker"),
+        make_case(rng, widen, 1, int(rng.integers(2, 5)), "one server"),
+        make_case(rng, widen, int(rng.integers(2, 5)), 1, "one worker"),
+        make_case(rng, widen, big_s, 8 - big_s, "eight ranks"),
+        make_case(rng, widen, int(rng.integers(1, 3)), 4, "the timed case", equal=True),
+        make_case(rng, widen, 2, 3, "one worker late", steps=4),
     ]
     return cases + [replace(late, late=late.servers + int(rng.integers(late.workers)))]
 

@@ -6,10 +6,18 @@ same runs are read for what went over the wire (no built-in collective, at most 
 import numpy as np
 
 from distlab import grading
-from distlab.grading import CheckContext, CheckFailed, Checklist, Run, Task, faults
+from distlab.grading import (
+    CheckContext,
+    CheckFailed,
+    Checklist,
+    Run,
+    Task,
+    Widener,
+    faults,
+)
 
 from .judging import byte_bound, diagnose, unfed
-from .programs import Case, Timed, draw, run_cases, widened
+from .programs import Case, Timed, draw, run_cases
 
 CHECKS = Checklist()
 
@@ -126,7 +134,7 @@ def one_slow_rank(t: CheckContext) -> Run:
     p, slow = 4, int(t.rng.integers(4))
     # About 1 MiB of float64, past the eager limit.
     case = Case(p, (1 << 17) + int(t.rng.integers(1, 1024)), "float64", "SUM",
-                widened(int(t.rng.integers(1 << 31)), np.random.default_rng([t.seed, 3, 2])), "large")
+                Widener(t.seed, 3, 2)(int(t.rng.integers(1 << 31))), "large")
     t.say(f"p = {p}, n = {case.n} float64; every send of rank {slow} is delayed by 20 ms")
     slow_link = faults.delay(src=slow, latency_s=0.02, wall=True, note="a slow link out of one rank, in real time too")
     plan = faults.plan(slow_link, seed=t.seed, where="03 slow-rank check")

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from distlab import MAX, SUM
+from distlab.grading import Widener
 
 OPS = {"SUM": SUM, "MAX": MAX}
 
@@ -54,22 +55,16 @@ class Timed(Case):
     """A case whose virtual time is graded (float64 SUM, about 2 MiB: bandwidth-bound)."""
 
 
-def widened(drawn: int, salt: np.random.Generator) -> int:
-    """A case's seed: the 31 bits its variant has always drawn, and 32 more from a stream of the
-    session's own. A rank's input follows from its case's seed, and with 31 bits an outside
-    tester's ranks found it from their own first element (numpy's seeding redone in C, under a
-    minute), then summed every rank's input and sent zeros."""
-    return drawn | (int(salt.integers(1 << 32)) << 31)
-
-
-def cases_for(p: int, rng: np.random.Generator, salt: np.random.Generator) -> list[Case]:
+def cases_for(p: int, rng: np.random.Generator, widen: Widener) -> list[Case]:
     large = (1 << 17) + int(rng.integers(1, 4096))  # about 1 MiB of float64: past the eager limit
     lengths = [(0, "empty"), (1, "one element"), (max(p - 1, 1), "fewer than p" if p > 1 else "one element"),
                (p * int(rng.integers(3, 9)) + int(rng.integers(1, p)) if p > 1 else 7, "not divisible by p"),
                (large, "large")]
     cases = []
     for (n, shape), dtype, op in itertools.product(lengths, ("float32", "float64", "int64"), OPS):
-        cases.append(Case(p, n, dtype, op, widened(int(rng.integers(1 << 31)), salt), shape))
+        # Each case's seed 63 bits wide: from 31, a rank found it from its own input, and so every
+        # rank's input (distlab.grading.seeds).
+        cases.append(Case(p, n, dtype, op, widen(int(rng.integers(1 << 31))), shape))
         rng.integers(p)  # once the rank that sent back all its result: drawn still, so each seed keeps its variants
     return cases
 
@@ -77,10 +72,10 @@ def cases_for(p: int, rng: np.random.Generator, salt: np.random.Generator) -> li
 def draw(seed: int) -> tuple[list[list[Case]], list[Timed]]:
     """The variant of ``seed``: the cases of each rank count (the card's and a hidden one), and
     one timed case for each of three rank counts."""
-    rng, salt = np.random.default_rng([seed, 3]), np.random.default_rng([seed, 3, 1])
-    groups = [cases_for(p, rng, salt) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
-    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM",
-                   widened(int(rng.integers(1 << 31)), salt), "large")
+    rng, widen = np.random.default_rng([seed, 3]), Widener(seed, 3)
+    groups = [cases_for(p, rng, widen) for p in [1, 2, 3, 4, 5, 8, int(rng.choice([6, 7]))]]
+    timed = [Timed(p, 2**18 + int(rng.integers(1, 4096)), "float64", "SUM", widen(int(rng.integers(1 << 31))),
+                   "large")
              for p in (4, 8, int(rng.choice([3, 5, 6, 7])))]
     return groups, timed
 

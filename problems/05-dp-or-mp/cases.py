@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from distlab.grading import Widener
+
 GIB = 2**30
 Model, Devices, Layout = dict[str, Any], dict[str, int], dict[str, int]
 
@@ -183,12 +185,14 @@ def mlp_inputs(case: MlpCase) -> tuple[np.ndarray, np.ndarray, list[Weights]]:
 
 def mlp_cases(seed: int) -> list[list[MlpCase]]:
     """Per rank count: a one-block case (symptoms read clearly), then a stack of 2 or 3 blocks."""
-    rng = np.random.default_rng([seed, 5])
-    return [[random_mlp_case(rng, p, blocks) for blocks in (1, int(rng.integers(2, 4)))] for p in (2, 3, 4)]
+    rng, widen = np.random.default_rng([seed, 5]), Widener(seed, 5)
+    return [[random_mlp_case(rng, widen, p, blocks) for blocks in (1, int(rng.integers(2, 4)))] for p in (2, 3, 4)]
 
 
-def random_mlp_case(rng: np.random.Generator, p: int, blocks: int) -> MlpCase:
+def random_mlp_case(rng: np.random.Generator, widen: Widener, p: int, blocks: int) -> MlpCase:
     hidden = 8 * int(rng.integers(10, 21))  # 80 .. 160
     ffn = 12 * int(np.ceil(4 * hidden / 12))  # about 4 h, a multiple of 2, 3 and 4
+    # The seed of every rank's key 63 bits wide: from 31, a rank could find it from its own key,
+    # and so the shared one and every other rank's (distlab.grading.seeds).
     return MlpCase(p, int(rng.integers(1, 5)), int(rng.integers(2, 10)), hidden, ffn, blocks,
-                   int(rng.integers(1 << 31)))
+                   widen(int(rng.integers(1 << 31))))

@@ -12,6 +12,8 @@ from math import ceil
 
 import numpy as np
 
+from distlab.grading import Widener
+
 STEPS = 10  # Adam steps of every training case
 TARGET_SHIFT = 1.5  # the targets' mean: the output bias moves by about lr every step
 GB = 1e9  # the ZeRO paper's gigabytes
@@ -176,26 +178,27 @@ def held_out_loss(case: Training, weights: np.ndarray) -> float:
 # -- the hidden variants ------------------------------------------------------------------------------
 
 
-def training_case(rng: np.random.Generator, p: int) -> Training:
+def training_case(rng: np.random.Generator, widen: Widener, p: int) -> Training:
     inputs = int(rng.integers(16, 33))
     hidden = int(rng.integers(48, 97))
     while (inputs * hidden + 2 * hidden + 1) % p == 0:  # never divisible: the shards need padding
         hidden += 1
     return Training(p, inputs, hidden, int(rng.integers(16, 33)), round(float(rng.uniform(2e-3, 2e-2)), 5),
                     round(float(rng.uniform(0.85, 0.95)), 3), round(float(rng.uniform(0.99, 0.9995)), 4),
-                    float(f"{rng.uniform(1e-7, 1e-6):.2g}"), int(rng.integers(1 << 31)))
+                    float(f"{rng.uniform(1e-7, 1e-6):.2g}"), widen(int(rng.integers(1 << 31))))
 
 
 def trainings(seed: int) -> tuple[Training, Training]:
-    """Two training cases: 4 ranks, and 2 or 3."""
-    rng = np.random.default_rng([seed, 13])
-    return training_case(rng, 4), training_case(rng, int(rng.integers(2, 4)))
+    """Two training cases: 4 ranks, and 2 or 3. Their data's seeds, as the probe's, 63 bits wide:
+    from 31, a rank could find one from its own batch, and so every rank's (distlab.grading.seeds)."""
+    rng, widen = np.random.default_rng([seed, 13]), Widener(seed, 13)
+    return training_case(rng, widen, 4), training_case(rng, widen, int(rng.integers(2, 4)))
 
 
 def footprint(seed: int) -> Footprint:
     rng = np.random.default_rng([seed, 41])
     size = int(rng.integers(2_700_000, 3_300_000))
-    return Footprint(4, size + (1 if size % 4 == 0 else 0), int(rng.integers(1 << 31)))
+    return Footprint(4, size + (1 if size % 4 == 0 else 0), Widener(seed, 41)(int(rng.integers(1 << 31))))
 
 
 def flat_gradient(case: Footprint, rank: int, step: int) -> np.ndarray:

@@ -20,12 +20,13 @@ from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
 from .judges import Mismatch, agreement, first_mismatch
+from .seeds import Widener
 from .tasks import CaseRun, HeldMemory, Run, Task, TaskRun
 from .views import Counts, Message, Span, Timeline
 
 __all__ = [
     "COLLECTIVE", "COLLECTIVES", "CaseRun", "CheckContext", "CheckFailed", "Checklist", "Counts",
     "FaultPlan", "HeldMemory", "Message", "Mismatch", "POINT_TO_POINT", "Platform", "Run", "RunFailed", "Sent", "SentLog", "Span",
-    "Task", "TaskRun", "Timeline", "agreement", "collective_time", "cost", "faults", "first_mismatch",
+    "Task", "TaskRun", "Timeline", "Widener", "agreement", "collective_time", "cost", "faults", "first_mismatch",
     "parse_fault_plan", "parse_platform", "resolve", "uniform", "validate_chrome_trace",
 ]
