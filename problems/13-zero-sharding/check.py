@@ -62,8 +62,7 @@ def one_launch(t: CheckContext) -> Run:
 def same_weights(t: CheckContext, one_launch: Run) -> None:
     for run in one_launch.cases(Training):
         case = run.case
-        shards = [judging.owned(v.state, case.size) if isinstance(v.state, dict) else None for v in run.values]
-        if problem := judging.weights_problem(case, [v.weights for v in run.values], shards):
+        if problem := judging.run_weights_problem(run):
             t.fail(f"{case.label()}: {problem}")
         before, after = (cases.held_out_loss(case, w) for w in (cases.initial_weights(case), run.values[0].weights))
         t.say(f"{case.label()}: every rank within {judging.WEIGHT_TOL:g} x lr of plain Adam; "
@@ -107,10 +106,7 @@ def sharded_state(t: CheckContext, one_launch: Run) -> None:
               f"{most / (2 * case.size * judging.MOMENT_BYTES):.4f} of the whole (1/p = {1 / case.p:.4f})")
     # The probe's weights show state lost between its steps (kept where a reading clears it), once the
     # optimizer's arithmetic is right where the first check grades it; otherwise they would say nothing new.
-    right = all(judging.weights_problem(run.case, [v.weights for v in run.values],
-                                        [judging.owned(v.state, run.case.size) if isinstance(v.state, dict) else None
-                                         for v in run.values]) is None
-                for run in one_launch.cases(Training))
+    right = all(judging.run_weights_problem(run) is None for run in one_launch.cases(Training))
     for probe in one_launch.cases(Footprint):
         if moved := probe.task.marks_differ(judging.probe_marks(probe.case)):
             t.fail(f"{moved}: the memory probe reads at the program's marks")

@@ -235,6 +235,12 @@ def kept_between_steps(case: Footprint, held: HeldMemory) -> int:
     return max(held.peak_to("kept", k) for k in range(case.steps)) - held.at("footprint")
 
 
+def run_weights_problem(run: Any) -> str | None:
+    """weights_problem of a training run (a CaseRun): its ranks' weights against plain Adam's."""
+    shards = [owned(v.state, run.case.size) if isinstance(v.state, dict) else None for v in run.values]
+    return weights_problem(run.case, [v.weights for v in run.values], shards)
+
+
 @lru_cache(maxsize=4)
 def probe_adam(case: Footprint) -> np.ndarray:
     """The probe's weights after its steps: Adam in float64 from zeros on the mean of the ranks'

@@ -239,7 +239,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
             action, arrival = self._outgoing(dest, tag, nbytes)
         dst = self._world_ranks[dest]
         if dst == self._me:
-            self._may_park(nbytes)
+            self._book.park(nbytes)
         # Read before the send moves the clock: a held message waits from now.
         fault = self._send_fault(dest, action) if action is not None else None
         wall0 = time.perf_counter()
@@ -265,8 +265,6 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if dst != self._me:
             stats.sent_msgs[dst] += 1
             stats.sent_bytes[dst] += nbytes
-        else:
-            self._book.parked += nbytes
         if not sent:  # the message stays under way, posted: it may still be received
             if self._trace is not None:
                 self._trace.send(self._ctx, dst, tag, nbytes, fault, wall0)
@@ -274,17 +272,6 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
             raise self._timed_out(call, dest, limit, wall0, "no rank took the message")
         if self._trace is not None:
             self._trace.blocking_send(self._ctx, dst, tag, nbytes, fault, wall0, time.perf_counter())
-
-    def _may_park(self, nbytes: int) -> None:
-        """Refuses a message to itself that would leave more unreceived than the rank's memory
-        limit: sealed, such messages wait in the agent, whose memory is not the learner's to fill
-        (an outside tester's 48 sends of 64 MiB took an agent to 3.3 GB)."""
-        book = self._book
-        if book.parked + nbytes > book.park_limit:
-            raise MemoryError(
-                f"the messages this rank sent itself and has not received would hold "
-                f"{(book.parked + nbytes) >> 20} MiB, more than half its memory limit ({book.park_limit >> 20} "
-                "MiB): receive them before sending more")
 
     def Recv(  # noqa: N802
         self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None,
@@ -336,12 +323,10 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         action, arrival = self._outgoing(dest, tag, nbytes)
         dst = self._world_ranks[dest]
         if dst == self._me:
-            self._may_park(nbytes)
+            self._book.park(nbytes)
         self.stats.count_call("Isend", nbytes)
         if dst != self._me:
             self.stats.count_send(dst, nbytes)
-        else:
-            self._book.parked += nbytes
         if self._book.sent is not None and (action is None or not action.drop):
             self._log_sent("Isend", dst, array)
         req = 0
@@ -404,7 +389,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         world = self._world_ranks
         dst = world[dest]
         if dst == self._me:
-            self._may_park(send_nbytes)
+            self._book.park(send_nbytes)
         src = world[source] if source >= 0 else -1
         # Read before the exchange moves the clock: a held message waits from now.
         fault = self._send_fault(dest, action) if action is not None else None
@@ -435,8 +420,6 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if dst != self._me:
             stats.sent_msgs[dst] += 1
             stats.sent_bytes[dst] += send_nbytes
-        else:
-            self._book.parked += send_nbytes
         if matched is not None and world[matched[0]] != self._me:
             got_src = world[matched[0]]
             stats.recv_msgs[got_src] += 1
