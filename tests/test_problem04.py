@@ -235,15 +235,15 @@ def test_tolerances_keep_the_common_wrong_answers_twice_away() -> None:
             assert abs(wrong / want - 1) >= 2 * volume_tol, (seed, wrong / want)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 74])
+@pytest.mark.parametrize("seed", [0, 1, 6])
 def test_auc_margin_no_error_feedback_stands_twice_the_tolerance_below(seed: int) -> None:
     """The trained-AUC check's hidden training: right 1-bit Adam within half the tolerance of FP32
     Adam's AUC, and the mistake the check exists for, compression without error feedback, at
-    least twice the tolerance below; seed 74's first draw does not separate them (0.0151), so its
+    least twice the tolerance below; seed 6's first draw does not separate them (0.0139), so its
     data is drawn again. (Pure simulations of about 0.5 s each: a few seeds here.)"""
     drawn = cases.plan_for(seed).train
     train = judging.vetted_training(drawn)
-    assert (train.seed != drawn.seed) == (seed == 74)
+    assert (train.seed != drawn.seed) == (seed == 6)
     assert (train.p, train.steps, train.warmup) == (drawn.p, drawn.steps, drawn.warmup)
     right, wrong = (judging.auc_loss(train, judging.simulate_onebit_training(
         train.seed, train.p, train.steps, train.warmup, feedback)) for feedback in (True, False))

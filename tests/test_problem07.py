@@ -35,7 +35,7 @@ from e2e import (
     load_file,
 )
 
-from distlab.grading import HeldMemory
+from distlab.grading import HeldMemory, Widener
 from distlab.runtime.jobspec import problem_package
 
 SEED = 4242
@@ -63,7 +63,7 @@ class FakeComm:
 
 def small_case(p: int = 1, seed: int = 3, big: bool = True) -> Any:
     rng = np.random.default_rng(seed)
-    return cases.make_case(p, rng, cases.DTYPE_ORDER, big_table=big)
+    return cases.make_case(p, rng, Widener(seed, 7), cases.DTYPE_ORDER, big_table=big)
 
 
 def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
@@ -85,7 +85,7 @@ def test_gradients_follow_the_declared_names_shapes_and_dtypes() -> None:
 def test_two_dtype_variants_carry_only_their_dtypes() -> None:
     rng = np.random.default_rng(5)
     for dtypes in (("float32", "int64"), ("float32", "float64")):
-        case = cases.make_case(2, rng, dtypes, big_table=False)
+        case = cases.make_case(2, rng, Widener(5, 7), dtypes, big_table=False)
         grads = cases.gradients(case.spec, cases.init_params(case.spec),
                                 *cases.make_batch(case.spec, 0, 0, 1))
         assert {str(g.dtype) for g in grads.values()} == set(dtypes)
@@ -317,18 +317,23 @@ def test_buffer_diagnoses_over_many_variants() -> None:
 
 
 def test_sum_tolerances_keep_float32_rounding_and_averages_twice_away() -> None:
-    """Over 20 sessions' cases: a float64 sum rounded through float32 (the mixed-dtype buffer) and a sum
-    divided by p are at least twice the tolerance from the right sum, in every tensor they touch."""
+    """Over 20 sessions' cases: a sum divided by p is at least twice the tolerance from the right sum
+    in every tensor, and float64 sums rounded through float32 (the mixed-dtype buffer) are in some
+    tensor of each case that has float64 ones (a case fails on its first wrong tensor; a tensor of
+    two elements can be float32-exact to 1e-13 by chance, seed 2's)."""
     for seed in range(20):
         for case in cases.plan_for(seed).cases:
+            rounded: list[bool] = []
             for want in judging.first_step(case)[1]:
                 if want.dtype.kind != "f" or not np.abs(want).max(initial=0):
                     continue
                 atol = judging.tolerance(want)["atol"]
-                if want.dtype == np.float64 and (want != want.astype(np.float32)).any():
-                    assert np.abs(want.astype(np.float32).astype(np.float64) - want).max() >= 2 * atol, seed
+                if want.dtype == np.float64:
+                    rounded.append(np.abs(want.astype(np.float32).astype(np.float64) - want).max() >= 2 * atol)
                 if case.p > 1:
                     assert np.abs(want / case.p - want).max() >= 2 * atol, seed
+            assert not rounded or any(rounded), seed
+            assert not rounded or sum(rounded) >= len(rounded) - 1, seed  # a chance tensor, no more
 
 
 def test_a_rank_holds_only_its_own_data() -> None:

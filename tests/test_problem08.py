@@ -32,6 +32,7 @@ from e2e import (
     load_file,
 )
 
+from distlab.grading import Widener
 from distlab.runtime.jobspec import problem_package
 from distlab.runtime.trace.chrome import validate_chrome_trace
 
@@ -155,7 +156,8 @@ def first_draw(seed: int) -> Any:
                 cases.make_variant("slow link", cases.WORLD, rng, slow_link=True),
                 cases.make_variant("both", small[0], rng, straggler=True, slow_link=True),
                 cases.make_variant("healthy", small[1], rng))
-    return cases.shuffled(cases.Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False)), seed)
+    seed_of_data = Widener(seed, 8)(int(rng.integers(1 << 31)))
+    return cases.shuffled(cases.Hidden(seed_of_data, variants, replace(variants[0], probed=False)), seed)
 
 
 def test_the_variants_run_in_an_order_of_the_seed_s_own() -> None:

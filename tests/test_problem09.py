@@ -33,7 +33,7 @@ from e2e import (
     problem_modules,
 )
 
-from distlab.grading import collective_time
+from distlab.grading import Widener, collective_time
 from distlab.platforms import load_shipped
 from distlab.runtime.clock.replay import replay
 from distlab.runtime.trace.events import COLL
@@ -114,7 +114,7 @@ def test_a_rank_s_view_holds_its_own_data_and_no_answer() -> None:
     another rank's data; the sums, the training and the bills' closed forms are judging.py's."""
     rng = np.random.default_rng(9)
     cluster = cases.hidden_cluster(rng)
-    whole = cases.buffers(cluster, rng)[-1]
+    whole = cases.buffers(cluster, rng, Widener(9, 9))[-1]
     views = [whole.for_rank(r) for r in range(cluster.p)]
     assert all(v.seed == -1 and whole.seed not in (v.own or ()) for v in views)
     assert all(np.array_equal(v.input(r), whole.input(r)) for r, v in enumerate(views))
@@ -147,7 +147,7 @@ def test_a_rank_s_view_holds_its_data_itself_and_no_key_of_it() -> None:
     rank could smuggle to the others in a message, from which they would rebuild its data."""
     rng = np.random.default_rng(9)
     cluster = cases.hidden_cluster(rng)
-    wholes = [*cases.buffers(cluster, rng), cases.timed_buffer(cluster, rng),
+    wholes = [*cases.buffers(cluster, rng, Widener(9, 9)), cases.timed_buffer(cluster, rng, Widener(9, 9)),
               cases.Training(cases.CARD, 6, 32, 8, 0.05, 1234)]
     for whole in wholes:
         p = whole.cluster.p

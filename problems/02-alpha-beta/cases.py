@@ -9,7 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
-from distlab.grading import Platform, cost, parse_platform
+from distlab.grading import Platform, Widener, cost, parse_platform
 
 ALGORITHMS = ("ring", "recursive_doubling", "binomial_tree", "rabenseifner")
 LATENCY_OPTIMAL = ("recursive_doubling", "binomial_tree")
@@ -128,14 +128,14 @@ def hidden_cluster(seed: int) -> Cluster:
     """A cluster class (base latency and bandwidth), every cable varied around it; then the sizes, the
     spikes, and last (so that the quiet cluster of a seed stays what it was) how much slower each cable
     is when the cluster is shared."""
-    rng = np.random.default_rng([seed, 2])
+    rng, widen = np.random.default_rng([seed, 2]), Widener(seed, 2)
     p = int(rng.choice(WORLD_SIZES))
     base_us = float(np.exp(rng.uniform(np.log(0.5), np.log(5.0))))
     base_gbps = float(np.exp(rng.uniform(np.log(10.0), np.log(100.0))))
     latency = tuple(round(base_us * float(rng.uniform(0.7, 1.3)), 3) for _ in range(p))
     bandwidth = tuple(round(base_gbps * float(rng.uniform(0.6, 1.2)), 2) for _ in range(p))
     sizes = tuple(sorted({int(np.exp2(rng.uniform(lo, lo + 1.5))) for lo in (3, 7, 10.5, 13.5, 16, 18)}))
-    spike_s, spike_seed = round(float(rng.uniform(50e-6, 150e-6)), 7), int(rng.integers(1 << 31))
+    spike_s, spike_seed = round(float(rng.uniform(50e-6, 150e-6)), 7), widen(int(rng.integers(1 << 31)))
     shared_latency = tuple(round(float(rng.uniform(*SHARED_SLOWDOWN)), 3) for _ in range(p))
     shared_beta = tuple(round(float(rng.uniform(*SHARED_SLOWDOWN)), 3) for _ in range(p))
     return Cluster(latency, bandwidth, sizes, spike_s, spike_seed, shared_latency, shared_beta)

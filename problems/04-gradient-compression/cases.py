@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from distlab.grading import Widener
+
 STEPS = 300  # training steps of each run
 WARMUP_FRACTIONS = (0.15, 0.2, 0.25)
 AUC_FP16, AUC_ONEBIT = 0.005, 0.01  # catalog: FP16 within 0.005 of FP32's AUC, 1-bit Adam within 0.01
@@ -176,15 +178,15 @@ class Plan:
 
 
 def plan_for(seed: int) -> Plan:
-    rng = np.random.default_rng([seed, 4])
-    wires = tuple(WireCase(p, int(rng.integers(20_000, 40_000)), int(rng.integers(1 << 31)))
+    rng, widen = np.random.default_rng([seed, 4]), Widener(seed, 4)
+    wires = tuple(WireCase(p, int(rng.integers(20_000, 40_000)), widen(int(rng.integers(1 << 31))))
                   for p in (4, int(rng.choice([2, 3]))))
-    adam = AdamCase(p=4, n=int(rng.integers(600, 900)), seed=int(rng.integers(1 << 31)), steps=8,
+    adam = AdamCase(p=4, n=int(rng.integers(600, 900)), seed=widen(int(rng.integers(1 << 31))), steps=8,
                     warmup=int(rng.integers(2, 4)))
     warmup = round(float(rng.choice(WARMUP_FRACTIONS)) * STEPS)
-    train = TrainCase(4, int(rng.integers(1 << 31)), STEPS, warmup)
+    train = TrainCase(4, widen(int(rng.integers(1 << 31))), STEPS, warmup)
     timed_n = TIMED_N + int(rng.integers(0, 4096))
-    timed = tuple(TimedCase(4, timed_n, method, int(rng.integers(1 << 31))) for method in ("fp16", "onebit"))
+    timed = tuple(TimedCase(4, timed_n, method, widen(int(rng.integers(1 << 31)))) for method in ("fp16", "onebit"))
     return Plan(codec_case(rng), wires, adam, int(rng.integers(4)), train, timed)
 
 

@@ -171,13 +171,13 @@ def auc_loss(train: cases.TrainCase, weights: np.ndarray) -> float:
 def vetted_training(train: cases.TrainCase) -> cases.TrainCase:
     """The training case with its data drawn again (from its own seed, so --seed replays it) until
     1-bit Adam without error feedback, the mistake the AUC check exists for, lands at least twice
-    the tolerance below FP32 Adam: on about 1 draw in 70 it does not (seeds 0-149: 0.0151 at
-    least, right 1-bit Adam 0.0050 at most)."""
+    the tolerance below FP32 Adam: on a few draws in a hundred it does not (seeds 6 and 36 of
+    0-36: 0.0139 and 0.0130)."""
     for k in range(1, 100):
         without = simulate_onebit_training(train.seed, train.p, train.steps, train.warmup, feedback=False)
         if auc_loss(train, without) >= 2 * cases.AUC_ONEBIT:
             return train
-        train = replace(train, seed=int(np.random.default_rng([train.seed, k]).integers(1 << 31)))
+        train = replace(train, seed=int(np.random.default_rng([train.seed, k]).integers(1 << 63)))
     raise AssertionError("no training data in 100 draws separates 1-bit Adam from its mistake")
 
 

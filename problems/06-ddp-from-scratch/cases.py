@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from distlab.grading import CheckContext, cost
+from distlab.grading import CheckContext, Widener, cost
 
 PER_RANK_BATCH = 8
 
@@ -250,7 +250,7 @@ def _timed(case: Case, t: CheckContext, ratio: float) -> Case:
 
 def main_cases(t: CheckContext) -> list[Case]:
     """The cases of the main launch: one bucket, two, a cap below the largest tensor, overlap."""
-    rng = np.random.default_rng([t.seed, 6])
+    rng, widen = np.random.default_rng([t.seed, 6]), Widener(t.seed, 6)
     steps, lr = int(rng.integers(3, 6)), float(rng.choice([0.05, 0.08, 0.1]))
 
     def case(label: str, p: int, buckets: int | str) -> Case:
@@ -259,13 +259,13 @@ def main_cases(t: CheckContext) -> list[Case]:
         # "below": a cap below the largest tensor, so that tensor is a bucket alone
         cap = (int(rng.integers(max(sizes) // 3, max(sizes) * 2 // 3)) if buckets == "below"
                else pick_cap(sizes, int(buckets), rng))
-        return _timed(Case(label, p, widths, int(rng.integers(1 << 30)), cap, steps, lr, 0.0),
+        return _timed(Case(label, p, widths, widen(int(rng.integers(1 << 30))), cap, steps, lr, 0.0),
                       t, float(rng.uniform(0.9, 1.1)))
 
     # Many layers of similar size and 6-8 buckets: the last bucket, which nothing can hide, is a
     # small part of the traffic. (Its seed is drawn before its cap: the order of the draws stays.)
     widths = _widths(rng, depth=(7, 9))
-    count, seed = int(rng.integers(6, 9)), int(rng.integers(1 << 30))
+    count, seed = int(rng.integers(6, 9)), widen(int(rng.integers(1 << 30)))
     sizes = _shape(widths).backward_sizes()  # where no cap gives that many buckets (~1 seed in 65), the nearest
     count = next(k for k in (count, 7, 6, 8) if any(hi - lo > 2 for lo, hi in caps_giving(sizes, k)))
     cap = pick_cap(sizes, count, rng)
@@ -281,7 +281,7 @@ def main_cases(t: CheckContext) -> list[Case]:
 
 def side_case(t: CheckContext) -> Case:
     """A side head used in some steps only; its bucket holds other gradients too."""
-    rng = np.random.default_rng([t.seed, 66])
+    rng, widen = np.random.default_rng([t.seed, 66]), Widener(t.seed, 66)
     steps = int(rng.integers(3, 5))
     used = [bool(b) for b in rng.integers(0, 2, size=steps)]
     used[0], used[int(rng.integers(1, steps))] = True, False  # both kinds of step occur
@@ -296,5 +296,5 @@ def side_case(t: CheckContext) -> Case:
     p = 2  # a launch of its own (a hang or an error ends it): kept small
     skipped = [s for s in range(steps) if not used[s]]
     return _timed(replace(shape, label=f"a side head skipped in steps {skipped} (p = {p})", p=p,
-                          seed=int(rng.integers(1 << 30)), cap_bytes=cap, steps=steps, lr=0.05,
+                          seed=widen(int(rng.integers(1 << 30))), cap_bytes=cap, steps=steps, lr=0.05,
                           side_used=tuple(used)), t, 1.0)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from distlab.grading import Widener
+
 BATCH = 64  # examples per rank per step
 LEARNING_RATE = 1.0
 FINGERPRINT_BITS = 54  # int64 fingerprints above 2^53: no float64 holds them exactly
@@ -252,14 +254,14 @@ class Timed:
         return replace(self, case=self.case.for_rank(rank))
 
 
-def make_case(p: int, rng: np.random.Generator, dtypes: tuple[str, ...], big_table: bool) -> Case:
+def make_case(p: int, rng: np.random.Generator, widen: Widener, dtypes: tuple[str, ...], big_table: bool) -> Case:
     fields = int(rng.integers(70, 111))
     dim = int(rng.choice([8, 16]))
     vocab = [int(v) for v in rng.integers(8, 65, size=fields)]
     if big_table:
         # One field with a large vocabulary: its table alone is more than the threshold (below).
         vocab[int(rng.integers(fields))] = int(rng.integers(1536, 2049))
-    case = Case(p, ModelSpec(int(rng.integers(1 << 31)), tuple(vocab), dim, dtypes), 1)
+    case = Case(p, ModelSpec(widen(int(rng.integers(1 << 31))), tuple(vocab), dim, dtypes), 1)
     small = case.nbytes_by_dtype()["float32"] - (case.largest("float32") if big_table else 0)
     # 4-7 buffers' worth of the ordinary float32 tensors: fusion has room to work, and a buffer that
     # swallows all of them is far above threshold + one tensor.
@@ -334,10 +336,10 @@ class Plan:
 
 def plan_for(seed: int) -> Plan:
     """The hidden variants: the same for every check of a session (one launch serves them all)."""
-    rng = np.random.default_rng([seed, 7])
+    rng, widen = np.random.default_rng([seed, 7]), Widener(seed, 7)
     hidden_p = int(rng.choice([3, 5]))
     some = [DTYPE_ORDER, ("float32", "int64"), ("float32", "float64")][int(rng.integers(3))]
-    cases = (make_case(1, rng, DTYPE_ORDER, big_table=False), make_case(2, rng, some, big_table=False),
-             make_case(4, rng, DTYPE_ORDER, big_table=True),
-             make_case(hidden_p, rng, DTYPE_ORDER, big_table=bool(rng.integers(2))))
+    cases = (make_case(1, rng, widen, DTYPE_ORDER, big_table=False), make_case(2, rng, widen, some, big_table=False),
+             make_case(4, rng, widen, DTYPE_ORDER, big_table=True),
+             make_case(hidden_p, rng, widen, DTYPE_ORDER, big_table=bool(rng.integers(2))))
     return Plan(cases, (cases[2],), 1.0 / (rng.uniform(10.0, 25.0) * 1e9))  # 10-25 GB/s per port

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from distlab.grading import Platform, faults, parse_platform
+from distlab.grading import Platform, Widener, faults, parse_platform
 
 WORLD = 8  # devices in the hidden mesh; variants run on the first p of them
 LINK_GBPS, LINK_LATENCY_US = 2.0, 25.0  # a healthy cable (an Ethernet-like fabric), before its spread
@@ -127,7 +127,7 @@ def hidden(seed: int) -> Hidden:
     until every look-alike of the ratio stands at least twice the tolerance from the job's on
     each variant with a straggler (about 1 draw in 8 is; a healthy job's ranks all wait alike,
     so there no look-alike can stand apart)."""
-    rng = np.random.default_rng([seed, 8])
+    rng, widen = np.random.default_rng([seed, 8]), Widener(seed, 8)
     while True:
         small = [int(p) for p in rng.permutation([6, 7])]
         variants = (
@@ -137,7 +137,7 @@ def hidden(seed: int) -> Hidden:
             make_variant("both", small[0], rng, straggler=True, slow_link=True),
             make_variant("healthy", small[1], rng),
         )
-        h = Hidden(int(rng.integers(1 << 31)), variants, replace(variants[0], probed=False))
+        h = Hidden(widen(int(rng.integers(1 << 31))), variants, replace(variants[0], probed=False))
         if separation(h) >= 2 * RATIO_TOLERANCE:
             return shuffled(h, seed)
 

@@ -137,21 +137,21 @@ def _own_data(own: tuple[int, tuple[np.ndarray, ...]], rank: int, what: str) -> 
     return own[1]
 
 
-def buffers(cluster: Cluster, rng: np.random.Generator) -> list[Buffer]:
+def buffers(cluster: Cluster, rng: np.random.Generator, widen: grading.Widener) -> list[Buffer]:
     """The lengths that trip a hierarchical allreduce up: shorter than a data center, not a
     multiple of its ranks or of all ranks; each in three types."""
     L, p = cluster.per_dc, cluster.p
     lengths = [1, L - 1, L * int(rng.integers(2, 9)) + int(rng.integers(1, L)),
                p * int(rng.integers(10, 40)) + int(rng.integers(1, p)), (1 << 15) + int(rng.integers(1, 99))]
-    return [Buffer(cluster, n, dtype, int(rng.integers(1 << 31)))
+    return [Buffer(cluster, n, dtype, widen(int(rng.integers(1 << 31))))
             for n in lengths for dtype in ("float32", "float64", "int64")]
 
 
-def timed_buffer(cluster: Cluster, rng: np.random.Generator) -> Buffer:
+def timed_buffer(cluster: Cluster, rng: np.random.Generator, widen: grading.Widener) -> Buffer:
     """About 1 MiB of float32 per rank: large enough to be a gradient, small enough that the WAN's
     2 ms dominates (past a few MiB its bandwidth does, and every allreduce gets as slow)."""
     return Buffer(cluster, (1 << 18) + int(rng.integers(1, 4096)), "float32",
-                  int(rng.integers(1 << 31)), timed=True)
+                  widen(int(rng.integers(1 << 31))), timed=True)
 
 
 @dataclass(frozen=True)

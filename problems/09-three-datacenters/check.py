@@ -49,16 +49,16 @@ CHECKS = Checklist()
 def every_case(t: CheckContext) -> Run:
     """One launch for every check: each cluster's buffers, then its timed buffer alone in a task
     (its replay is that one allreduce), the training run, and the cost questions on one rank."""
-    tasks, clusters = [], (CARD, hidden_cluster(t.rng))
+    tasks, clusters, widen = [], (CARD, hidden_cluster(t.rng)), grading.Widener(t.seed, 9)
     for cluster in clusters:
         platform = cluster.platform()
-        tasks += [Task(ranks=cluster.p, cases=buffers(cluster, t.rng), platform=platform, label=cluster.label()),
-                  Task(ranks=cluster.p, cases=[timed_buffer(cluster, t.rng)], platform=platform,
+        tasks += [Task(ranks=cluster.p, cases=buffers(cluster, t.rng, widen), platform=platform, label=cluster.label()),
+                  Task(ranks=cluster.p, cases=[timed_buffer(cluster, t.rng, widen)], platform=platform,
                        label=f"the timed allreduce on {cluster.label()}")]
     datacenters = [[r for r, dc in enumerate(CARD.datacenter_of()) if dc == d] for d in range(CARD.dcs)]
     congested = faults.plan(faults.bandwidth(factor=0.5, groups=datacenters), seed=t.seed,
                             where="09's congested WAN")
-    training = Training(CARD, 6, 32, 8, 0.05, int(t.rng.integers(1 << 31)))
+    training = Training(CARD, 6, 32, 8, 0.05, widen(int(t.rng.integers(1 << 31))))
     tasks += [Task(ranks=CARD.p, case=training, platform=CARD.platform(), faults=congested, label=training.label()),
               Task(ranks=1, cases=[CARD_BILL, *hidden_bills(t.rng)], label="the cost questions")]
     # Every task models its own cluster; the launch's platform seats the largest (up to 16 ranks).

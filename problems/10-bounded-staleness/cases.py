@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from distlab.grading import Widener
+
 FEATURES = 16  # weights of the model, the last one a bias
 BATCH = 32  # examples a worker draws per step
 BASE_S = 1e-3  # a worker's compute per step at full speed, declared on the virtual clock
@@ -230,7 +232,7 @@ def drifting(rng: np.random.Generator, seed: int) -> tuple[tuple[float, ...], ..
 
 def session(seed: int) -> Session:
     rng = np.random.default_rng([seed, 10])
-    lr, data = round(float(rng.uniform(1.0, 2.0)), 3), int(rng.integers(1 << 30))
+    lr, data = round(float(rng.uniform(1.0, 2.0)), 3), Widener(seed, 10)(int(rng.integers(1 << 30)))
     sync = Training("s = 0 is synchronous", 0, drifting(rng, seed), lr, data)
     bound = Training("the bound under a long straggler", int(rng.integers(1, 3)), long_straggler(rng, WORKERS, 16),
                  lr, data)

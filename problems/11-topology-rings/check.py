@@ -28,8 +28,8 @@ NBYTES = 12 << 20  # past the latency terms: the bottleneck decides
 def servers(t: CheckContext) -> Run:
     """One launch of 8 ranks: the card's server and two hidden ones, a task each; the allreduce
     is timed on the first two (0 bytes on the third: its ring is judged, not run)."""
-    machines = [CARD, hidden_machine(t.rng, "A"), hidden_machine(t.rng, "B")]
-    cases = [Case(m, numa_cpus(), NBYTES if i < 2 else 0, int(t.rng.integers(1 << 31)))
+    machines, widen = [CARD, hidden_machine(t.rng, "A"), hidden_machine(t.rng, "B")], grading.Widener(t.seed, 11)
+    cases = [Case(m, numa_cpus(), NBYTES if i < 2 else 0, widen(int(t.rng.integers(1 << 31))))
              for i, m in enumerate(machines)]
     return t.launch(run_case, [Task(ranks=8, case=c, platform=c.machine.platform, label=c.label()) for c in cases])
 

@@ -20,6 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from distlab.grading import Widener
+
 STAGES = 4  # p: one stage per rank
 MICRO = 4  # samples per micro-batch
 FEATURES, WIDTH, CLASSES = 6, 8, 3  # the model: 6 -> 8 -> 8 -> 8 -> 3
@@ -232,17 +234,17 @@ def hidden(seed: int) -> Session:
 
     The stage times are hidden: equal stages cost f and b = 2f (a backward is about two forwards);
     unequal ones get a random order of four different costs."""
-    rng = np.random.default_rng([seed, 12])
+    rng, widen = np.random.default_rng([seed, 12]), Widener(seed, 12)
 
     def equal(schedule: str, m: int) -> Pipe:
         f = round(float(rng.uniform(2e-3, 6e-3)), 5)
-        return Pipe(schedule, m, (f,) * STAGES, (2 * f,) * STAGES, int(rng.integers(1 << 30)))
+        return Pipe(schedule, m, (f,) * STAGES, (2 * f,) * STAGES, widen(int(rng.integers(1 << 30))))
 
     def unequal(schedule: str, m: int) -> Pipe:
         scale = rng.permutation([1.0, 1.5, 2.5, 4.0])  # the slowest stage about 4x the fastest
         f = [round(float(2e-3 * s * rng.uniform(0.9, 1.1)), 5) for s in scale]
         b = [round(float(x * rng.uniform(1.6, 2.4)), 5) for x in f]
-        return Pipe(schedule, m, tuple(f), tuple(b), int(rng.integers(1 << 30)))
+        return Pipe(schedule, m, tuple(f), tuple(b), widen(int(rng.integers(1 << 30))))
 
     sizes = (int(rng.integers(STAGES + 1, STAGES + 3)), int(rng.integers(8, 11)), int(rng.integers(STAGES + 1, 9)))
     pipes = {s: (equal(s, sizes[0]), equal(s, sizes[1]), unequal(s, sizes[2])) for s in (GPIPE, ONE_F_ONE_B)}

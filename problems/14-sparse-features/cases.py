@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from distlab.grading import Widener
+
 FIELDS, TEACHER_DIM = 6, 4  # ids per impression (user, ad, site, ...); the hidden model's width
 BIAS, INIT_SCALE = -1.0, 0.1  # a fixed base logit (about 27% clicks); the initial rows' spread
 ROW_COST_S = 0.5e-6  # the card's server: seconds per row looked up or updated, whatever its width
@@ -238,7 +240,7 @@ def batch_for(rows: int, zipf: float, density: float, most: int = MAX_IDS) -> in
     return lo
 
 
-def timing_grid(rng: np.random.Generator, zipf: float) -> Grid:
+def timing_grid(rng: np.random.Generator, widen: Widener, zipf: float) -> Grid:
     # 4 dimensions x 4 touched fractions on a 1-4 Gb/s cluster of 5-15 us whose row cost puts the
     # crossover at 20-56 dims; a table touches 400-1600 rows (fewer where MAX_IDS ids cannot reach).
     servers, workers, beta = int(rng.integers(2, 4)), int(rng.integers(2, 4)), 8 / (rng.uniform(1, 4) * 1e9)
@@ -250,18 +252,18 @@ def timing_grid(rng: np.random.Generator, zipf: float) -> Grid:
             rows = int(np.clip(aim / density, 256, min(2**15, GRID_CELLS // dim)))
             while batch_for(rows, zipf, density) >= MAX_IDS // FIELDS:
                 rows = int(rows * 0.8)
-            data = Data(rows, dim, batch_for(rows, zipf, density), 1, 0.5, zipf, int(rng.integers(1 << 31)))
+            data = Data(rows, dim, batch_for(rows, zipf, density), 1, 0.5, zipf, widen(int(rng.integers(1 << 31))))
             points.append((data, touched(data, workers)))
     return Grid(servers, workers, float(alpha), float(beta), float(row_cost), tuple(points))
 
 
 def session(seed: int) -> Session:
-    rng = np.random.default_rng([seed, 14])
+    rng, widen = np.random.default_rng([seed, 14]), Widener(seed, 14)
     zipf = float(rng.uniform(0.95, 1.25))
     main = Data(int(rng.integers(1500, 2600)), int(rng.choice([8, 12, 16])), int(rng.integers(48, 81)), 5,
-                round(float(rng.uniform(0.4, 0.8)), 3), zipf, int(rng.integers(1 << 31)))
+                round(float(rng.uniform(0.4, 0.8)), 3), zipf, widen(int(rng.integers(1 << 31))))
     S, W = int(rng.integers(1, 4)), int(rng.integers(2, 4))
     one_step = replace(main, steps=1, seed=main.seed + 1)
     sparse = (Run(S, W, main, "the main case", late=S + int(rng.integers(W))), Run(S, W, one_step, "one step"),
               Run(S, W, replace(main, steps=2, rows=TABLE_ROWS, support=main.rows), "the same batches, a million rows"))
-    return Session(sparse, (Run(0, W, main, "the main case"), Run(0, W, one_step, "one step")), timing_grid(rng, zipf))
+    return Session(sparse, (Run(0, W, main, "the main case"), Run(0, W, one_step, "one step")), timing_grid(rng, widen, zipf))

@@ -15,7 +15,7 @@ from functools import cache
 
 import numpy as np
 
-from distlab.grading import Platform, resolve
+from distlab.grading import Platform, Widener, resolve
 
 LAB, RATE = "seed-lab", "resnet50_img_per_s"  # the card's platform, and the rate it measured per device
 HOST_EXTRA = 0.3  # each layer on the host that the accelerator could run adds 30% to a sample's time
@@ -295,9 +295,9 @@ def place_cases(rng: np.random.Generator) -> tuple[PlaceCase, ...]:
 
 def hidden(seed: int) -> tuple[Table, tuple[Training, ...]]:
     """Two training jobs (3-4 ranks, then 5-6), and the table of pure calls."""
-    rng = np.random.default_rng([seed, 15])
+    rng, widen = np.random.default_rng([seed, 15]), Widener(seed, 15)
     trainings = tuple(Training(draw_job(rng, int(rng.integers(lo, lo + 2)), (100, 200)),
-                               str(rng.choice(list(MODELS))), int(rng.integers(1 << 31))) for lo in (3, 5))
+                               str(rng.choice(list(MODELS))), widen(int(rng.integers(1 << 31)))) for lo in (3, 5))
     return Table(split_jobs(rng, [t.job for t in trainings]), place_cases(rng)), trainings
 
 
