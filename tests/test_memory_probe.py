@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from test_launcher import run
 
 from distlab.runtime.jobspec import Limits, Task
 from distlab.runtime.rank.memory import descendants, held_bytes
+from distlab.runtime.rank.pause import paused
 from distlab.runtime.zygote.client import preload_for
 
 LEARNER = Path(__file__).resolve().parent / "memory_learner.py"
@@ -95,6 +97,63 @@ def test_descendants_finds_grandchildren() -> None:
         os.kill(inner, 9)
         outer.kill()
         outer.wait()
+
+
+TICKER = """
+import os, sys, threading, time
+ticks = {"n": 0}
+def tick():
+    while True:
+        ticks["n"] += 1
+        time.sleep(0.001)
+threading.Thread(target=tick, daemon=True).start()
+if os.fork() == 0:  # a child that starts a grandchild of its own a moment later
+    time.sleep(0.05)
+    if os.fork() == 0:
+        time.sleep(60)
+    time.sleep(60)
+while True:
+    line = sys.stdin.readline()
+    print(ticks["n"], flush=True)
+"""
+
+
+def test_paused_stops_every_thread_and_every_process_started_meanwhile() -> None:
+    """A reading at a mark pauses the learner's processes (pause.py): a ticking thread does not
+    tick until the block ends, and a process started while the others were being stopped is
+    stopped too (the list is read again until nothing is new)."""
+    proc = subprocess.Popen([sys.executable, "-c", TICKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ticks() -> int:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        return int(proc.stdout.readline())
+
+    try:
+        ticks()
+        time.sleep(0.2)  # the grandchild exists
+        family = [proc.pid, *descendants(proc.pid)]
+        assert len(family) == 3
+        seen: list[list[int]] = []
+
+        def listed() -> list[int]:  # the grandchild only from the second listing on
+            seen.append([])
+            return family if len(seen) > 1 else family[:2]
+
+        with paused(listed) as stopped:
+            assert sorted(stopped) == sorted(family) and len(seen) == 3
+            threads = [task / "stat" for pid in family for task in Path(f"/proc/{pid}/task").iterdir()]
+            assert len(threads) == 4  # the ticker's two, one each below it
+            assert {t.read_text().rpartition(")")[2].split()[0] for t in threads} == {"T"}
+        first = ticks()
+        time.sleep(0.1)
+        assert ticks() > first + 10  # going on
+    finally:
+        for pid in descendants(proc.pid):
+            os.kill(pid, 9)
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

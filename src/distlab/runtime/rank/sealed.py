@@ -41,6 +41,7 @@ from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure
 from .learner_fork import ForkedChild, LearnerSeed
 from .memory import MemoryWitness, descendants, held_bytes
+from .pause import paused
 from .views import for_rank
 
 ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
@@ -125,22 +126,29 @@ class LearnerProcess:
         return tuple(sorted(os.sched_getaffinity(_code_pid(self._child.pid))))
 
     def held_memory(self) -> int:
-        """What the learner's processes hold (rank/memory.py): its code's process, every process
-        that one started, and, in a PID namespace of its own, every orphan its first process
-        adopted (the waiter and that first process are the harness's, and hold what they held)."""
+        """What the learner's processes hold (rank/memory.py)."""
+        pids = self._learner_pids()
+        return held_bytes(pids, self._arena_inode, scratch_of=pids[0])
+
+    def _learner_pids(self) -> list[int]:
+        """Its code's process first, every process that one started, and, in a PID namespace of
+        its own, every orphan its first process adopted (the waiter and that first process are
+        the harness's, and hold what they held)."""
         if self._code is None:
             self._code = _code_pid(self._child.pid)
         code = self._code
         reaper = _parent(code) if code != self._child.pid else code
-        pids = [code, *(pid for pid in descendants(reaper) if pid != code)]
-        return held_bytes(pids, self._arena_inode, scratch_of=code)
+        return [code, *(pid for pid in descendants(reaper) if pid != code)]
 
     def _held_at_mark(self) -> int:
         """At a mark the learner waits in its call and no call of its is in flight: the arena's
         data region is cleared, then the learner's processes read, then whatever the arena holds
-        again counts as theirs (an outside tester kept 24 MB of optimizer state there, unread)."""
-        self._agent.arena.clear_data()
-        return self.held_memory() + self._agent.arena.data_held()
+        again counts as theirs (an outside tester kept 24 MB of optimizer state there, unread).
+        Its processes are stopped meanwhile: a thread of theirs moving that state from the arena
+        to their memory between the two reads would be counted in neither."""
+        with paused(self._learner_pids):
+            self._agent.arena.clear_data()
+            return self.held_memory() + self._agent.arena.data_held()
 
     def _read_before_solution(self) -> None:
         self.memory.before_solution = self.held_memory()
