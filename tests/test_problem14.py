@@ -425,6 +425,10 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     "forged_row_shape.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
                             ["server 0's rows after training has shape (3, 3), expected", "it neither pulled nor pushed"],
                             []),
+    # A token per step to server 0 stayed under the byte limit; each worker must move its rows both ways.
+    "forged_token_bytes.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
+                              ["too few bytes to have carried its rows and their gradients", "it sent server 0 8 bytes"],
+                              []),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -439,6 +443,7 @@ NAMES_ITS_BUG = {
     "has no attribute 'train'": "forged_tables.py",
     "rows after training has shape": "forged_row_shape.py",
     "your own marks may have other names": "forged_own_mark.py",
+    "too few bytes to have carried its rows": "forged_token_bytes.py",
 }
 
 

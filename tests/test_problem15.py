@@ -232,13 +232,35 @@ def test_each_gradient_mistake_is_named_alone() -> None:
     assert "on rank 0 head.bias.grad is None; expected the global batch's gradient" in message
 
 
+def test_a_split_that_hides_the_weighting_fails_the_training_and_no_other_fixtures_does() -> None:
+    """The training grades sync_gradients on the learner's own split: one rank holding every sample
+    makes a plain sum right, equal batches a plain mean, so either fails the training by itself.
+    Over 30 seeds' training jobs (B never divisible by p) every other fixture's split shows the weighting."""
+    training = cases.hidden(SEED)[1][0]
+    p, batch = training.job.p, training.job.global_batch
+    for split, plain in (([batch] + [0] * (p - 1), "sum"), ([0] * (p - 1) + [7], "sum"), ([5] * p, "mean")):
+        values = [programs.Trained(split, None, None, [1.0] * cases.STEPS, {"head.bias": np.zeros(2)})] * p
+        message = judging.training_message(training, values)[0]
+        assert f"a plain {plain} of the ranks' gradients is then the global batch's" in message, message
+    assert judging.weightless_split([batch - 1, 1] + [0] * (p - 2)) is None
+    fixtures = {name: solution(name) for name, misreading in SPLITS.items() if misreading != RAISES}
+    for seed in range(30):
+        for job in (t.job for t in cases.hidden(seed)[1]):
+            for name, fixture in fixtures.items():
+                split = programs.ask_split(fixture, job)[0]
+                assert (split is not None and judging.weightless_split(split) is not None) == (
+                    name == "forged_degenerate_split.py"), (seed, name, split)
+
+
 # fixture -> the misreading its split is named for, on every seed's table (None: a right split; RAISES: its
 # split_batch raises, here as in the run, where the checker's card_split it reached for is no more in cases.py)
 RAISES = "split_batch raised"
+UNNAMED = "wrong, no misreading"  # a wrong split that no misreading of the card fits
 SPLITS = {"equal_split.py": "equal", "floor_shares.py": "floor", "round_shares.py": "round", "flops_split.py": "flops",
           "starter.py": "equal", "reference.py": None, "alt_soonest_finish.py": None, "unweighted_mean.py": None,
           "op_by_name.py": None, "host_everywhere.py": None, "forged_no_comm.py": RAISES,
-          "forged_equal_split_clock.py": "equal", "forged_cached_split.py": "equal"}
+          "forged_equal_split_clock.py": "equal", "forged_cached_split.py": "equal",
+          "forged_degenerate_split.py": UNNAMED}
 
 
 @pytest.mark.parametrize("seed", [SEED, 1, 2, 3])
@@ -251,7 +273,7 @@ def test_split_messages_name_only_the_fixtures_own_misreading(seed: int) -> None
         if misreading == RAISES:
             assert message and RAISES in message and not said, (seed, name, message)
             continue
-        assert said == ([misreading] if misreading else []), (seed, name, message)
+        assert said == ([misreading] if misreading not in (None, UNNAMED) else []), (seed, name, message)
         assert (message is None) == (misreading is None), (name, message)
 
 
@@ -335,6 +357,9 @@ BUGGY: dict[str, tuple[set[str], list[str]]] = {
     # forged: the checker's split, read where the harness handed it, was cached for the training
     "forged_cached_split.py": ({SPLIT, IDLE}, ["Every answer of the table is an equal split",
                                                "expected at most 5% idle; saw"]),
+    # forged: every sample on rank 0 makes a plain SUM right; training on its own split shows no weighting
+    "forged_degenerate_split.py": (ALL, ["gives every sample to one rank: a plain sum of the ranks' gradients",
+                                         "it is the sum of the ranks' local mean gradients"]),
 }
 # Judged in this process by the check's own functions (the tests above): their checks' logic is the same.
 IN_PROCESS = {"equal_split.py", "round_shares.py", "host_everywhere.py"}
@@ -343,7 +368,8 @@ SEALED = {"forged_equal_split_clock.py"}
 # What the checks say of a forgery, and the fixture it is said of: silent on every other fixture.
 FORGED_SAYS = {"holds no samples of rank": "forged_no_comm.py",
                "the declared compute differs from the harness's": "forged_equal_split_clock.py",
-               "sent, received or reduced": None}  # no fixture's: the gradients travel in each
+               "sent, received or reduced": None,  # no fixture's: the gradients travel in each
+               "the training cannot show whether sync_gradients weights": "forged_degenerate_split.py"}
 
 
 def test_every_fixture_is_tested() -> None:

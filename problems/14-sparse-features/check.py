@@ -5,7 +5,8 @@ machine's table (the parameter server with one worker 5 ms late), against single
 simulated in judging.py from every worker's data (a rank is handed only its own: cases.Run.for_rank),
 with the traffic a right table must have come through (each worker's rows pulled and their
 gradients pushed, from the counters, never from what a rank returned); one step shows each row's
-update where a batch repeats an id; the harness's counters give every worker's bytes; a hidden grid
+update where a batch repeats an id; the harness's counters give every worker's bytes (its touched
+rows each way with each server at least, the card's limit at most); a hidden grid
 of 4 dimensions x 4 touched fractions times one step of each path, against the card's cost and
 against the learner's cost model, both read off a replay whose declared hash-table work is checked
 against what the harness's shard declares."""
@@ -112,6 +113,8 @@ def bytes_follow_touched_rows(t: CheckContext, everything: Run) -> None:
     main, _, million = everything.cases()[:3]
     if problem := judging.marks_problem(main.task):
         t.fail(problem)
+    t.say("each worker, each step: at least its distinct rows each way with the server that holds each one, "
+          "at most touched x (16 + 8 x dim) bytes")
     per_row: dict[str, list[float]] = {}
     for run in (main, million):
         for w in range(run.case.workers):

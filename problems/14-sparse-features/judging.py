@@ -142,24 +142,33 @@ def phase_of(task: TaskRun, rank: int, what: str, nth: int = 0) -> Counts:
     return found[nth] if nth < len(found) else Counts()
 
 
+def short_pair(task: TaskRun, case: Run, worker: int, step: int) -> tuple[int, int, int, int] | None:
+    """(server, bytes sent, bytes received, rows) of the first server the worker, in its ``step``-th
+    phase, sent fewer bytes than the gradients of the rows its batch touched there (4 x dim a row),
+    or was sent fewer than those rows by; None if it moved at least its rows both ways with each."""
+    rank, ids, row = case.servers + worker, np.unique(batch_ids(case.data, worker, step)), VALUE_BYTES * case.data.dim
+    mine = phase_of(task, rank, case.what, step)
+    for s in range(case.servers):
+        rows = int(np.count_nonzero(ids % case.servers == s))
+        sent, got = mine.sent_bytes.get(s, 0), phase_of(task, s, case.what, step).sent_bytes.get(rank, 0)
+        if min(sent, got) < rows * row:
+            return s, sent, got, rows
+    return None
+
+
 def pushes_problem(run: CaseRun, head: str) -> str | None:
     """None if, in every step, each worker sent each server at least the gradients of the rows its
     batch touched there (4 x dim bytes a row) and was sent those rows: the traffic a right table
     must have come through. Else the first pair short of it (a table that no push carried)."""
-    case, data = run.case, run.case.data
-    row = VALUE_BYTES * data.dim
-    for step in range(data.steps):
+    case, row = run.case, VALUE_BYTES * run.case.data.dim
+    for step in range(case.data.steps):
         for w in range(case.workers):
-            rank, ids = case.servers + w, np.unique(batch_ids(data, w, step))
-            mine = phase_of(run.task, rank, case.what, step)
-            for s in range(case.servers):
-                need = int(np.count_nonzero(ids % case.servers == s)) * row
-                sent, got = mine.sent_bytes.get(s, 0), phase_of(run.task, s, case.what, step).sent_bytes.get(rank, 0)
-                if min(sent, got) < need:
-                    return (f"{head} is single-process SGD's, but in step {step} worker rank {rank} sent server {s} "
-                            f"{sent:,} bytes and was sent {got:,}, fewer than the {need // row} rows its batch "
-                            f"touched there need each way ({need:,} bytes): the gradients that reached the server "
-                            "cannot have made that table")
+            if short := short_pair(run.task, case, w, step):
+                s, sent, got, rows = short
+                return (f"{head} is single-process SGD's, but in step {step} worker rank {case.servers + w} sent "
+                        f"server {s} {sent:,} bytes and was sent {got:,}, fewer than the {rows} rows its batch "
+                        f"touched there need each way ({rows * row:,} bytes): the gradients that reached the server "
+                        "cannot have made that table")
     return None
 
 
@@ -227,15 +236,25 @@ def bytes_limit(case: Run, touched: int) -> int:
 
 
 def bytes_problem(run: CaseRun, worker: int, step: int) -> tuple[int, str | None]:
-    """A worker's bytes in one step, and what is wrong when they pass the card's limit."""
+    """A worker's bytes in one step, and what is wrong when they pass the card's limit or fall short
+    of its touched rows, each pulled from and pushed to the server that holds it."""
     case, data, row = run.case, run.case.data, VALUE_BYTES * run.case.data.dim
     sent, received = worker_bytes(run.task, case, worker, case.what, step)
     moved, limit = sent + received, bytes_limit(case, distinct(data, worker, step))
     head = (f"{case.label()}: worker rank {case.servers + worker}, step {step}: {moved:,} bytes for "
             f"{distinct(data, worker, step)} distinct rows; expected at most {limit:,} (touched x (16 + 8 x dim) "
             f"+ {SLACK} per message)")
-    if moved == 0 or moved <= limit:
-        return moved, None if moved else f"{head}: it neither pulled nor pushed"
+    if moved == 0:
+        return moved, f"{head}: it neither pulled nor pushed"
+    if moved <= limit:
+        # Few bytes follow the rows only if they carried them: a token per step is not a row.
+        if short := short_pair(run.task, case, worker, step):
+            s, to, back, rows = short
+            return moved, (f"{case.label()}: worker rank {case.servers + worker}, step {step}: it sent server {s} "
+                           f"{to:,} bytes and was sent {back:,}, fewer than the {rows} distinct rows its batch "
+                           f"touched there ({rows * row:,} bytes, 4 x dim each way): too few bytes to have carried "
+                           "its rows and their gradients")
+        return moved, None
     shard = -(-data.rows // case.servers) * row
     if received >= 0.9 * shard:
         return moved, f"{head}: the servers sent it {received:,} bytes, whole shards: send only the rows asked for"

@@ -192,6 +192,8 @@ def training_message(training: Training, values: list[programs.Trained]) -> tupl
         return f"{training.label()}: the ranks' split_batch answers differ: {[v.split for v in values]}", []
     if sum(split) == 0:
         return f"{training.label()}: the split {split} gives no sample to any rank: nothing was trained", []
+    if problem := weightless_split(split):
+        return f"{training.label()}: the split {split} {problem} (see the split_batch check)", []
     losses = [sum(b * v.losses[k] for b, v in zip(split, values)) / sum(split) for k in range(cases.STEPS)]
     want_losses, want = programs.one_process_training(training, split)
     error, name = max(worst_error(v.weights, want) for v in values)
@@ -205,6 +207,15 @@ def training_message(training: Training, values: list[programs.Trained]) -> tupl
     if max(worst_error(v.weights, values[0].weights)[0] for v in values) > TOLERANCE:
         return f"{head}: the ranks' weights differ: sync_gradients must leave the same gradient on every rank", losses
     return f"{head}: the split sums to {job.global_batch}, so the synced gradients are not the global batch's", losses
+
+
+def weightless_split(split: list[int]) -> str | None:
+    """Why ``split``, the learner's own, cannot show a sync's weighting (one rank holding every
+    sample makes a plain sum of the ranks' gradients right, equal batches a plain mean), or None."""
+    plain = "sum" if sum(b > 0 for b in split) < 2 else "mean" if len(set(split)) == 1 else None
+    return plain and (f"{'gives every sample to one rank' if plain == 'sum' else 'gives every rank as many samples'}: "
+                      f"a plain {plain} of the ranks' gradients is then the global batch's, so the training cannot "
+                      "show whether sync_gradients weights each rank by local_batch / global_batch")
 
 
 def fmt(losses: list[float]) -> str:
