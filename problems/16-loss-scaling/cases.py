@@ -22,6 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from distlab.grading import Widener
+
 PARAMS = 48  # divisible by 2, 3 and 4: each rank owns PARAMS // p of the master weights
 BATCH = 16  # samples per rank and step
 STEPS = 24
@@ -85,7 +87,7 @@ class Case:
     own: RankData | None = None  # a rank's view: its own batches, every step's
 
     def label(self) -> str:
-        return f"p = {self.p}, {self.policy.label()}, seed {self.seed}"
+        return f"p = {self.p}, {self.policy.label()}"  # not its seed, which gives every rank's data away (--seed replays it)
 
     def injected_at(self, step: int) -> list[Injection]:
         return [i for i in self.injections if i.step == step]
@@ -285,7 +287,7 @@ def trace(case: Case, order: np.random.Generator | None = None, cast_first: bool
 # -- the hidden variants ---------------------------------------------------------------------------
 
 
-def draw_case(rng: np.random.Generator, p: int) -> Case:
+def draw_case(rng: np.random.Generator, widen: Widener, p: int) -> Case:
     """A policy and faults at random, drawn again until the checks can read every decision."""
     while True:
         policy = Policy(float(2 ** int(rng.integers(10, 15))), float(rng.choice([2.0, 4.0])),
@@ -295,7 +297,7 @@ def draw_case(rng: np.random.Generator, p: int) -> Case:
         rng.shuffle(later)
         kinds = [str(rng.choice(["inf", "-inf"]))] + later  # a nan after an inf: isinf alone shows
         faults = tuple(Injection(s, int(rng.integers(p)), int(rng.integers(PARAMS)), k) for s, k in zip(steps, kinds))
-        case = Case(p, int(rng.integers(1, 10**6)), policy, faults)
+        case = Case(p, widen(int(rng.integers(1, 10**6))), policy, faults)
         if telling(case, trace(case)):
             return case
 
@@ -317,5 +319,5 @@ def telling(case: Case, replayed: Trace) -> bool:
 
 def hidden_cases(seed: int) -> list[Case]:
     """Two training runs: 4 ranks, and 2 or 3."""
-    rng = np.random.default_rng([seed, 16])
-    return [draw_case(rng, 4), draw_case(rng, int(rng.choice([2, 3])))]
+    rng, widen = np.random.default_rng([seed, 16]), Widener(seed, 16)
+    return [draw_case(rng, widen, 4), draw_case(rng, widen, int(rng.choice([2, 3])))]
