@@ -71,6 +71,33 @@ def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> Non
     assert cases.wire_bytes(Counts(), 4) == 0
 
 
+@pytest.mark.parametrize("op, sent, received", [
+    ("Alltoall", 3000, 3000), ("Allgatherv", 12000, 12000), ("Gather", 4000, 4000), ("Scatter", 4000, 4000),
+    ("Reduce_scatter", 3000, 3000), ("Bcast", 3000, 3000), ("Barrier", 0, 0),
+    ("Alltoallv", 4000, 3000),  # its split between the peers and the rank itself is not counted
+    ("store.get", 4000, 4000),  # no algorithm known: all of it, both ways
+])
+def test_every_collective_is_charged_on_both_sides(op: str, sent: float, received: float) -> None:
+    """An outside tester moved float32 through Alltoall, which the accounting once charged nothing
+    (forged_uncounted_alltoall.py); each op's op_bytes (4000 here: the whole buffer of an Alltoall, one
+    rank's block of an Allgatherv or a Gather, the received block of a Scatter) goes through its
+    algorithm's schedule over 4 ranks, averaged over them."""
+    counts = Counts(calls={op: 2}, op_bytes={op: 4000})
+    assert cases.wire_bytes(counts, 4) == pytest.approx(sent)
+    assert judging.received_bytes(counts, 4) == pytest.approx(received)
+
+
+def test_an_exchange_by_block_collectives_is_fed() -> None:
+    """DeepSpeed's exchange by Alltoall and Allgatherv (alt_block_collectives.diff) receives what it sends,
+    at least the signs outside its own chunk: the floor once failed it, those calls counting nothing."""
+    n, p = 30_000, 4
+    message = -(-n // p // 8) + 4
+    counts = Counts(calls={"Alltoall": 1, "Allgatherv": 1}, op_bytes={"Alltoall": p * message, "Allgatherv": message})
+    got = judging.received_bytes(counts, p)
+    assert got == pytest.approx(cases.wire_bytes(counts, p)) == pytest.approx(2 * (p - 1) * message)
+    assert (n - n // p) / 8 < got <= judging.onebit_bytes_bound(n, p)
+
+
 def test_auc() -> None:
     labels = np.array([0, 0, 1, 1], dtype=np.float32)
     assert programs.auc(np.array([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
@@ -265,8 +292,10 @@ def _plans_equal(a: Any, b: Any) -> bool:
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
     return CheckRuns("04", seed=SEED, timeout=180,
-                     together=fixture_runs("04", [*sorted(BUGGY), "alt_point_to_point.py"]))
+                     together=fixture_runs("04", [*sorted(BUGGY), *ALTERNATIVES]))
 
+
+ALTERNATIVES = ["alt_point_to_point.py", "alt_block_collectives.py"]  # correct, and unlike the reference
 
 # name -> (substrings the output must contain, checks that must fail, checks that must pass)
 BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
@@ -325,6 +354,21 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
         ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
     ),
+    # The outside tester's attacks: a buggy solution's float32 moved by Alltoall, then every rank's inputs
+    # gathered by it and the 1-bit exchange simulated locally, with counted dummies of the honest sizes. Alltoall
+    # once counted nothing; charged now, each scores what the same code scores with a counted Allgather.
+    "forged_uncounted_alltoall.py": (
+        ["it is the exact mean, nothing was compressed", "as much as the dense float32 allreduce; send only the k pairs",
+         "only the 1-bit momentum may travel once the variance is frozen"],
+        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "1-bit Adam's volume", "on the 1 Gb/s link"],
+        ["compressor", "trained AUC"],
+    ),
+    "forged_local_simulation.py": (
+        ["as much as float32: is anything compressed on the wire?", "send only the k pairs",
+         "only the 1-bit momentum may travel once the variance is frozen"],
+        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam's volume", "on the 1 Gb/s link"],
+        ["compressor", "1-bit Adam: warmup", "trained AUC"],
+    ),
     # The outside tester's attack: plain Adam, the harness's own marks held back and set mid-step (their order).
     "forged_held_marks.py": (
         ["mark #1 is 'onebit' where the program sets 'fp16'", "the harness's marks were moved"],
@@ -346,6 +390,8 @@ REAL_BUG = {
     "forged_hidden_case.py": "expected non-negative integer",
     "forged_own_mark.py": "do not end the harness's phases",
     "forged_held_marks.py": "the harness's marks were moved",
+    "forged_uncounted_alltoall.py": "it is the exact mean, nothing was compressed",
+    "forged_local_simulation.py": "is anything compressed on the wire?",
 }
 
 
@@ -375,9 +421,9 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ("--solution", "reference"),
-    ("--solution", str(fixture_solution("04", "alt_point_to_point.py"))),
+    *(("--solution", str(fixture_solution("04", name))) for name in ALTERNATIVES),
     ("--solution", "reference", "--backend", "gloo"),
-], ids=["reference", "alt_point_to_point", "reference-gloo"])
+], ids=["reference", *(name[:-3] for name in ALTERNATIVES), "reference-gloo"])
 def test_correct_solutions_pass(args: tuple[str, ...], checked: Callable[..., Checked]) -> None:
     run = checked(*args)
     assert_clean(run)

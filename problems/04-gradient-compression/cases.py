@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from distlab.grading import Widener
+from distlab.grading import POINT_TO_POINT, Widener, cost
 
 STEPS = 300  # training steps of each run
 WARMUP_FRACTIONS = (0.15, 0.2, 0.25)
@@ -283,18 +283,31 @@ def topk_count(n: int, keep_fraction: float) -> int:
     return min(n, max(1, round(keep_fraction * n))) if n else 0
 
 
-# What a built-in collective's algorithm sends per rank, in (p-1)/p of the caller's buffer: a ring
-# allreduce is a reduce-scatter plus an allgather (2); a bcast or a reduce is a binomial tree,
-# averaged over the ranks (1); an allgather's buffer is one rank's block of p (p).
-RING_SHARE = {"Allreduce": 2, "Iallreduce": 2, "Reduce_scatter": 1, "Reduce_scatter_block": 1, "Bcast": 1, "Reduce": 1}
+# A collective's op_bytes is the caller's buffer (collectives_cost's header: the whole vector of an
+# allreduce, reduce-scatter, bcast, reduce or alltoall, one rank's block of an allgather(v) or gather,
+# the received block of a scatter); nonblocking forms count under the blocking name. What it moves per
+# rank is its schedule's, the algorithm the replay runs, averaged over p ranks: the tree's total shared
+# out for the rooted ones, so no byte vanishes on either side.
+def collective_moved(op: str, nbytes: int, p: int) -> tuple[float, float]:
+    """(sent, received) per rank by calls of ``op`` whose op_bytes add up to ``nbytes``."""
+    if op == "Alltoallv":  # the counters keep no split between the peers and the rank itself
+        return float(nbytes), nbytes * (p - 1) / p
+    name = cost.ALIASES.get(op, op)
+    if name not in cost.COLLECTIVE_OPS:  # no algorithm known (the store, say): all of it, both ways
+        return float(nbytes), float(nbytes)
+    flows = cost.collective_schedule(name, [nbytes] * p, 0)
+    moved = sum(size for sends in flows for step in sends for _, size in step) / max(p, 1)
+    return moved, moved
+
+
+def collectives_moved(counts: Any, p: int) -> tuple[float, float]:
+    """(sent, received) per rank by every call besides the point-to-point ones (counted in bytes_sent
+    and bytes_received), of a grading ``Counts`` or of ``comm.stats`` in the free run."""
+    moved = [collective_moved(op, nbytes, p) for op, nbytes in counts.op_bytes.items()
+             if nbytes and op not in POINT_TO_POINT]
+    return sum(s for s, _ in moved), sum(r for _, r in moved)
 
 
 def wire_bytes(counts: Any, p: int) -> float:
-    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share (of a grading
-    ``Counts``, or of ``comm.stats`` in the free run)."""
-    total = float(counts.bytes_sent)
-    for op, nbytes in counts.op_bytes.items():
-        share = p if op == "Allgather" else RING_SHARE.get(op)
-        if share and counts.calls.get(op):
-            total += nbytes * (share * (p - 1) / p)
-    return total
+    """Bytes a rank put on the wire: its point-to-point bytes plus its collectives' share."""
+    return float(counts.bytes_sent) + collectives_moved(counts, p)[0]

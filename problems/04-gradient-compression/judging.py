@@ -76,9 +76,9 @@ def own_marks_note(task: Any, rank: int) -> str:
 
 
 def received_bytes(counts: Any, p: int) -> float:
-    """Bytes a rank took off the wire: point-to-point bytes received plus its collectives' ring share
-    (a ring collective receives what it sends)."""
-    return wire_bytes(counts, p) - float(counts.bytes_sent) + float(counts.bytes_received)
+    """Bytes a rank took off the wire: point-to-point bytes received plus what each of its collectives
+    brings a rank by its algorithm (cases.collectives_moved; an Alltoall's or Allgatherv's as an Allreduce's)."""
+    return float(counts.bytes_received) + cases.collectives_moved(counts, p)[1]
 
 
 def unfed(t: CheckContext, head: str, rank: int, received: float, floor: float, needs: str) -> None:
