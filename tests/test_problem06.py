@@ -131,15 +131,17 @@ def test_each_window_ends_where_the_agents_saw_its_traffic_done(judging: ModuleT
     def step(early_mark: bool = False) -> list[tuple[Any, ...]]:
         waited = [("wait", (1, 2), {}, 0, 0)]
         synced = [("mark", "synced", 0, 0)]
-        return [("mark", "step", 0, 0), ("mark", "backward", 0, 0),
-                ("icoll", 1, "Allreduce", (0, 1), 0, 8, -1, 0, 0), ("icoll", 2, "Allreduce", (0, 1), 1, 8, -1, 0, 0),
+        return [("mark", "step", 0, 0), ("mark", "backward", 0, 0), ("icoll", 1, "Allreduce", (0, 1), 0, 8, -1, 0, 0),
+                ("mark", "finish", 0, 0), ("icoll", 2, "Allreduce", (0, 1), 1, 8, -1, 0, 0),
                 *((synced + waited) if early_mark else (waited + synced))]
 
     assert judging.unsettled(step() + step(), 0, "t", 2) is None
     late = judging.unsettled(step() + step(early_mark=True), 0, "t", 2)
     assert "traffic still in flight at the end of the step" in late and "step 1" in late
-    extra = judging.unsettled([*step()[:2], ("mark", "synced", 0, 0), *step()[2:]], 0, "t", 1)
-    assert "the marks differ from the harness's" in extra and "mark 4 is 'synced' where train()'s is none" in extra
+    extra = judging.unsettled([*step(), ("mark", "synced", 0, 0)], 0, "t", 1)
+    assert "the marks differ from the harness's" in extra and "mark 5 is 'synced' where train()'s is none" in extra
+    moved = judging.unsettled([*step()[:2], *step()[4:]], 0, "t", 1)  # no mark "finish" after backward
+    assert "mark 3 is 'synced' where train()'s is 'finish'" in moved
     assert "only the harness marks the steps" in judging.unsettled(step(), 0, "t", 2)
 
 
@@ -168,12 +170,13 @@ def test_backward_work_is_declared_just_before_each_layers_gradients(cases: Modu
         def compute(self, seconds: float, label: str = "") -> None:
             log.append((label, round(seconds * 1e6, 3)))
 
-    model.comm, model.forward_s_per_param = Clock(), case.forward_s_per_param
+    model.forward_s_per_param = case.forward_s_per_param
     names = {id(p): n for n, p in model.named_parameters()}
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: log.append(("grad", names[id(p)])))
     x, y = cases.global_batch(case, 0)
-    out, side = model(x, use_side=True)
+    assert model(x, use_side=True) and not log  # called as a module, the model declares nothing
+    out, side = cases.run_model(model, x, use_side=True, declare=Clock().compute)  # as train() runs it
     log.clear()
     cases.loss_of(out, side, y).backward()
     sizes = {name: n for name, n, _ in cases.layout(case)}
@@ -208,10 +211,30 @@ def test_a_rank_is_handed_only_its_own_view_of_a_case(cases: ModuleType, judging
     want = judging.declared_backward(case, 0)
     assert len(want) == 3 and sum(want) == pytest.approx(2e-6 * sum(n for _, n, _ in cases.layout(case)))
     ends = tuple(float(e) for e in np.cumsum(want))
-    honest = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (), 0.0)
+    honest = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (ends[-1],), 0.0)  # its one bucket
     assert judging.forged_compute(case, 0, 0, honest) is None
     forged = judging.Window(0.0, 1.0, 2 * sum(want), ends[-1], (*want, sum(want)), (*ends, 1.0), (), 0.0)
     assert "the declared compute differs from the harness's" in judging.forged_compute(case, 0, 0, forged)
+    held = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (), 0.0, late=tuple(want[1:]))
+    assert "backward work declared after loss.backward() returned" in judging.forged_compute(case, 0, 0, held)
+
+
+def test_the_overlap_is_judged_one_launch_per_bucket(cases: ModuleType, judging: ModuleType) -> None:
+    """A step that started fewer allreduces than there are buckets (one bucket for everything) is not compared
+    bucket by bucket on its first ones only; the compute after mark "finish" (loss.backward() returned) is read."""
+    from distlab.grading import Span
+
+    case = cases.Case("t", 1, (8, 16, 16, 4), 3, 300, 1, 0.1, 1e-6)  # a cap giving one bucket per tensor
+    nbuckets, want = len(case.buckets()), judging.declared_backward(case, 0)
+    ends = tuple(float(e) for e in np.cumsum(want))
+    every = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (ends[-1],) * nbuckets, 0.0)
+    assert nbuckets > 1 and judging.forged_compute(case, 0, 0, every) is None
+    one = judging.Window(0.0, 1.0, sum(want), ends[-1], tuple(want), ends, (ends[-1],), 0.0)
+    assert "the overlap is judged bucket by bucket" in judging.forged_compute(case, 0, 0, one)
+    [w] = judging.windows([Span("mark", 0, 0, name="backward"), Span("compute", 0, 1, name="backward"),
+                           Span("mark", 1, 1, name="finish"), Span("compute", 1, 3, name="backward"),
+                           Span("mark", 3, 3, name="synced")])
+    assert w.spans == (1, 2) and w.late == (2,)
 
 
 def test_a_ranks_view_holds_its_own_data_and_no_key_of_it(cases: ModuleType) -> None:
@@ -313,6 +336,16 @@ BUGGY: dict[str, list[str]] = {
     # And one that refused the side head in DataParallel(...), before any gradient was missing.
     "forged_refuse_upfront.py": ["raised its error before the first step began",
                                  "raise it where a gradient is found missing"],
+    # And two that launched every bucket after backward, with the backward work held back by a wrapper put in
+    # place of model.comm (where the model's layers found the comm they declared through) and declared among the
+    # launches, in 8 buckets and in one. The model now holds no comm: they fail as their buckets do (forward_order's
+    # symptom; one launch where the overlap is judged bucket by bucket). The same deferral by patching the forward
+    # train() calls (module patching stays possible) shows in the agent's record of train()'s mark "finish".
+    "forged_deferred_compute.py": ["every allreduce started only after backward had ended"],
+    "forged_one_bucket_deferred.py": ["the gradients are cut into buckets differently; walk the parameters",
+                                      "the overlap is judged bucket by bucket"],
+    "forged_held_backward_work.py": ["backward work declared after loss.backward() returned",
+                                     "so they were held back"],
 }
 PASSING = ["alt_tensor_hooks_strict.py"]
 
@@ -332,7 +365,11 @@ NAMES_ITS_BUG = {
     "only the harness marks the steps": "forged_sync_mark.py",
     "carried values that are not its own gradients": "forged_gathered_gradient.py",
     "raised its error before the first step began": "forged_refuse_upfront.py",
+    "so they were held back": "forged_held_backward_work.py",
+    "the gradients are cut into buckets differently; walk the parameters": "forged_one_bucket_deferred.py",
 }
+# A fixture whose failure is another's bug, named as that one's (its phrases are that fixture's).
+SHARES = {"forged_deferred_compute.py": "forward_order.py"}
 # ...or also on a fixture whose bug can show that way on some schedules: ready_never_cleared launches
 # buckets before backward filled them, and a loaded machine's timing can leave the weights right in
 # one case while an allreduce carried a stale gradient (seen once in the full suite).
@@ -345,7 +382,7 @@ MAY_ALSO = {("carried values that are not its own gradients", "ready_never_clear
 def test_the_table_has_a_diagnosis_for_every_buggy_fixture() -> None:
     fixtures = {path.with_suffix(".py").name for path in (FIXTURES / "06").iterdir()
                 if path.suffix in (".py", ".diff")}
-    assert set(BUGGY) == fixtures - set(PASSING) == set(NAMES_ITS_BUG.values())
+    assert set(BUGGY) == fixtures - set(PASSING) == set(NAMES_ITS_BUG.values()) | set(SHARES)
 
 
 @pytest.fixture(scope="module")
@@ -405,7 +442,7 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: dict[str, Che
         assert text in run.flat, f"{text!r} missing from:\n{run.out}"
     for phrase, owner in NAMES_ITS_BUG.items():
         if (phrase, name) not in MAY_ALSO:
-            assert (phrase in run.flat) == (owner == name), (phrase, run.out)
+            assert (phrase in run.flat) == (owner in (name, SHARES.get(name))), (phrase, run.out)
     assert run.results is not None and run.results["score"] < run.results["max_score"]
     assert f"distlab check 06 --seed {SEED}" in run.flat
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -99,30 +100,32 @@ class Net(torch.nn.Module):
             setattr(self, f"fc{i}", torch.nn.Linear(widths[i], widths[i + 1]))
             if i == side_after:
                 self.side = torch.nn.Linear(widths[i + 1], 1)
-        self.comm, self.forward_s_per_param = None, 0.0  # set on the ranks: layers then declare their work
-
-    def _timed(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        y, comm = layer(x), self.comm
-        if comm is not None:
-            seconds = self.forward_s_per_param * sum(p.numel() for p in layer.parameters())
-            comm.compute(seconds=seconds, label="forward")
-
-            def backward_work(grad: torch.Tensor) -> None:
-                """Runs as backward reaches the layer, just before its own gradients come."""
-                comm.compute(seconds=2 * seconds, label="backward")
-
-            y.register_hook(backward_work)
-        return y
+        self.forward_s_per_param = 0.0  # set on the ranks: the work a layer declares per parameter
 
     def forward(self, x: torch.Tensor, use_side: bool = False):  # type: ignore[override]
-        side_out = None
-        for i in range(self.depth):
-            x = self._timed(getattr(self, f"fc{i}"), x)
-            if i < self.depth - 1:
-                x = torch.relu(x)
-            if i == self.side_after and use_side:
-                side_out = self._timed(self.side, x)
-        return x, side_out
+        return run_model(self, x, use_side)
+
+
+def run_model(net: Net, x: torch.Tensor, use_side: bool = False, declare: Callable[..., None] | None = None):
+    """The model's forward pass; with ``declare`` (train()'s comm.compute, handed here, never kept on the model that
+    the learner's DataParallel is handed) each layer declares its forward work and, by a hook on its output that runs
+    as backward reaches it, just before its gradients, its backward work (twice that) on the virtual clock."""
+    def layer(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        y = module(x)
+        if declare is not None:
+            seconds = net.forward_s_per_param * sum(p.numel() for p in module.parameters())
+            declare(seconds=seconds, label="forward")
+            y.register_hook(lambda grad: declare(seconds=2 * seconds, label="backward"))
+        return y
+
+    side_out = None
+    for i in range(net.depth):
+        x = layer(getattr(net, f"fc{i}"), x)
+        if i < net.depth - 1:
+            x = torch.relu(x)
+        if i == net.side_after and use_side:
+            side_out = layer(net.side, x)
+    return x, side_out
 
 
 def rank_keys(seed: int, rank: int) -> tuple[int, int, int]:

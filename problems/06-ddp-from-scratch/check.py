@@ -76,7 +76,7 @@ def one_collective_per_bucket(t: CheckContext, trained: Run) -> None:
         where = (f"{case.label}: cap {case.cap_bytes} bytes over {len(sizes)} gradients of "
                  f"{sum(sizes)} bytes in all makes {buckets} bucket(s)")
         for rank in range(result.ranks):
-            for step, count in enumerate(result.task.phases(rank, "backward")):
+            for step, count in enumerate(judging.step_counts(result.task, rank)):
                 wrong = judging.miscounted(where, buckets, sum(sizes), rank, step, count)
                 if wrong:
                     t.fail(wrong)
@@ -164,7 +164,7 @@ def unused_parameter(t: CheckContext) -> None:
         t.fail(forged)
     if problem:
         total = sum(case.backward_sizes())
-        carried = [c.op_bytes.get("Allreduce", 0) for c in run.tasks[0].phases(0, "backward")]
+        carried = [c.op_bytes.get("Allreduce", 0) for c in judging.step_counts(run.tasks[0], 0)]
         short = [(step, n) for step, n in enumerate(carried) if n < total]
         if short:
             step, n = short[0]

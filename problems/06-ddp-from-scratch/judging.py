@@ -4,13 +4,13 @@ how much of one step's communication hid behind backward on the virtual clock. W
 process's word: it is checked against what the agents recorded (bytes delivered, allreduce bytes per step, what each
 allreduce carried, which must be the rank's own gradients, the marks, which must be exactly train()'s, each step's
 requests, all completed before its mark "synced", and the declared compute, which must be exactly the harness model's
-backward work, each bucket after its layers' work).
+backward work, all of it declared before loss.backward() returned, each bucket after its layers' work).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -26,7 +26,7 @@ RTOL, ATOL = 2e-4, 2e-5  # float32 SGD: summation order differs between p ranks 
 # What an allreduce carried against the rank's own gradient, recomputed here at single-process SGD's weights (which
 # an honest rank holds up to float32 rounding): max |difference| <= GRAD_RTOL * max |gradient| + GRAD_ATOL.
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-6
-HARNESS_MARKS = ("step", "backward", "synced")  # train()'s marks, once per step in this order
+HARNESS_MARKS = ("step", "backward", "finish", "synced")  # train()'s marks, once per step in this order
 HIDDEN_TARGET = 0.5  # the catalog's "at least half of the communication hidden"
 
 
@@ -80,6 +80,16 @@ def received_before_training(timeline: Timeline, rank: int) -> int:
     return sum(m.nbytes for m in timeline.messages if m.dst == rank and m.src != rank and m.end <= first + 1e-12)
 
 
+def step_counts(task: Any, rank: int) -> list[Counts]:
+    """Per step, ``rank``'s calls from mark "backward" to mark "synced": backward's phase and the sync's (from mark
+    "finish") together, so a bucket counts wherever it was launched."""
+    def summed(a: Counts, b: Counts) -> Counts:
+        return Counts(**{f.name: {k: getattr(a, f.name).get(k, 0) + getattr(b, f.name).get(k, 0)
+                                  for k in {*getattr(a, f.name), *getattr(b, f.name)}} for f in fields(Counts)})
+
+    return [summed(a, b) for a, b in zip(task.phases(rank, "backward"), task.phases(rank, "finish"))]
+
+
 def unexchanged(result: CaseRun[Case]) -> str | None:
     """None if every rank's allreduces carried all the gradients' bytes in every step; else the
     first step where one did not: right weights without them did not come from the ranks' gradients."""
@@ -87,7 +97,7 @@ def unexchanged(result: CaseRun[Case]) -> str | None:
     if case.p == 1:
         return None
     for rank in range(result.ranks):
-        steps = result.task.phases(rank, "backward")
+        steps = step_counts(result.task, rank)
         if len(steps) < case.steps:
             return f"{case.label}: rank {rank} marked only {len(steps)} of the {case.steps} steps' backward"
         for step, count in enumerate(steps):
@@ -141,9 +151,9 @@ def uncarried(result: CaseRun[Case]) -> str | None:
                     "of what its allreduces carried")
         marks = [name for name, _ in result.task.outcomes[rank].marks]
         starts = [i + 1 for i, name in enumerate(marks) if name == "backward"][:case.steps]
-        for step, start in enumerate(starts):
+        for step, start in enumerate(starts):  # in backward (after mark "backward") or in the sync (after "finish")
             items = [item.data for item in log.items
-                     if item.after_marks == start and item.op == "Allreduce" and item.peer == COLLECTIVE]
+                     if item.after_marks in (start, start + 1) and item.op == "Allreduce" and item.peer == COLLECTIVE]
             wrong = carried_wrong(case, rank, step, items, want[step][rank])
             if wrong:
                 return wrong
@@ -219,7 +229,7 @@ def unsettled(traces: list[tuple[Any, ...]], rank: int, label: str, steps: int) 
 
 def declared_backward(case: Case, step: int) -> list[float]:
     """The backward work the harness's model declares in ``step`` (sorted): one span per layer it
-    runs, twice the layer's forward, in proportion to its parameters (cases.Net._timed)."""
+    runs, twice the layer's forward, in proportion to its parameters (cases.run_model)."""
     net = Net(case.widths, case.side_after)
     layers = [getattr(net, f"fc{i}") for i in range(net.depth)] + ([net.side] if case.uses_side(step) else [])
     return sorted(2 * (case.forward_s_per_param * sum(p.numel() for p in layer.parameters())) for layer in layers)
@@ -229,9 +239,16 @@ def forged_compute(case: Case, rank: int, step: int, w: Window) -> str | None:
     """None if the compute declared in a step's window is exactly the harness's backward work (one
     span per layer, its seconds) and no bucket started before its layers' work; else how it differs.
     Declared compute comes from the learner's process, so a span the harness's model did not declare
-    (or one it declared, changed or moved after the launches) is forged."""
+    (or one it declared, changed or moved after the launches) is forged; and backward declares its work
+    before loss.backward() returns (train's mark "finish", which the agent recorded between the spans):
+    a span after it was held back, or stands in for one the model's was swapped for."""
     want, got = declared_backward(case, step), sorted(w.spans)
     if len(want) == len(got) and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(want, got)):
+        if w.late:
+            return (f"backward work declared after loss.backward() returned: {case.label}, step {step}, rank {rank} "
+                    f"declared {len(w.late)} of the model's {len(want)} backward span(s) ({sum(w.late) * 1e6:.1f} us) "
+                    "in finish_gradient_sync(), after train()'s mark \"finish\"; the model declares each layer's work "
+                    "while backward reaches it, so they were held back (or forged in place of the model's)")
         return launched_before_gradients(case, rank, step, w)
     return (f"the declared compute differs from the harness's: {case.label}, step {step}, rank {rank} declared "
             f"{len(got)} compute span(s) of {sum(got) * 1e6:.1f} us between loss.backward() and the end of "
@@ -268,7 +285,7 @@ def diagnose_weights(result: CaseRun[Case]) -> str | None:
         return None
     rank = bad[0]
     head = f"{case.label}, after {case.steps} steps of SGD (lr {case.lr}): rank {rank}'s weights"
-    if all(collectives(s) == 0 for r in range(len(results)) for s in result.task.phases(r, "backward")):
+    if all(collectives(s) == 0 for r in range(len(results)) for s in step_counts(result.task, r)):
         return (f"{head} are not those of one process training on the global batch: no collective "
                 "ran in any step, so each rank followed its own shard's gradients only")
     start = start_weights(case)
@@ -277,7 +294,7 @@ def diagnose_weights(result: CaseRun[Case]) -> str | None:
         return (f"{head} are wrong: rank {diverged[0]} still held its own initial weights when "
                 "DataParallel(...) returned; broadcast rank 0's weights to every rank first")
     got, total = weights(results[rank], "final"), sum(case.backward_sizes())
-    for step, carried in enumerate(c.op_bytes.get("Allreduce", 0) for c in result.task.phases(rank, "backward")):
+    for step, carried in enumerate(c.op_bytes.get("Allreduce", 0) for c in step_counts(result.task, rank)):
         if carried > total:
             return (f"{head} are wrong: its allreduces carried {carried} bytes in step {step}, more than the "
                     f"{total} bytes of gradients; a bucket reduced twice comes out summed over the ranks twice")
@@ -294,7 +311,7 @@ def launched_early(result: CaseRun[Case], rank: int) -> str | None:
     was launched before backward reached the first layer, whose gradients the last bucket holds,
     though in step 0 the rank waited for them."""
     case, total = result.case, sum(result.case.backward_sizes())
-    steps = zip(windows(result.task.timeline().events(rank)), result.task.phases(rank, "backward"))
+    steps = zip(windows(result.task.timeline().events(rank)), step_counts(result.task, rank))
 
     def early(w: Window) -> bool:
         return bool(w.launches) and max(w.launches) < w.compute_end - 1e-12
@@ -342,6 +359,7 @@ class Window:
     compute_ends: tuple[float, ...]  # when each of them ended
     launches: tuple[float, ...]  # when each allreduce was called
     blocked_in_backward: float  # in waits and blocking Allreduces, before compute_end
+    late: tuple[float, ...] = ()  # the seconds of each compute span after mark "finish" (loss.backward() returned)
 
 
 def window(begin: float, end: float, inside: list[Span]) -> Window:
@@ -350,10 +368,12 @@ def window(begin: float, end: float, inside: list[Span]) -> Window:
     compute_end = compute[-1].end if compute else begin
     allreduces = [s for s in inside if s.kind in ("coll", "icoll") and s.name == "Allreduce"]
     blocked = [s for s in inside if s.kind == "wait" or (s.kind == "coll" and s.name == "Allreduce")]
+    finish = next((i for i, s in enumerate(inside) if s.kind == "mark" and s.name == "finish"), len(inside))
     return Window(begin, end, sum(s.seconds for s in compute), compute_end, tuple(s.seconds for s in compute),
                   tuple(s.end for s in compute),
                   tuple(s.begin for s in allreduces),
-                  sum(max(0.0, min(s.end, compute_end) - s.begin) for s in blocked))
+                  sum(max(0.0, min(s.end, compute_end) - s.begin) for s in blocked),
+                  tuple(s.seconds for s in inside[finish:] if s.kind == "compute"))
 
 
 def windows(events: list[Span]) -> list[Window]:
@@ -401,9 +421,12 @@ def too_little_hidden(head: str, rank0: Window, exposed: float, comm_s: float, h
 
 
 def launched_before_gradients(case: Case, rank: int, step: int, w: Window) -> str | None:
-    """None if each bucket's allreduce started after the backward work of every layer whose
+    """None if the step started one allreduce per bucket, each after the backward work of every layer whose
     gradients it holds (a layer declares its work just before its gradients exist); else the first
     that started earlier: its gradients did not exist yet, or the compute was declared out of place."""
+    if len(w.launches) != len(case.buckets()):  # bucket by bucket: the count's own check names the mistake
+        return (f"the overlap is judged bucket by bucket: {case.label}, step {step}, rank {rank} started "
+                f"{len(w.launches)} allreduce(s) where the cap makes {len(case.buckets())} bucket(s)")
     names = [name.split(".")[0] for name, _, _ in reversed(layout(case))]
     layers: set[str] = set()
     for k, (bucket, launched) in enumerate(zip(case.buckets(), w.launches)):
@@ -417,10 +440,6 @@ def launched_before_gradients(case: Case, rank: int, step: int, w: Window) -> st
     return None
 
 
-# The marks the harness's training program sets in each step (programs.train).
-STEP_MARKS = ("step", "backward", "synced")
-
-
 def error_before_a_missing_gradient(case: Case, result: Any) -> str | None:
     """None when the launch's first failing rank failed in the gradient sync of a step without the
     side head (after that step's "backward" mark, as its agent recorded its marks), else where it
@@ -428,9 +447,10 @@ def error_before_a_missing_gradient(case: Case, result: Any) -> str | None:
     rank = result.failing_rank
     outcome = result.outcomes.get(rank) if rank is not None else None
     marks = list(outcome.marks_at_error) if outcome is not None else []
-    done, rest = divmod(len(marks) - 2, len(STEP_MARKS))
-    in_sync = (len(marks) >= 2 and rest == 0 and marks[-2:] == ["step", "backward"]
-               and marks[:-2] == list(STEP_MARKS) * done)
+    within = marks[:-1] if marks[-1:] == ["finish"] else marks  # in backward, or in finish_gradient_sync after it
+    done, rest = divmod(len(within) - 2, len(HARNESS_MARKS))
+    in_sync = (len(within) >= 2 and rest == 0 and within[-2:] == ["step", "backward"]
+               and within[:-2] == list(HARNESS_MARKS) * done)
     if in_sync and not case.side_used[done]:
         return None
     where = (f"in the gradient sync of step {done}, in which the side head was used" if in_sync

@@ -1,7 +1,7 @@
 """Problem 06's training loop: ``train``, what runs on every rank around the learner's DataParallel (each step's
-backward and gradient sync is the phase from mark "backward" to mark "synced"). Its single-process twin, the
-supervisor's expected weights, is judging.single_process: the learner's process never holds it (nor could it run it:
-a rank is handed only its own view of the case, Case.for_rank).
+backward is the phase from mark "backward" to mark "finish", its gradient sync from there to mark "synced"). Its
+single-process twin, the supervisor's expected weights, is judging.single_process: the learner's process never holds
+it (nor could it run it: a rank is handed only its own view of the case, Case.for_rank).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from distlab import MAX, SUM
 
-from .cases import Case, build_model, loss_of, shard
+from .cases import Case, build_model, loss_of, run_model, shard
 
 
 @dataclass
@@ -40,20 +40,24 @@ def flat_weights(model: torch.nn.Module) -> np.ndarray:
 def train(comm, solution, case: Case) -> RankResult:
     """Wraps a fresh model in the learner's DataParallel and trains it for case.steps steps."""
     torch.set_num_threads(1)
+    # Bound before the learner's constructor is handed comm, and passed to the model's forward, never kept on the
+    # model: what the layers declare and when the step's phases begin reach the agent through these alone.
+    declare, mark = comm.compute, comm.mark
     rank = comm.Get_rank()
     model = build_model(case, rank)
-    model.comm, model.forward_s_per_param = comm, case.forward_s_per_param
+    model.forward_s_per_param = case.forward_s_per_param
     ddp = solution.DataParallel(comm, model, bucket_cap_bytes=case.cap_bytes)
     start, losses = flat_weights(model), []
     for step in range(case.steps):
         x, y = shard(case, rank, step)  # this rank's samples only: its view holds no other's
-        comm.mark("step")
+        mark("step")
         model.zero_grad(set_to_none=True)  # as the optimizer does: a parameter left out has no grad
-        loss = loss_of(*model(x, use_side=case.uses_side(step)), y)
-        comm.mark("backward")
+        loss = loss_of(*run_model(model, x, use_side=case.uses_side(step), declare=declare), y)
+        mark("backward")
         loss.backward()
+        mark("finish")  # backward is over: its work was all declared before this mark
         ddp.finish_gradient_sync()
-        comm.mark("synced")
+        mark("synced")
         losses.append(float(loss.detach()))
         sgd_step(model, case.lr)
     return RankResult(start, flat_weights(model), losses)
