@@ -183,6 +183,19 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         if peer != self._world_ranks[self._engine.rank]:
             book.sent.add(op, peer, array, len(book.marked), tuple(self._world_ranks))
 
+    def _count_sent(self, op: str, dst: int, nbytes: int) -> None:
+        """A call that sent ``nbytes`` to world rank ``dst``: traffic unless ``dst`` is this rank."""
+        self.stats.count_call(op, nbytes)
+        if dst != self._me:
+            self.stats.count_send(dst, nbytes)
+
+    def _count_arrived(self, src: int, arrived: int) -> None:
+        """A message from world rank ``src`` taken: traffic, or one sent to itself no longer parked."""
+        if src != self._me:
+            self.stats.count_recv(src, arrived)
+        else:
+            self._book.parked -= arrived
+
     def _world(self, rank: int) -> int:
         return self._world_ranks[rank] if 0 <= rank < self._size else rank
 
@@ -259,12 +272,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
                 self._clock.advance_to(self._clock.send_done(arrival, synchronous))
         if self._book.sent is not None and (action is None or not action.drop):
             self._log_sent(call, dst, array)
-        stats = self.stats
-        stats.calls["Send"] += 1
-        stats.op_bytes["Send"] += nbytes
-        if dst != self._me:
-            stats.sent_msgs[dst] += 1
-            stats.sent_bytes[dst] += nbytes
+        self._count_sent("Send", dst, nbytes)
         if not sent:  # the message stays under way, posted: it may still be received
             if self._trace is not None:
                 self._trace.send(self._ctx, dst, tag, nbytes, fault, wall0)
@@ -296,14 +304,8 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
             got_source, got_tag, arrived = self._timed_recv(array, source, tag, limit, wall0)
         self._slot.running()
         got_src = world[got_source]
-        stats = self.stats
-        stats.calls["Recv"] += 1
-        stats.op_bytes["Recv"] += nbytes
-        if got_src != self._me:
-            stats.recv_msgs[got_src] += 1
-            stats.recv_bytes[got_src] += arrived
-        else:
-            self._book.parked -= arrived
+        self.stats.count_call("Recv", nbytes)
+        self._count_arrived(got_src, arrived)
         if self._clock is not None:
             self._clock.advance_to(self._clock.receive_stamp(got_source, got_tag))
         if self._trace is not None:
@@ -324,9 +326,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         dst = self._world_ranks[dest]
         if dst == self._me:
             self._book.park(nbytes)
-        self.stats.count_call("Isend", nbytes)
-        if dst != self._me:
-            self.stats.count_send(dst, nbytes)
+        self._count_sent("Isend", dst, nbytes)
         if self._book.sent is not None and (action is None or not action.drop):
             self._log_sent("Isend", dst, array)
         req = 0
@@ -414,18 +414,9 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
         self._slot.running()
         if self._book.sent is not None and not dropped:
             self._log_sent("Sendrecv", dst, send_array)
-        stats = self.stats
-        stats.calls["Sendrecv"] += 1
-        stats.op_bytes["Sendrecv"] += send_nbytes
-        if dst != self._me:
-            stats.sent_msgs[dst] += 1
-            stats.sent_bytes[dst] += send_nbytes
-        if matched is not None and world[matched[0]] != self._me:
-            got_src = world[matched[0]]
-            stats.recv_msgs[got_src] += 1
-            stats.recv_bytes[got_src] += arrived
-        elif matched is not None:
-            self._book.parked -= arrived
+        self._count_sent("Sendrecv", dst, send_nbytes)
+        if matched is not None:
+            self._count_arrived(world[matched[0]], arrived)
         if self._clock is not None:
             # A message taken has its stamp taken too, even by a call that then gives up.
             received = self._clock.receive_stamp(*matched) if matched is not None else 0.0

@@ -241,11 +241,7 @@ class Request:
             return
         if self._is_recv:
             self._matched = (source, tag)
-            source_world, arrived = self._comm._world(source), arrived_bytes(self._inner, self._nbytes)
-            if source_world != self._comm._me:  # from itself: a copy, not traffic (proxy.py)
-                self._comm.stats.count_recv(source_world, arrived)
-            else:
-                self._comm._book.parked -= arrived
+            self._comm._count_arrived(self._comm._world(source), arrived_bytes(self._inner, self._nbytes))
             if self._comm._clock is not None:
                 self.arrival = self._comm._clock.receive_stamp(source, tag)
 
