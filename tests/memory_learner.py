@@ -97,3 +97,17 @@ def flood_the_agent(comm):
         comm.Recv(back, comm.Get_rank(), 1)
         request.Wait()
     return sent, said
+
+
+def park_with_a_peer(comm):
+    """Rank 0 sends rank 1 24 MiB before a mark, which rank 1 receives only after its own: at the
+    mark they are on their way, in an agent, where no reading of the learners finds them."""
+    comm.mark("start")
+    request = comm.Isend(np.full(24 * MIB // 8, 3.0), 1, 5) if comm.Get_rank() == 0 else None
+    comm.mark("parked")
+    if request is None:
+        comm.Recv(np.empty(24 * MIB // 8), 0, 5)
+    else:
+        request.Wait()
+    comm.mark("taken")
+    return 0

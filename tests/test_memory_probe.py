@@ -14,6 +14,7 @@ import pytest
 import test_launcher
 from test_launcher import run
 
+from distlab.grading.held import held_with_in_flight
 from distlab.runtime.jobspec import Limits, Task
 from distlab.runtime.rank.memory import descendants, held_bytes
 from distlab.runtime.rank.pause import paused
@@ -206,6 +207,22 @@ def test_what_the_learner_keeps_in_the_arena_or_parks_in_its_agent_is_lost_or_co
     (_, start, _), (_, in_arena, _), (_, parked, _), (_, back, _) = outcome.memory[1:]
     assert in_arena - start < 2 * MIB, (start, in_arena)  # cleared, so nothing held there to count
     assert parked - start > 23 * MIB and abs(back - parked) < 2 * MIB, (start, parked, back)
+
+
+@pytest.mark.usefixtures("sealed")
+def test_bytes_on_their_way_to_a_peer_at_a_mark_count_as_the_sender_s() -> None:
+    """An outside tester parked Adam's moments in Isends to a neighbour, received at the next step:
+    the readings of what the learners hold never see them, the counters do (grading/held.py)."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=2, args=("park_with_a_peer",), memory=True)], LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    outcomes = result.task_outcomes(0)
+    sender, receiver = (held_with_in_flight(outcomes, rank) for rank in (0, 1))
+    assert sender.at("parked") - sender.at("start") > 23 * MIB, sender
+    assert abs(sender.at("taken") - sender.at("start")) < 2 * MIB, sender
+    assert abs(receiver.at("parked") - receiver.at("start")) < 2 * MIB, receiver  # nothing of its own away
+    unread = [(name, held) for name, held, _ in outcomes[0].memory[1:]]  # the agent's own readings
+    assert unread[1][1] - unread[0][1] < 2 * MIB, unread  # did not see them: the counters did
 
 
 @pytest.mark.usefixtures("sealed")

@@ -19,9 +19,10 @@ from ..runtime.faults.plans import FaultPlan, parse_fault_plan
 from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
+from .held import HeldMemory
 from .judges import Mismatch, agreement, first_mismatch
 from .seeds import Widener
-from .tasks import CaseRun, HeldMemory, Run, Task, TaskRun
+from .tasks import CaseRun, Run, Task, TaskRun
 from .views import Counts, Message, Span, Timeline
 
 __all__ = [

@@ -27,6 +27,7 @@ from ..runtime.faults.plans import FaultPlan
 from ..runtime.jobspec import Task as RankTask
 from ..runtime.supervisor import LaunchResult
 from .failures import CheckFailed, RunFailed
+from .held import HeldMemory, held_with_in_flight
 from .views import Counts, Timeline, phases_of
 
 C = TypeVar("C")
@@ -69,30 +70,6 @@ class Task:
                         platform=self.platform, store=self.store, survivors=self.survivors,
                         needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent,
                         memory=self.memory, memory_sampled=tuple(self.memory_sampled))
-
-
-@dataclass(frozen=True)
-class HeldMemory:
-    """A rank's memory readings (``TaskRun.memory``): bytes held before the learner's file was
-    imported (-1: never read), and at each mark, in order, with the most held since the reading
-    before (its agent samples the learner every few milliseconds while the task runs)."""
-
-    before_solution: int
-    marks: tuple[tuple[str, int, int], ...]
-
-    def at(self, mark: str, nth: int = 0) -> int:
-        """Bytes held at the ``nth`` mark named ``mark``."""
-        return self._reading(mark, nth)[1]
-
-    def peak_to(self, mark: str, nth: int = 0) -> int:
-        """The most bytes held from the reading before the ``nth`` mark named ``mark`` up to it."""
-        return self._reading(mark, nth)[2]
-
-    def _reading(self, mark: str, nth: int) -> tuple[str, int, int]:
-        found = [reading for reading in self.marks if reading[0] == mark]
-        if nth >= len(found):
-            raise KeyError(f"{len(found)} mark(s) {mark!r}; no reading #{nth}")
-        return found[nth]
 
 
 @dataclass
@@ -139,13 +116,13 @@ class TaskRun(runs.TaskRun):
 
     def memory(self, rank: int) -> HeldMemory:
         """What rank ``rank``'s learner processes held, in bytes, read from /proc by its agent
-        (runtime/rank/memory.py): before the learner's file was imported and at each mark. The
-        task must have asked: ``Task(memory=True)``; sealed, the learner's code cannot touch it."""
-        readings = self.outcomes[rank].memory
-        if not readings:
+        (runtime/rank/memory.py): before the learner's file was imported and at each mark, with
+        what it had sent that its peers had not received by the same mark (held.py). The task
+        must have asked: ``Task(memory=True)``; sealed, the learner's code cannot touch it."""
+        if not self.outcomes[rank].memory:
             raise ValueError(f"task {self.spec.label or '?'} did not read its ranks' memory: "
                              "give it Task(memory=True)")
-        return HeldMemory(readings[0][1], tuple(readings[1:]))
+        return held_with_in_flight(self.outcomes, rank)
 
     def marks_differ(self, want: Sequence[str], who: str = "rank") -> str | None:
         """None if every rank set exactly ``want`` of the marks named in ``Task(marks=...)``, in
