@@ -240,6 +240,23 @@ def test_a_rank_is_handed_only_its_own_part_of_the_variant() -> None:
                 assert v.declared(rank) == tuple(x * factor for x in v.compute[rank])
 
 
+def test_the_twins_call_list_is_the_harness_exchange() -> None:
+    """harness_training, which the twin's record must equal, sends each peer exactly what
+    harness_message asks of every run, in 2 (p - 1) Isends and as many Irecvs a step."""
+    for seed in range(5):
+        v = cases.hidden(seed).twin
+        for rank in range(v.p):
+            calls = cases.harness_training(v, rank)
+            for peer in range(v.p):
+                sent = sum(c[3] for c in calls if c[0] == "send" and c[1] == peer)
+                assert sent == (judging.exchange_bytes(v, rank, peer) if peer != rank else 0)
+                got = sum(c[3] for c in calls if c[0] == "recv" and c[1] == peer)
+                assert got == (judging.exchange_bytes(v, peer, rank) if peer != rank else 0)
+            kinds = [c[0] for c in calls]
+            assert kinds.count("send") == kinds.count("recv") == 2 * (v.p - 1) * v.steps
+            assert kinds.count("wait") == 2 * v.steps and kinds.count("compute") == v.steps
+
+
 def test_readers_of_the_answer_never_raise_on_what_the_learner_returns() -> None:
     assert judging.finite(0.5) == 0.5 and judging.finite(10**400) is None
     assert judging.finite(float("nan")) is None and judging.finite("x") is None
@@ -342,6 +359,9 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
     "unsynced_pings.py": ("diagnose() names exactly the slow links",
                           ["a false positive", "were both ends of each ping ready"]),
     "chatty_probes.py": ("probes add at most 3%", ["3% over the", "extra communication calls during training"]),
+    # Per-step Allgathers, and a patched exchange that makes the unprobed twin pay them too.
+    "forged_twin_pays.py": ("probes add at most 3%", ["without probes: the unprobed run was not the harness's",
+                                                      "call for call and byte for byte"]),
     # Read the fault plan off run_variant's frame: a rank holds only its Part, so it names nothing.
     "forged_fault_plan.py": ("diagnose() names exactly the stragglers", ["expected stragglers", "was not named"]),
 }
@@ -358,6 +378,7 @@ NAMES_ITS_BUG = {
     "were both ends of each ping ready": "unsynced_pings.py",
     "extra communication calls during training: keep the numbers": "chatty_probes.py",
     "your pings are all zero": "forged_fault_plan.py",
+    "the unprobed run was not the harness's": "forged_twin_pays.py",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -193,6 +194,24 @@ def replayed(v: Variant, platform: Platform) -> tuple[np.ndarray, np.ndarray]:
         start = (reduced[:, None] + from_owner).max(axis=0)
         sync[:, k] = start - done
     return compute, sync
+
+
+def harness_training(v: Variant, rank: int) -> list[tuple[Any, ...]]:
+    """The harness's training without probes as rank ``rank``'s agent records it, call by call up to its
+    "trained" mark, in judging.recorded()'s terms. Per step run_variant marks "step", declares its compute, marks
+    "sync", then each phase of direct_allreduce posts a receive from every peer and a send to every peer
+    (tag 11: the peer's chunk of the gradient out, this rank's in; tag 12: this rank's summed chunk out,
+    the peer's in) and waits for them all."""
+    chunk = [int(n) for n in 4 * np.diff(np.linspace(0, v.grad_elems, v.p + 1).astype(int))]
+    peers = [r for r in range(v.p) if r != rank]
+    calls: list[tuple[Any, ...]] = []
+    for seconds in v.declared(rank):
+        calls += [("mark", "step"), ("compute", "forward+backward", seconds), ("mark", "sync")]
+        calls += [("recv", r, 11, chunk[rank]) for r in peers] + [("send", r, 11, chunk[r]) for r in peers]
+        calls.append(("wait", tuple((r, 11) for r in peers)))
+        calls += [("recv", r, 12, chunk[r]) for r in peers] + [("send", r, 12, chunk[rank]) for r in peers]
+        calls.append(("wait", tuple((r, 12) for r in peers)))
+    return calls + [("mark", "trained")]
 
 
 def mesh_toml(seed: int) -> str:

@@ -12,7 +12,9 @@ ranks say: compute from a rank's "step" mark to its "sync" mark, sync from there
 Against it, in order: the probes' durations (within 2%), the job's sync/compute ratio over every
 rank and step (within 3%: the draw keeps its common wrong answers twice that away), the stragglers and the slow links (named exactly), a Chrome trace with
 one track per rank, and what the probes cost: the training's makespan with probes over the same
-variant's without them (at most 3% more).
+variant's without them (at most 3% more). That twin runs in the learner's process too, where a patched
+exchange could make it as slow as the probed run: its agents' record must be the harness's own
+training, call for call and byte for byte, or it is no baseline.
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def probes_are_cheap(t: CheckContext, hidden_runs: list[HiddenRun], every_varian
     for task_run, v in ((probed.task_run, probed.variant), (twin.task, twin.case)):
         if message := judging.harness_message(task_run, v):  # the learner's process runs the harness
             t.fail(message)
+    if message := judging.twin_message(twin.task, twin.case):  # a twin slowed by patched harness code hides any cost
+        t.fail(message)
     bare = judging.truth_of(twin.task, twin.case)
     overhead = probed.truth.trained_s / bare.trained_s - 1
     extra_calls = judging.training_calls(probed.task_run) - judging.training_calls(twin.task)

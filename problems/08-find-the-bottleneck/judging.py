@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from distlab.grading import CaseRun, CheckContext, TaskRun
+from distlab.grading import CaseRun, CheckContext, Span, TaskRun
 
-from .cases import Variant, look_alikes
+from .cases import Variant, harness_training, look_alikes
 from .programs import RankResult
 
 
@@ -121,6 +121,75 @@ def harness_message(task_run: TaskRun, v: Variant) -> str | None:
                         f"{peer} {sent.get(peer, 0)} bytes before its \"trained\" mark; the harness's direct "
                         f"exchange sends it {need} over the {v.steps} steps")
     return None
+
+
+def recorded(e: Span) -> tuple[Any, ...]:
+    """One call of the agent's record as (kind, what tells it apart): a mark's name, a compute's label and
+    seconds, a send's or receive's peer, tag and bytes, the (source, tag) of each message a wait matched."""
+    if e.kind == "mark":
+        return (e.kind, e.name)
+    if e.kind == "compute":
+        return (e.kind, e.name, e.seconds)
+    if e.kind in ("send", "recv"):
+        return (e.kind, e.peer, e.tag, e.nbytes)
+    if e.kind == "wait":
+        return (e.kind, tuple(sorted((key[1], key[3]) for key in e.received)))
+    return (e.kind, e.name, e.peer, e.nbytes)
+
+
+def call_text(call: tuple[Any, ...]) -> str:
+    kind, *rest = call
+    if kind == "mark":
+        return f"the mark {shown(rest[0])}"
+    if kind == "compute":
+        return f"a compute {shown(rest[0])} of {rest[1] * 1e3:.4f} ms"
+    if kind in ("send", "recv"):
+        return f"a {kind} of {rest[2]} bytes {'to' if kind == 'send' else 'from'} rank {rest[0]} (tag {rest[1]})"
+    if kind == "wait":
+        return f"a wait matching the messages of {', '.join(f'rank {r} (tag {g})' for r, g in rest[0]) or 'nothing'}"
+    what = {"coll": "collective", "icoll": "nonblocking collective", "store": "store call"}.get(kind, kind)
+    return f"a {what} {shown(rest[0])} of {rest[2]} bytes"
+
+
+def same_call(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    if got[0] == want[0] == "compute":
+        return got[1] == want[1] and abs(got[2] - want[2]) <= 1e-9 + 1e-6 * want[2]
+    return got == want
+
+
+def twin_message(task_run: TaskRun, v: Variant) -> str | None:
+    """None if every rank of the unprobed twin did exactly the harness's training (harness_training), no
+    call more or fewer, no byte more or fewer; else the first call that differs. No probe runs there, so
+    anything else came from code that replaced the harness's in the learner's process, and the twin's
+    time, the baseline of what the probes cost, would be that code's."""
+    timeline = task_run.timeline()
+    for rank in range(v.p):
+        want = harness_training(v, rank)
+        got = [recorded(e) for e in timeline.events(rank)][: len(want)]
+        k = next((k for k, (a, b) in enumerate(zip(got, want)) if not same_call(a, b)), min(len(got), len(want)))
+        if k < len(want):
+            saw = call_text(got[k]) if k < len(got) else "nothing more"
+            return (f"{v.label()} without probes: the unprobed run was not the harness's: rank {rank}'s call #{k} "
+                    f"was {saw} where the harness's training makes {call_text(want[k])}; no probe runs in that "
+                    "run, so its time (the baseline of what the probes cost) must be the harness's own, "
+                    "call for call and byte for byte")
+        calls, sent = training_counts(task_run, rank)
+        want_calls = {"Irecv": 2 * (v.p - 1) * v.steps, "Isend": 2 * (v.p - 1) * v.steps}
+        want_sent = {peer: exchange_bytes(v, rank, peer) for peer in range(v.p) if peer != rank}
+        if (calls, sent) != (want_calls, want_sent):
+            return (f"{v.label()} without probes: the unprobed run was not the harness's: rank {rank}'s agent "
+                    f"counted the calls {shown(calls)} and the bytes sent by peer {shown(sent)} before its "
+                    f"\"trained\" mark, where the harness's training makes {shown(want_calls)} and "
+                    f"{shown(want_sent)}")
+    return None
+
+
+def training_counts(task_run: TaskRun, rank: int) -> tuple[dict[str, int], dict[int, int]]:
+    """The rank's calls and bytes sent by peer before its "trained" mark, as its agent counted them."""
+    whole, after = task_run.counts(rank), task_run.counts(rank, "trained")
+    calls = {k: n - after.calls.get(k, 0) for k, n in whole.calls.items() if n - after.calls.get(k, 0)}
+    sent = {k: n - after.sent_bytes.get(k, 0) for k, n in whole.sent_bytes.items() if n - after.sent_bytes.get(k, 0)}
+    return calls, sent
 
 
 @dataclass
