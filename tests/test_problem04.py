@@ -17,6 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from e2e import (
     fixture_solution,
 )
 
-from distlab.grading import Counts
+from distlab.grading import CheckFailed, Counts
 from distlab.runtime.jobspec import problem_package
 from distlab.runtime.supervisor import mpiexec_path, run_mpiexec
 
@@ -65,10 +66,41 @@ def test_byte_bounds() -> None:
 def test_wire_bytes_counts_point_to_point_and_collectives_by_their_ring() -> None:
     calls, op_bytes = {"Sendrecv": 1, "Allreduce": 1}, {"Sendrecv": 100, "Allreduce": 4000}
     counts = Counts(calls=calls, op_bytes=op_bytes, sent_msgs={1: 1}, sent_bytes={1: 100})
-    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 4000 * 2 * 3 / 4)
+    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 4 + 4000 * 2 * 3 / 4)  # the message's envelope: 4
+    assert cases.wire_bytes(counts, 4, envelopes=False) == pytest.approx(100 + 4000 * 2 * 3 / 4)
     counts = Counts({**calls, "Allgather": 1}, {**op_bytes, "Allgather": 10}, {1: 1}, {1: 100})
-    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 6000 + 30)
+    assert cases.wire_bytes(counts, 4) == pytest.approx(100 + 4 + 6000 + 30)
     assert cases.wire_bytes(Counts(), 4) == 0
+
+
+def test_a_message_is_charged_its_envelope_on_both_sides() -> None:
+    """An outside tester sent the naive exchange's bytes over the bound in the tags of empty messages, 30
+    bits each, which the payload bytes leave out (forged_tag_payload.diff); a tag is charged 4 bytes."""
+    empty = Counts(calls={"Isend": 3, "Recv": 3}, sent_msgs={1: 2, 2: 1}, recv_msgs={3: 3})
+    assert cases.wire_bytes(empty, 4) == judging.received_bytes(empty, 4) == 3 * cases.ENVELOPE_BYTES
+    assert cases.wire_bytes(empty, 4, envelopes=False) == 0
+    assert 31 / 8 <= cases.ENVELOPE_BYTES  # no tag carries more than it is charged
+
+
+class _Context:  # the one method of CheckContext that judging.timed_volume calls
+    def fail(self, message: str) -> None:
+        raise CheckFailed(message)
+
+
+def test_the_timed_allreduce_is_graded_within_the_one_bit_bytes() -> None:
+    """The tester's timed 4 MiB case: 45% of the whole compressed vector as payload to each of 3 peers, the
+    rest in 19,300 empty messages to each, which the replay overlaps at alpha each: 1.57 ms, under the
+    bound of 1.88 ms. The reference's exchange, 2 messages per peer, is within the bytes."""
+    case = cases.plan_for(101).timed[1]
+    p, n = case.p, case.n
+
+    def run(messages: int, payload: int) -> Any:
+        counts = Counts(sent_msgs={q: messages for q in range(1, p)}, sent_bytes={q: payload for q in range(1, p)})
+        return SimpleNamespace(case=case, task=SimpleNamespace(counts=lambda rank: counts))
+
+    judging.timed_volume(_Context(), run(2, -(-_onebit_sent(n, p) // (p - 1))))
+    with pytest.raises(CheckFailed, match=r"57903 point-to-point messages of 4 bytes of envelope \(a tag\) each"):
+        judging.timed_volume(_Context(), run(1 + 19_300, int(0.45 * (n / 8 + 16))))
 
 
 @pytest.mark.parametrize("op, sent, received", [
@@ -219,11 +251,11 @@ def test_a_rank_view_holds_its_own_data_and_no_seed() -> None:
     assert not [name for name in dir(cases) if name.startswith("sim_")]
 
 
-def _onebit_sent(n: int, p: int) -> float:
+def _onebit_sent(n: int, p: int, envelopes: bool = False) -> int:
     """The most bytes a rank sends in DeepSpeed's exchange: its compressed chunk j to rank j, then its own
-    chunk to every peer, each message ceil(len / 8) bytes of signs and a 4-byte scale."""
+    chunk to every peer, each message ceil(len / 8) bytes of signs and a 4-byte scale (and its envelope)."""
     sizes = np.diff(cases.chunk_bounds(n, p))
-    message = [-(-int(size) // 8) + 4 for size in sizes]
+    message = [-(-int(size) // 8) + 4 + (cases.ENVELOPE_BYTES if envelopes else 0) for size in sizes]
     return max(sum(message) - message[r] + (p - 1) * message[r] for r in range(p))
 
 
@@ -247,7 +279,7 @@ def test_tolerances_keep_the_common_wrong_answers_twice_away() -> None:
             half = judging.fp32_ring_bytes(n, p) / 2
             assert abs(2 * half / half - 1) >= 2 * half_tol  # float32 on the wire
             bound = judging.onebit_bytes_bound(n, p)
-            assert _onebit_sent(n, p) <= bound
+            assert _onebit_sent(n, p, envelopes=True) <= bound
             one_per_byte = _onebit_sent(n * 8, p)  # as many bytes of signs as elements
             assert one_per_byte >= 2 * bound, (seed, one_per_byte / bound)
         # 1-bit Adam's volume: the variance never frozen (float32 every step), the momentum in float16, 1 bit
@@ -256,8 +288,9 @@ def test_tolerances_keep_the_common_wrong_answers_twice_away() -> None:
         w, p = train.warmup / train.steps, train.p
         want = cases.volume_ratio(w)
         fp32 = judging.fp32_ring_bytes(cases.N_PARAMS, p)
-        right = w + (1 - w) * _onebit_sent(cases.N_PARAMS, p) / fp32
+        right = w + (1 - w) * _onebit_sent(cases.N_PARAMS, p) / fp32  # the payload: the formula's volume
         assert abs(right / want - 1) <= volume_tol / 2, (seed, right / want)
+        assert _onebit_sent(cases.N_PARAMS, p, envelopes=True) <= judging.onebit_bytes_bound(cases.N_PARAMS, p)
         for wrong in (1.0, w + (1 - w) / 2, 1 / 32):
             assert abs(wrong / want - 1) >= 2 * volume_tol, (seed, wrong / want)
 
@@ -369,6 +402,14 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["FP16", "1-bit allreduce", "top-k", "1-bit Adam's volume", "on the 1 Gb/s link"],
         ["compressor", "1-bit Adam: warmup", "trained AUC"],
     ),
+    # The outside tester's attack: the naive exchange's bytes over the bound in the tags of empty messages (in the
+    # reducers' case only: the training's and the timed case's go as payload here, 280,000 messages fewer).
+    "forged_tag_payload.py": (
+        ["an allgather of every rank's whole compressed vector sends (p-1) n/8 bytes", "envelope",
+         "only the 1-bit momentum may travel once the variance is frozen"],
+        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
+        ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
+    ),
     # The outside tester's attack: plain Adam, the harness's own marks held back and set mid-step (their order).
     "forged_held_marks.py": (
         ["mark #1 is 'onebit' where the program sets 'fp16'", "the harness's marks were moved"],
@@ -392,6 +433,7 @@ REAL_BUG = {
     "forged_held_marks.py": "the harness's marks were moved",
     "forged_uncounted_alltoall.py": "it is the exact mean, nothing was compressed",
     "forged_local_simulation.py": "is anything compressed on the wire?",
+    "forged_tag_payload.py": "an allgather of every rank's whole compressed vector",
 }
 
 

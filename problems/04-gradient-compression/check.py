@@ -2,10 +2,10 @@
 
 One launch of real ranks on a modelled 1 Gb/s link runs everything. The codec alone on one rank; each
 reducer on 4 and a hidden 2 or 3 ranks, against a simulation computed here, and its bytes on the wire (the
-task's counts of each call's phase, judging.wire_bytes) against float32's; 1-bit Adam step by step on known
-gradients, one worker slowed down; a click-through-rate model trained on 4 ranks, FP16 and 1-bit Adam: the
-held-out AUC against float32 Adam simulated here, and the volume sent; last, the 1-bit allreduce of 4 MiB
-within 5% of its alpha-beta bound.
+task's counts of each call's phase, envelopes included: cases.wire_bytes) against float32's; 1-bit Adam step
+by step on known gradients, one worker slowed down; a click-through-rate model trained on 4 ranks, FP16 and
+1-bit Adam: the held-out AUC against float32 Adam simulated here, and the volume sent; last, the 1-bit
+allreduce of 4 MiB within 5% of its alpha-beta bound, and within the 1-bit allreduce's bytes.
 """
 
 import math
@@ -136,7 +136,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
             if nbytes > bound:
                 t.fail(f"onebit_allreduce, p = {p}, n = {n}: rank {rank} sent {nbytes:.0f} bytes, "
                        f"{nbytes / fp32:.4f} of a float32 ring allreduce ({fp32:.0f}); expected at most "
-                       f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes of scale per message)"
+                       f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes per message: scale, envelope)"
                        + (judging.own_marks_note(wire.task, rank) or judging.onebit_bytes_symptom(nbytes / fp32, p)))
             bounds = cases.chunk_bounds(n, p)
             if p > 1:  # the signs of every element outside its own chunk come from the other servers
@@ -250,7 +250,10 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
     w = case.warmup / case.steps
     want = cases.volume_ratio(w)
     judging.harness_marks(t, training.task, f"1-bit Adam ({case.label()})")
-    sent = [[wire_bytes(c, case.p) for c in training.task.phases(rank, "onebit")] for rank in range(case.p)]
+    phases = [training.task.phases(rank, "onebit") for rank in range(case.p)]
+    sent = [[wire_bytes(c, case.p) for c in steps] for steps in phases]
+    # The formula's volume is the payload; each step's bound counts the envelopes too, as every check does.
+    payload = [sum(wire_bytes(c, case.p, envelopes=False) for c in steps) for steps in phases]
     for rank, steps in enumerate(sent):
         for i, nbytes in enumerate(steps):  # the warmup's steps first, then the compressed ones
             if i < case.warmup and abs(nbytes / fp32 - 1) > cases.FP16_TOLERANCE:
@@ -262,11 +265,11 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
                        f"{i + 1}, after the warmup; expected at most {bound:.0f} (1/30 of "
                        f"float32's {fp32:.0f} plus the scales): only the 1-bit momentum may travel once "
                        "the variance is frozen" + judging.own_marks_note(training.task, rank))
-        ratio = sum(steps) / (fp32 * case.steps)
+        ratio = payload[rank] / (fp32 * case.steps)
         t.expect(abs(ratio / want - 1) <= cases.VOLUME_TOLERANCE, f"a volume of w + (1-w)/32 = {want:.4f} "
                  f"of float32 Adam's for w = {w:.2f} (within {cases.VOLUME_TOLERANCE:.0%})",
                  f"{ratio:.4f} on rank {rank} ({case.label()})")
-    ratio = sum(sent[0]) / (fp32 * case.steps)
+    ratio = payload[0] / (fp32 * case.steps)
     t.metric("volume_ratio", round(ratio, 4))
     t.metric("volume_formula", round(want, 4))
     t.say(f"w = {w:.2f}: volume {ratio:.4f} of FP32 (formula {want:.4f}): {1 / ratio:.2f}x less "
@@ -293,8 +296,11 @@ def onebit_time(t: CheckContext, everything: Run) -> None:
     t.metric("speedup_over_fp32", round(fp32_cost / max(measured, 1e-12), 2))
     if t.learner_faults:  # delays and caps the cost knows nothing of: a figure, not a grade
         t.say("with your fault plan in force the alpha-beta cost does not hold: reported, not graded")
-        return
-    t.expect(measured <= cases.TIME_SLACK * cost,
-             f"at most {cases.TIME_SLACK * cost * 1e3:.2f} ms, 5% over 2(p-1) alpha + 2(p-1)/p (n/8) beta",
-             f"{measured * 1e3:.2f} ms ({measured / cost:.2f}x): are the p-1 exchanges of each phase one "
-             "message each (signs and scale together), overlapped by Sendrecv or Isend/Irecv?")
+    else:
+        t.expect(measured <= cases.TIME_SLACK * cost,
+                 f"at most {cases.TIME_SLACK * cost * 1e3:.2f} ms, 5% over 2(p-1) alpha + 2(p-1)/p (n/8) beta",
+                 f"{measured * 1e3:.2f} ms ({measured / cost:.2f}x): are the p-1 exchanges of each phase one "
+                 "message each (signs and scale together), overlapped by Sendrecv or Isend/Irecv?")
+    # The cost holds for the 1-bit volume only: empty messages, which the replay overlaps by the thousand at
+    # alpha each, carried an outside tester's whole vectors in their tags under it.
+    judging.timed_volume(t, timed["onebit"])

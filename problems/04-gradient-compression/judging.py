@@ -76,9 +76,11 @@ def own_marks_note(task: Any, rank: int) -> str:
 
 
 def received_bytes(counts: Any, p: int) -> float:
-    """Bytes a rank took off the wire: point-to-point bytes received plus what each of its collectives
-    brings a rank by its algorithm (cases.collectives_moved; an Alltoall's or Allgatherv's as an Allreduce's)."""
-    return float(counts.bytes_received) + cases.collectives_moved(counts, p)[1]
+    """Bytes a rank took off the wire: point-to-point bytes received and their envelopes (a tag's bits,
+    cases.ENVELOPE_BYTES a message) plus what each of its collectives brings a rank by its algorithm
+    (cases.collectives_moved; an Alltoall's or Allgatherv's as an Allreduce's)."""
+    envelopes = cases.ENVELOPE_BYTES * sum(counts.recv_msgs.values())
+    return float(counts.bytes_received) + envelopes + cases.collectives_moved(counts, p)[1]
 
 
 def unfed(t: CheckContext, head: str, rank: int, received: float, floor: float, needs: str) -> None:
@@ -540,3 +542,17 @@ def timed_onebit_wrong(case: Any, values: list[Any]) -> str | None:
             return (f"the timed 1-bit allreduce (p = {p}, n = {n}): rank {rank} holds a wrong result (see "
                     "the 1-bit allreduce check)")
     return None
+
+
+def timed_volume(t: CheckContext, timed: CaseRun[Any]) -> None:
+    """Fails the timed 1-bit allreduce where a rank sent more than the 1-bit allreduce check allows, the
+    envelopes of its messages counted: the time is graded for that volume only."""
+    p, n = timed.case.p, timed.case.n
+    bound = onebit_bytes_bound(n, p)
+    for rank in range(p):
+        counts = timed.task.counts(rank)
+        if (nbytes := wire_bytes(counts, p)) > bound:
+            t.fail(f"the timed 1-bit allreduce (p = {p}, n = {n}): rank {rank} sent {nbytes:.0f} bytes, "
+                   f"{wire_bytes(counts, p, envelopes=False):.0f} of payload and {counts.messages_sent} "
+                   f"point-to-point messages of {cases.ENVELOPE_BYTES} bytes of envelope (a tag) each; expected "
+                   f"at most {bound:.0f}, as in the 1-bit allreduce check: its time is graded for that volume only")
