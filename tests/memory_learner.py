@@ -111,3 +111,17 @@ def park_with_a_peer(comm):
         request.Wait()
     comm.mark("taken")
     return 0
+
+
+def hold_past_an_own_mark(comm):
+    """A mark of its own right after the program's "start", then 30 MiB held for a while and gone
+    by "end": had its own mark ended the sampling, nothing would show them."""
+    import time
+
+    comm.mark("start")
+    comm.mark("mine")
+    held = np.ones(30 * MIB // 4, dtype=np.float32)
+    time.sleep(0.2)
+    del held
+    comm.mark("end")
+    return 0

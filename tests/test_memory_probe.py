@@ -194,6 +194,19 @@ def test_memory_held_between_two_marks_shows_in_the_sampled_peak() -> None:
 
 
 @pytest.mark.usefixtures("sealed")
+def test_a_mark_of_the_learner_s_own_neither_ends_the_sampling_nor_starts_a_new_peak() -> None:
+    """Where the task names the program's marks, the learner's own mark inside a sampled span (an
+    outside tester's, inside add()) lets the sampling go on to the program's next mark."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_past_an_own_mark",), memory=True,
+                                                      memory_sampled=("start",), memory_named=("start", "end"))],
+                                 LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    (_, start, _), (_, mine, _), (_, end, peak) = result.task_outcomes(0)[0].memory[1:]
+    assert abs(end - start) < 2 * MIB and abs(mine - start) < 2 * MIB and peak - start > 29 * MIB, (start, end, peak)
+
+
+@pytest.mark.usefixtures("sealed")
 def test_what_the_learner_keeps_in_the_arena_or_parks_in_its_agent_is_lost_or_counted() -> None:
     """An outside tester kept 24 MB of Adam's moments in the seal's arena, and another parked them in
     its agent as a message to itself: a reading clears the arena's data region (what was kept there

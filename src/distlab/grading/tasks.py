@@ -69,7 +69,8 @@ class Task:
         return RankTask(ranks=self.ranks, args=args, faults=self.faults, label=self.label,
                         platform=self.platform, store=self.store, survivors=self.survivors,
                         needed_ranks=tuple(self.needed_ranks), record_sent=self.record_sent,
-                        memory=self.memory, memory_sampled=tuple(self.memory_sampled))
+                        memory=self.memory, memory_sampled=tuple(self.memory_sampled),
+                        memory_named=tuple(self.marks))
 
 
 @dataclass

@@ -73,6 +73,9 @@ class Task:
     # Marks after which the rank's agent also samples that memory every few milliseconds, until
     # the next mark: each reading then carries the most held since the one before.
     memory_sampled: tuple[str, ...] = ()
+    # The program's own marks, where it names them (grading's Task.marks): a mark of another name
+    # is the learner's, and neither ends a sampled span nor starts a new peak (rank/memory.py).
+    memory_named: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -207,11 +207,16 @@ class MemoryWitness:
         self._stop: threading.Event | None = None
         self._sampler: threading.Thread | None = None
         self._sampled: tuple[str, ...] = ()
+        self._named: frozenset[str] = frozenset()
         self._active = threading.Event()  # set from a mark of ``_sampled`` to the next mark
 
-    def watch(self, sampled: tuple[str, ...]) -> None:
-        """A task that reads memory begins: sampling follows each mark named in ``sampled``."""
+    def watch(self, sampled: tuple[str, ...], named: tuple[str, ...] = ()) -> None:
+        """A task that reads memory begins: sampling follows each mark named in ``sampled``, up to
+        the next mark; where the program names its marks (``named``), up to the next of those: a
+        mark the learner's code sets itself ends no span (an outside tester's mark inside add()
+        would have stopped the sampling, and started a new peak, before the mark that is graded)."""
         self._peak, self._sampled = self.held() + self.parked(), sampled
+        self._named = frozenset(named) | frozenset(sampled)
         self._active.clear()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, args=(self._stop,), daemon=True)
@@ -228,12 +233,14 @@ class MemoryWitness:
         """What is held now, at ``mark``, and the largest sample since the last reading (this one
         included); samples follow if the task names ``mark``."""
         now = self.held_at_mark() + self.parked()
+        own = bool(self._named) and mark not in self._named  # the learner's: the span goes on
         with self._lock:
-            peak, self._peak = max(self._peak, now), now
-            self._window += 1
+            peak = max(self._peak, now)
+            self._peak = peak if own else now
+            self._window += 0 if own else 1
         if mark in self._sampled:
             self._active.set()
-        else:
+        elif not own:
             self._active.clear()
         return now, peak
 

@@ -304,7 +304,7 @@ def _run_task(
             if watcher.parked_apart:  # sealed: what it sent itself waits in this process
                 book = comm._book
                 watcher.parked = lambda: book.parked
-            watcher.watch(task.memory_sampled)
+            watcher.watch(task.memory_sampled, task.memory_named)
         try:
             value = run(comm, index, task)
         finally:
