@@ -2,12 +2,13 @@
 Adam in float64, and the ZeRO paper's memory per rank.
 
 Both sides rebuild a training case from its seed: the teacher, every rank's batches, the initial
-weights of a small MLP (one hidden tanh layer, one output). Hidden variants: the layer sizes (so
-the parameter count never divides by the rank count), the rank count, lr, betas and eps, and the
-model sizes and rank counts the memory calculator is asked about."""
+weights of an MLP (one hidden tanh layer, one output) of about 10^6 parameters, large enough that
+the memory each rank's agent reads while it trains tells a shard of the moments from whole ones by
+megabytes. Hidden variants: the layer sizes (so the parameter count never divides by the rank
+count), the rank count, lr, betas and eps, and the model sizes and rank counts the memory
+calculator is asked about."""
 
-import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from math import ceil
 
 import numpy as np
@@ -15,6 +16,10 @@ import numpy as np
 from distlab.grading import Widener
 
 STEPS = 10  # Adam steps of every training case
+# A training model's parameters: whole moments are 3.6 MB (p = 2) to 5.4 MB (p = 4) more than a
+# shard's, and what a rank sends in 10 steps (its whole gradient and its shard, 4 (N + N / p) bytes
+# a step) stays under what its agent keeps a copy of (64 MiB).
+PARAMS = (900_000, 990_000)
 TARGET_SHIFT = 1.5  # the targets' mean: the output bias moves by about lr every step
 GB = 1e9  # the ZeRO paper's gigabytes
 # Mixed-precision Adam, bytes per parameter: fp16 weights, fp16 gradients, and fp32 master weights,
@@ -41,8 +46,17 @@ class Training:
     def size(self) -> int:  # the parameters, flattened as W1, b1, W2, b2: the output bias is last
         return self.inputs * self.hidden + 2 * self.hidden + 1
 
+    def shard_bytes(self) -> int:
+        """The moments of one shard of ceil(N / p) parameters, float32: what a sharded Adam keeps."""
+        return 2 * ceil(self.size / self.p) * 4
+
+    def harness_bytes(self) -> int:
+        """What a rank's view holds when its optimizer is about to be made: the weights, float32,
+        and its batches, float64."""
+        return 4 * self.size + 8 * self.steps * self.batch * (self.inputs + 1)
+
     def label(self) -> str:
-        return (f"p = {self.p}, {self.size} parameters ({self.inputs}-{self.hidden}-1 MLP, {self.size} % {self.p} = "
+        return (f"p = {self.p}, {self.size:,} parameters ({self.inputs}-{self.hidden}-1 MLP, N % {self.p} = "
                 f"{self.size % self.p}), lr {self.lr:g}, betas ({self.beta1:g}, {self.beta2:g}), eps {self.eps:g}")
 
     def for_rank(self, rank: int) -> "RankData":
@@ -101,47 +115,13 @@ class Memory:
         return f"{self.params / 1e9:g}B parameters on {self.ranks} ranks, stage {self.stage}"
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """The memory probe: a flat model of ``size`` parameters (each step's gradient drawn, no data) on
-    ``p`` ranks, large enough that what an optimizer keeps between steps, as the kernel counts the
-    learner's memory, tells a shard of the moments from whole ones by tens of megabytes."""
-
-    p: int
-    size: int
-    seed: int  # the checker's; -1 in a rank's view, which holds its own gradients instead
-    steps: int = 3
-    own: tuple[np.ndarray, ...] | None = field(default=None, compare=False)  # a rank's view: its gradients
-
-    def for_rank(self, rank: int) -> "Footprint":
-        """Its own gradients, drawn here (by its agent), and no seed: a rank that gave back the pages
-        of the gradients it was handed, to make room the probe would read as its own, could not draw
-        them again, and the digests it hands back after the steps would not match."""
-        return replace(self, seed=-1, own=tuple(flat_gradient(self, rank, step) for step in range(self.steps)))
-
-    def gradients(self, rank: int) -> tuple[np.ndarray, ...]:
-        return self.own if self.own is not None else tuple(flat_gradient(self, rank, s) for s in range(self.steps))
-
-    def shard_bytes(self) -> int:
-        """The moments of one shard of ceil(N / p) parameters, float32: what a sharded Adam keeps."""
-        return 2 * ceil(self.size / self.p) * 4
-
-    def harness_bytes(self) -> int:
-        """What the probe's program holds before the optimizer is made: the weights and every
-        step's gradient, float32."""
-        return (1 + self.steps) * self.size * 4
-
-    def label(self) -> str:
-        return f"the memory probe, {self.size:,} parameters on p = {self.p}"
-
-
 # -- the data and the model, rebuilt on both sides ----------------------------------------------------
 
 
 def initial_weights(case: Training) -> np.ndarray:
     rng = np.random.default_rng([case.seed, 1])
     w1 = rng.normal(0, 1 / np.sqrt(case.inputs), (case.inputs, case.hidden))
-    w2 = rng.normal(0, 1 / np.sqrt(case.hidden), (case.hidden, 1))
+    w2 = rng.normal(0, 1, (case.hidden, 1))  # the output is the hidden units' mean: loss_and_gradient
     return np.concatenate([w1.ravel(), np.zeros(case.hidden), w2.ravel(), np.zeros(1)]).astype(np.float32)
 
 
@@ -153,15 +133,17 @@ def batch(case: Training, rank: int, step: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def loss_and_gradient(case: "Training | RankData", weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """The mean squared error over the samples, and its gradient, flattened like the weights (float64)."""
+    """The mean squared error over the samples, and its gradient, flattened like the weights (float64).
+    The output is the mean of the hidden units' contributions: Adam moves every weight by about lr a
+    step, and a plain sum over thousands of units would move the output by thousands of lr."""
     w = np.asarray(weights, dtype=np.float64)
     n, h = case.inputs, case.hidden
     w1, b1, w2, b2 = w[: n * h].reshape(n, h), w[n * h : n * h + h], w[n * h + h : n * h + 2 * h], w[-1]
     hidden = np.tanh(x @ w1 + b1)
-    error = hidden @ w2 + b2 - y
+    error = hidden @ w2 / h + b2 - y
     d_out = 2 * error / len(y)
-    d_hidden = np.outer(d_out, w2) * (1 - hidden**2)
-    grad = np.concatenate([(x.T @ d_hidden).ravel(), d_hidden.sum(0), hidden.T @ d_out, [d_out.sum()]])
+    d_hidden = np.outer(d_out, w2 / h) * (1 - hidden**2)
+    grad = np.concatenate([(x.T @ d_hidden).ravel(), d_hidden.sum(0), hidden.T @ d_out / h, [d_out.sum()]])
     return float(np.mean(error**2)), grad
 
 
@@ -179,35 +161,20 @@ def held_out_loss(case: Training, weights: np.ndarray) -> float:
 
 
 def training_case(rng: np.random.Generator, widen: Widener, p: int) -> Training:
-    inputs = int(rng.integers(16, 33))
-    hidden = int(rng.integers(48, 97))
+    inputs = int(rng.integers(240, 321))
+    hidden = int(rng.integers(*PARAMS)) // (inputs + 2)
     while (inputs * hidden + 2 * hidden + 1) % p == 0:  # never divisible: the shards need padding
         hidden += 1
-    return Training(p, inputs, hidden, int(rng.integers(16, 33)), round(float(rng.uniform(2e-3, 2e-2)), 5),
+    return Training(p, inputs, hidden, int(rng.integers(8, 17)), round(float(rng.uniform(2e-3, 2e-2)), 5),
                     round(float(rng.uniform(0.85, 0.95)), 3), round(float(rng.uniform(0.99, 0.9995)), 4),
                     float(f"{rng.uniform(1e-7, 1e-6):.2g}"), widen(int(rng.integers(1 << 31))))
 
 
 def trainings(seed: int) -> tuple[Training, Training]:
-    """Two training cases: 4 ranks, and 2 or 3. Their data's seeds, as the probe's, 63 bits wide:
+    """Two training cases: 4 ranks, and 2 or 3. Their data's seeds 63 bits wide:
     from 31, a rank could find one from its own batch, and so every rank's (distlab.grading.seeds)."""
     rng, widen = np.random.default_rng([seed, 13]), Widener(seed, 13)
     return training_case(rng, widen, 4), training_case(rng, widen, int(rng.integers(2, 4)))
-
-
-def footprint(seed: int) -> Footprint:
-    rng = np.random.default_rng([seed, 41])
-    size = int(rng.integers(2_700_000, 3_300_000))
-    return Footprint(4, size + (1 if size % 4 == 0 else 0), Widener(seed, 41)(int(rng.integers(1 << 31))))
-
-
-def flat_gradient(case: Footprint, rank: int, step: int) -> np.ndarray:
-    return np.random.default_rng([case.seed, rank, step]).standard_normal(case.size, dtype=np.float32)
-
-
-def digest(array: np.ndarray) -> str:
-    """Every byte of an array, in a few: what the probe hands back of the gradients it was handed."""
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 CLASSIC = (Memory(7.5e9, 64, 0), Memory(7.5e9, 64, 1), Memory(7.5e9, 64, 2), Memory(7.5e9, 64, 3))

@@ -8,25 +8,24 @@ Every expected value is computed here: plain data-parallel Adam in float64 on th
 (judging.plain_adam) and the ZeRO paper's closed forms (judging.zero_gb).
 
 How the state is measured. The moments themselves: after training, the harness asks the optimizer
-for its state (where its shard starts, its m and v) and walks every array the optimizer object
-holds; their VALUES are compared with the right slice of plain Adam's moments, their sizes with 1/p
-of the whole, the shards with a partition of the parameters, and no array the optimizer keeps may
-be a whole m or v. A rank cannot pass by reporting a number: it must hold the right values, and
-only its share. And its peers must depend on it: after every step its agent must have seen it send
-its own updated shard of the weights (or the update), which no other rank can compute without its
-moments. Each rank is handed only its own batches (cases.RankData), so a rank that updates every
-parameter itself got the whole mean gradient from an allreduce and keeps whole moments, wherever.
-What it keeps elsewhere (a global, a cache, a closure, an mmap) the memory probe counts: a flat
-model of about 3 x 10^6 parameters steps 3 times on 4 ranks, first in the launch, and each rank's
-agent reads from /proc what its learner process holds (runtime/rank/memory.py): before the
-learner's file is imported, when the gradients it was handed are there, and in a pause after each
+for its state (where its shard starts, its m and v); their VALUES are compared with the right slice
+of plain Adam's moments, their sizes with 1/p of the whole, the shards with a partition of the
+parameters. A rank cannot pass by reporting a number: it must hold the right values, and only its
+share. And its peers must depend on it: after every step its agent must have seen it send its own
+updated shard of the weights (or the update), which no other rank can compute without its moments.
+Each rank is handed only its own batches (cases.RankData), so a rank that updates every parameter
+itself got the whole mean gradient from an allreduce and keeps whole moments, wherever.
+What it keeps anywhere (a global, a cache, a closure, an mmap) the memory probe counts, in the
+same training the other checks grade: a model of about 10^6 parameters, so that whole moments are
+megabytes more than a shard's (a separate, larger probe model could be told apart, and an outside
+tester's optimizer kept whole moments in a module global wherever the model was small). Each
+rank's agent reads from /proc what its learner process holds (runtime/rank/memory.py): before the
+learner's file is imported, when the optimizer is about to be made, and in a pause after each
 step, sampled while no code of the learner's runs (a reading at a mark alone, an outside tester
-showed, lets a wrapper of comm.mark drop whole-size scratch buffers just then). A shard of the
-moments is about 6 MiB; whole ones 18 MiB more, against well under a MiB of the interpreter's
-own. The rank then hands back the digests of its gradients: the harness's arrays must still be
-whole (pages given back with madvise once made room for kept buffers). The process
-reports no number of its own: tracemalloc, which an earlier probe read, was the learner's to stop
-or rewrite.
+showed, lets a wrapper of comm.mark drop whole-size scratch buffers just then). The rank's own walk
+of its optimizer object can convict (a whole moment allocated and written only in the rank's slice,
+whose other pages the kernel never backs), never clear. The process reports no number of its own: tracemalloc, which an
+earlier probe read, was the learner's to stop or rewrite.
 
 Bytes are the replay's: every flow each rank sent (its collectives run as their ring algorithms),
 per step, against the same ranks' data-parallel allreduce of the same gradient.
@@ -37,7 +36,7 @@ import numpy as np
 from distlab.grading import CheckContext, Checklist, Run, Task
 
 from . import cases, judging, programs
-from .cases import Baseline, Footprint, Memory, Training
+from .cases import Baseline, Memory, Training
 
 CHECKS = Checklist()
 
@@ -46,14 +45,12 @@ CHECKS = Checklist()
 def one_launch(t: CheckContext) -> Run:
     trainings = cases.trainings(t.seed)
     t.say("training: " + "; ".join(c.label() for c in trainings))
-    # The probe first: what the learner process holds then is the harness's and the learner's
-    # file's alone, nothing left over from the training cases.
-    probe = cases.footprint(t.seed)
-    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True,
-                  memory_sampled=("rest",), marks=judging.PROBE_MARK_NAMES)]
-    for case in trainings:
-        tasks += [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}", record_sent=True),
-                  Task(ranks=case.p, case=Baseline(case), label=f"the data-parallel baseline, p = {case.p}")]
+    # The trainings first: what the learner process holds then is the harness's and the learner's
+    # file's alone, nothing left over from other tasks.
+    tasks = [Task(ranks=case.p, case=case, label=f"ShardedAdam, {case.label()}", record_sent=True, memory=True,
+                  memory_sampled=("rest",), marks=judging.MARK_NAMES) for case in trainings]
+    tasks += [Task(ranks=case.p, case=Baseline(case), label=f"the data-parallel baseline, p = {case.p}")
+              for case in trainings]
     tasks.append(Task(ranks=1, cases=cases.memory_cases(t.seed), label="the memory calculator's questions"))
     return t.launch(programs.run_case, tasks)
 
@@ -72,7 +69,7 @@ def same_weights(t: CheckContext, one_launch: Run) -> None:
 
 @CHECKS.check(f"each rank holds its 1/p shard of Adam's moments (within {judging.STATE_SLACK:.0%})", points=4)
 def sharded_state(t: CheckContext, one_launch: Run) -> None:
-    for run in one_launch.cases(Training):
+    for index, run in enumerate(one_launch.cases(Training)):
         case, values = run.case, list(run.values)
         for rank, value in enumerate(values):
             if isinstance(value.state, str):
@@ -86,40 +83,42 @@ def sharded_state(t: CheckContext, one_launch: Run) -> None:
         # The moments follow the weights: a run with a known mistake in its arithmetic has its own
         # trajectory, graded here for its sharding; any other wrong trajectory leaves the values ungraded.
         adam = judging.trajectory_of(case, values[0].weights)
+        # The rank's own walk of its optimizer object: a whole moment found there convicts (np.zeros
+        # whose untouched pages the kernel never backs); nothing found clears nothing.
         for rank, (value, state) in enumerate(zip(values, states)):
             if problem := judging.hidden_copies(case, judging.owned(state, case.size), value.reachable,
                                                 adam or judging.plain_adam(case)):
                 t.fail(f"{case.label()}: rank {rank}: {problem}")
-        if adam is None or not all(np.array_equal(v.weights, values[0].weights) for v in values):
+        graded = adam is not None and all(np.array_equal(v.weights, values[0].weights) for v in values)
+        if graded:
+            for rank, state in enumerate(states):
+                if problem := judging.values_problem(case, rank, state, adam):
+                    t.fail(f"{case.label()}: {problem}")
+            # What each rank's agent saw it send: its own updated shard, after every step.
+            for rank, state in enumerate(states):
+                shard = judging.owned(state, case.size)
+                if problem := judging.unshared_update(case, rank, shard, run.task.sent(rank), adam):
+                    t.fail(f"{case.label()}: {problem}")
+        # What each rank's process kept between steps, wherever, as its agent read it: the verdict.
+        if moved := run.task.marks_differ(judging.train_marks(case)):
+            t.fail(f"{moved}: the memory probe reads at the program's marks")
+        held = [run.task.memory(r) if t.sealed else judging.without_log(run.task.memory(r), run.task.sent(r))
+                for r in range(case.p)]
+        for rank in range(case.p):
+            if problem := judging.footprint_problem(case, rank, held[rank], first=index == 0):
+                t.fail(f"{case.label()}: {problem}")
+        kept = max(judging.kept_between_steps(case, readings) for readings in held)
+        t.metric(f"kept_over_shard_p{case.p}", round(kept / case.shard_bytes(), 3))
+        t.say(f"{case.label()}: the memory probe: each rank's process holds at most {judging.mib(kept)} more "
+              f"between its optimizer's steps (sampled from /proc by its agent), its shard's moments are "
+              f"{judging.mib(case.shard_bytes())}")
+        if not graded:
             t.say(f"{case.label()}: shards and sizes right; the values are not graded (the weights are wrong)")
             continue
-        for rank, state in enumerate(states):
-            if problem := judging.values_problem(case, rank, state, adam):
-                t.fail(f"{case.label()}: {problem}")
-        # What each rank's agent saw it send: its own updated shard, after every step.
-        for rank, state in enumerate(states):
-            if problem := judging.unshared_update(case, rank, judging.owned(state, case.size), run.task.sent(rank), adam):
-                t.fail(f"{case.label()}: {problem}")
         most = max(s["nbytes"] for s in states)
         t.metric(f"state_share_p{case.p}", round(most / (2 * case.size * judging.MOMENT_BYTES), 5))
         t.say(f"{case.label()}: the largest shard holds {most:,} bytes of moments, "
               f"{most / (2 * case.size * judging.MOMENT_BYTES):.4f} of the whole (1/p = {1 / case.p:.4f})")
-    # The probe's weights show state lost between its steps (kept where a reading clears it), once the
-    # optimizer's arithmetic is right where the first check grades it; otherwise they would say nothing new.
-    right = all(judging.run_weights_problem(run) is None for run in one_launch.cases(Training))
-    for probe in one_launch.cases(Footprint):
-        if moved := probe.task.marks_differ(judging.probe_marks(probe.case)):
-            t.fail(f"{moved}: the memory probe reads at the program's marks")
-        held = [probe.task.memory(rank) for rank in range(probe.case.p)]
-        for rank, (readings, value) in enumerate(zip(held, probe.values)):
-            if problem := (judging.footprint_value_problem(probe.case, rank, value, weights_graded=right)
-                           or judging.footprint_problem(probe.case, rank, readings)):
-                t.fail(f"{probe.case.label()}: {problem}")
-        kept = max(judging.kept_between_steps(probe.case, r) for r in held)
-        t.metric("kept_over_shard", round(kept / probe.case.shard_bytes(), 3))
-        t.say(f"{probe.case.label()}: each rank's process holds at most {judging.mib(kept)} more between its "
-              f"optimizer's steps (sampled from /proc by its agent), its shard's moments are "
-              f"{judging.mib(probe.case.shard_bytes())}")
 
 
 @CHECKS.check(f"bytes per step equal data parallel's (within {judging.BYTES_SLACK:.0%})", points=2)

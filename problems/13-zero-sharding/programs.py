@@ -1,6 +1,7 @@
 """What runs on the ranks of problem 13: the learner's sharded Adam training the MLP for real, the
 data-parallel baseline whose traffic the byte check compares with, the memory calculator, and the
-free run (main, bounds, figure). The ranks return plain data and judge nothing."""
+free run (main, bounds, figure). The ranks return plain data and judge nothing: what their
+learner processes hold, their agents read (Task(memory=True)) at the program's marks."""
 
 import time
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import numpy as np
 from distlab import IN_PLACE, MAX, SUM
 
 from . import cases
-from .cases import Baseline, Footprint, Memory, RankData, Training
+from .cases import Baseline, Memory, RankData, Training
 
 
 @dataclass(frozen=True)
@@ -57,57 +58,43 @@ def read_state(opt: Any) -> Any:
         return f"opt.state() gave no {{'start', 'm', 'v'}} ({type(exc).__name__}: {exc})"
 
 
+QUIET_S = 0.03  # the pause after each step, in which the agent samples what the optimizer keeps
+
+
 def train(comm: Any, solution: Any, case: RankData) -> Trained:
-    # Every rank starts from the same weights; each step's gradient is of the rank's own batch.
-    weights, losses = case.weights.copy(), []
+    """Every rank starts from the same weights; each step's gradient is of the rank's own batch. The
+    rank's agent reads what its learner process holds (Task(memory=True)): at the mark "footprint",
+    the view's arrays there and the optimizer not yet, and after each step from the mark "rest" to
+    the mark "kept", a pause in which no code of the learner's runs, sampled by the agent. The
+    weights are trained where the view holds them: pages of its arrays given back to make room
+    would read as zeros, and the weights are graded."""
+    weights, losses = case.weights if case.weights.flags.writeable else case.weights.copy(), []
+    comm.mark("footprint")
     opt = solution.ShardedAdam(comm, case.size, case.lr, (case.beta1, case.beta2), case.eps)
     for step in range(case.steps):
         loss, grad = cases.loss_and_gradient(case, weights, *case.batches[step])
         grad = grad.astype(np.float32)
         losses.append(loss)
         comm.compute(flops=6.0 * case.batch * case.size, label="forward+backward")
-        comm.mark("step")
         opt.step(weights, grad)
+        del grad  # the harness holds no gradient while the agent reads what the optimizer keeps
+        comm.mark("rest")
+        time.sleep(QUIET_S)
+        comm.mark("kept")
     comm.mark("done")
     return Trained(np.array(weights, dtype=np.float32), tuple(losses), read_state(opt), reachable_arrays(opt))
 
 
 def data_parallel(comm: Any, solution: Any, baseline: Baseline) -> None:
     # The baseline the byte check compares with: what plain data parallel moves every step, one
-    # allreduce of the whole float32 gradient (the harness's code; its updates do not matter here).
+    # allreduce of the whole float32 gradient (the harness's code; the values do not matter here).
     case = baseline.training
     assert isinstance(case, RankData)
-    weights = case.weights.copy()
-    for step in range(case.steps):
-        grad = cases.loss_and_gradient(case, weights, *case.batches[step])[1].astype(np.float32)
+    grad = np.zeros(case.size, dtype=np.float32)
+    for _ in range(case.steps):
         comm.mark("step")
         comm.Allreduce(IN_PLACE, grad, op=SUM)
     comm.mark("done")
-
-
-QUIET_S = 0.03  # the pause after each step, in which the agent samples what the optimizer keeps
-
-
-def footprint(comm: Any, solution: Any, case: Footprint) -> list[str]:
-    """The memory probe's program: the rank's agent reads, from /proc, what the learner's process
-    holds (Task(memory=True)): before the learner's file was imported, at the mark "footprint"
-    (the weights and the gradients it was handed there, the optimizer not yet), and after each
-    step from the mark "rest" to the mark "kept", a pause in which no code of the learner's runs,
-    sampled by the agent. Hands back the digests of the gradients (what the harness holds must
-    still be whole: pages given back to make room would show) and the weights after the steps
-    (state the optimizer kept where a reading clears it, the seal's shared buffers, is lost)."""
-    weights = np.empty(case.size, dtype=np.float32)
-    weights.fill(0.0)  # written now, so its pages are held before the optimizer is made
-    grads = case.gradients(comm.Get_rank())
-    comm.mark("footprint")
-    opt = solution.ShardedAdam(comm, case.size, 1e-3, (0.9, 0.999), 1e-8)
-    for grad in grads:
-        opt.step(weights, grad)
-        comm.mark("rest")
-        time.sleep(QUIET_S)
-        comm.mark("kept")
-    del opt
-    return [*(cases.digest(g) for g in grads), weights]
 
 
 def calculator(comm: Any, solution: Any, questions: list[Memory]) -> list[Any]:
@@ -123,8 +110,6 @@ def calculator(comm: Any, solution: Any, questions: list[Memory]) -> list[Any]:
 def run_case(comm: Any, solution: Any, case: Any) -> Any:
     if isinstance(case, list):
         return calculator(comm, solution, case)
-    if isinstance(case, Footprint):
-        return footprint(comm, solution, case)
     return (data_parallel if isinstance(case, Baseline) else train)(comm, solution, case)
 
 
