@@ -368,6 +368,9 @@ def test_every_buggy_fixture_has_a_row_and_a_diagnosis() -> None:
 
 
 @pytest.mark.slow
+# The first of these runs every fixture's check in one launch of the CLI (CheckRuns' together):
+# about 70 s alone, past the suite's 180 s per test on a loaded 2-core machine (4 workers did).
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[..., Checked]) -> None:
     failing, needles = BUGGY[name]
