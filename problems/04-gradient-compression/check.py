@@ -247,13 +247,9 @@ def onebit_adam_volume(t: CheckContext, everything: Run) -> None:
     (training,) = everything.cases(cases.TrainCase)
     case = training.case
     fp32, bound = fp32_ring_bytes(N_PARAMS, case.p), judging.onebit_bytes_bound(N_PARAMS, case.p)
-    w = case.warmup / case.steps
-    want = cases.volume_ratio(w)
+    w, want = case.warmup / case.steps, cases.volume_ratio(case.warmup / case.steps)
     judging.harness_marks(t, training.task, f"1-bit Adam ({case.label()})")
-    phases = [training.task.phases(rank, "onebit") for rank in range(case.p)]
-    sent = [[wire_bytes(c, case.p) for c in steps] for steps in phases]
-    # The formula's volume is the payload; each step's bound counts the envelopes too, as every check does.
-    payload = [sum(wire_bytes(c, case.p, envelopes=False) for c in steps) for steps in phases]
+    sent, payload = judging.onebit_volumes(training.task, case.p)
     for rank, steps in enumerate(sent):
         for i, nbytes in enumerate(steps):  # the warmup's steps first, then the compressed ones
             if i < case.warmup and abs(nbytes / fp32 - 1) > cases.FP16_TOLERANCE:
@@ -301,6 +297,4 @@ def onebit_time(t: CheckContext, everything: Run) -> None:
                  f"at most {cases.TIME_SLACK * cost * 1e3:.2f} ms, 5% over 2(p-1) alpha + 2(p-1)/p (n/8) beta",
                  f"{measured * 1e3:.2f} ms ({measured / cost:.2f}x): are the p-1 exchanges of each phase one "
                  "message each (signs and scale together), overlapped by Sendrecv or Isend/Irecv?")
-    # The cost holds for the 1-bit volume only: empty messages, which the replay overlaps by the thousand at
-    # alpha each, carried an outside tester's whole vectors in their tags under it.
     judging.timed_volume(t, timed["onebit"])

@@ -544,9 +544,18 @@ def timed_onebit_wrong(case: Any, values: list[Any]) -> str | None:
     return None
 
 
+def onebit_volumes(task: Any, p: int) -> tuple[list[list[float]], list[float]]:
+    """Each rank's bytes on the wire in each 1-bit Adam step, envelopes counted (as every bound counts
+    them), and its payload over all the steps (what the volume formula w + (1-w)/32 speaks of)."""
+    phases = [task.phases(rank, "onebit") for rank in range(p)]
+    return ([[wire_bytes(c, p) for c in steps] for steps in phases],
+            [sum(wire_bytes(c, p, envelopes=False) for c in steps) for steps in phases])
+
+
 def timed_volume(t: CheckContext, timed: CaseRun[Any]) -> None:
     """Fails the timed 1-bit allreduce where a rank sent more than the 1-bit allreduce check allows, the
-    envelopes of its messages counted: the time is graded for that volume only."""
+    envelopes of its messages counted: the time is graded for that volume only (empty messages, which the
+    replay overlaps by the thousand at alpha each, carried an outside tester's whole vectors in their tags)."""
     p, n = timed.case.p, timed.case.n
     bound = onebit_bytes_bound(n, p)
     for rank in range(p):
