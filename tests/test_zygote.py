@@ -26,6 +26,7 @@ from distlab.runtime.jobspec import JOB_FILE, Task, pid_path, write_pickle_atomi
 from distlab.runtime.rank.learner_fork import LEARNER_PROCESS_NAME
 from distlab.runtime.supervisor.start import free_port, rank_env
 from distlab.runtime.zygote import client as zygote_client
+from distlab.runtime.zygote import server as zygote_server
 from distlab.runtime.zygote import wire as zygote_wire
 from distlab.runtime.zygote.server import RANK_PROCESS_NAME
 
@@ -41,6 +42,21 @@ def test_each_rank_is_a_fork_of_a_zygote_that_imported_no_more_than_the_rank_wou
             pid, parent, session, name, torch = outcome.value
             assert parent in zygotes and (session, name) == (pid, RANK_PROCESS_NAME.decode())
             assert torch is torch_imported, backend
+
+
+def test_an_mpi_zygote_has_loaded_the_mpi_library_and_a_gloo_zygote_has_not() -> None:
+    # Loaded, not initialized: each MPI rank's import of mpi4py.MPI finds the libraries in place
+    # (60-100 ms of CPU a rank otherwise); gloo's ranks never use them.
+    for backend in ("mpi", "gloo"):
+        result = run(make_job("process_facts", [Task(ranks=2)], backend=backend), deadline_s=60)
+        assert result.status == "ok", result.message
+    seen = set()
+    for zygote in [z for z in zygote_client._zygotes.values() if z.alive()]:
+        gloo = zygote_server.GLOO_ENGINE in zygote.process.args
+        maps = Path(f"/proc/{zygote.process.pid}/maps").read_text()
+        assert ("/libmpi.so" in maps) is not gloo, zygote.process.args
+        seen.add(gloo)
+    assert seen == {True, False}
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
@@ -114,6 +130,7 @@ def test_the_zygote_forks_nothing_for_another_user() -> None:
 
 _ASK_AS_NOBODY = """
 import os, sys
+from distlab.runtime.zygote import server as zygote_server
 from distlab.runtime.zygote import wire as zygote_wire
 os.setgid(65534); os.setuid(65534)
 conn = zygote_wire.connect(sys.argv[1], patience_s=10)

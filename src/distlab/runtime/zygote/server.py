@@ -45,14 +45,17 @@ from typing import Any
 from .wire import RANK_MODULE
 
 # The platforms are read by every rank's clock as its task starts (0.2 s a rank: their rendering
-# imports rich), so the zygote imports them once.
-BASE_PRELOAD = ("numpy", RANK_MODULE, "distlab.platforms")
+# imports rich), and every problem's rank program imports distlab.grading (its cases' types, and
+# through them the front door's modules: 70 ms of CPU a rank, 17% of problem 03's tests), so the
+# zygote imports them once.
+BASE_PRELOAD = ("numpy", RANK_MODULE, "distlab.platforms", "distlab.grading")
 # What torch imports at a process's first backward (sympy, through its shape analysis): 0.65 s of
 # CPU in every rank of every launch of a problem that trains a model, paid once here instead.
 WITH_TORCH = ("torch.fx.experimental.symbolic_shapes",)
+GLOO_ENGINE = "distlab.runtime.engines.gloo"  # preloaded for gloo's ranks, which never load MPI
 # What a zygote may be started to import besides its base: heavy, and safe to fork after import (they
 # start no thread at import with OMP_NUM_THREADS=1, the ranks' setting).
-PRELOADABLE = frozenset({"torch", "torch.distributed", "distlab.runtime.engines.gloo",
+PRELOADABLE = frozenset({"torch", "torch.distributed", GLOO_ENGINE,
                          "distlab.runtime.rank.sealed", "distlab.runtime.rank.learner_main"})
 RANK_PROCESS_NAME = b"distlab-rank"  # /proc/PID/comm of a forked rank (its cmdline is the zygote's)
 REQUEST_LIMIT = 1 << 20
@@ -68,6 +71,8 @@ def main() -> None:
     wanted = [m for m in sys.argv[2:] if m in PRELOADABLE]
     for name in (*BASE_PRELOAD, *wanted, *(WITH_TORCH if "torch" in wanted else ())):
         importlib.import_module(name)
+    if GLOO_ENGINE not in wanted:
+        _load_libmpi()
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -95,6 +100,16 @@ def main() -> None:
         if listener.fileno() in ready:
             conn, _ = listener.accept()
             _serve(conn, libc, askers, (listener.fileno(), wake_read, wake_write))
+
+
+def _load_libmpi() -> None:
+    """Loads the MPI library (and Open MPI's libraries under it) without initializing it, the way
+    mpi4py finds it (its ABI probe, whose answer mpi4py keeps): an MPI rank's import of mpi4py.MPI
+    then finds them in place. Loading them took 60-100 ms of CPU a rank: a quarter of problem 03's
+    check of a solution that raises at once, a sixth of its reference's. MPI_Init stays the rank's."""
+    from mpi4py import _mpiabi
+
+    _mpiabi._get_mpiabi()  # type: ignore[attr-defined]  # mpi4py's own, untyped
 
 
 def _serve(conn: socket.socket, libc: Any, askers: dict[int, socket.socket],
