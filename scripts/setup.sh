@@ -24,7 +24,7 @@ want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/distlab ]; then
   exit 0
 fi
-echo "setting up .venv (first run takes about a minute)..." >&2
+echo "setting up .venv (first run takes about 40 s)..." >&2
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # --no-compile: pip would byte-compile every file of torch (20 s of the set-up's 57); the imports
 # below compile what distlab's processes import, and Python caches the rest on its first use.
