@@ -6,7 +6,7 @@ number the learner's code reports about its own memory (tracemalloc's) is the le
 these are read from /proc by the rank's agent, outside the learner process.
 
 Held memory is what a process keeps of its own: every anonymous page (``Anonymous`` in
-/proc/PID/smaps: the heap, NumPy's arrays, private mappings), resident or swapped out (``Swap``),
+/proc/PID/smaps_rollup: the heap, NumPy's arrays, private mappings), resident or swapped out (``Swap``),
 and every resident page of a writable shared mapping (a shared anonymous mmap, a memfd, a file
 on /dev/shm mapped in), but not the seal's arena, which the agent shares with it and whose pages
 the harness's copies touch. Memory held through a descriptor rather than a mapping counts too:
@@ -17,8 +17,9 @@ held outside the process. System V shared memory and message queues are refused 
 Shared libraries and other files mapped read-only do not count: they are the same whoever runs.
 
 Where the learner's code starts processes, each one's own pages count as well (COW pages of a
-fork once per process: an over-count only where the code forks). Reading a process's smaps takes
-a few milliseconds, so only tasks that ask pay for it.
+fork once per process: an over-count only where the code forks). Reading a process takes about a
+millisecond (3 with torch imported; 10 more where it maps shared memory to count, whose mappings
+smaps lists one by one), so only tasks that ask pay for it.
 """
 
 from __future__ import annotations
@@ -55,26 +56,60 @@ def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: i
 
 def _mapped(pid: int, counted: set[int]) -> int:
     """Anonymous and swapped-out pages of every mapping, and the resident pages of each shared
-    mapping of memory, or writable, not counted yet (its inode is then added to ``counted``)."""
-    total, shared = 0, False
+    mapping of memory, or writable, not counted yet (its inode is then added to ``counted``).
+
+    /proc/PID/smaps is made a page at a time, the mappings unlocked in between, and a mapping that
+    changes meanwhile can be listed twice: the heap, whose end moves at each brk, was, and a correct
+    fusion read 30-35 MiB high (its heap, twice) in one run of ten. So the anonymous pages come from
+    smaps_rollup, which the kernel totals in one pass, and smaps is read only where maps lists a
+    shared mapping to count, for those mappings, each once."""
     try:
-        with open(f"/proc/{pid}/smaps", "rb") as smaps:
-            for line in smaps:
-                head = line[:1]
-                if head.isdigit() or b"a" <= head <= b"f":  # a mapping's first line: range perms offset dev inode
-                    fields = line.split(None, 5)
-                    perms, inode, path = fields[1], int(fields[4]), fields[5] if len(fields) > 5 else b""
-                    # Shared memory mapped read-only holds its pages too (written through a descriptor).
-                    shared = (perms[3:4] == b"s" and (perms[1:2] == b"w" or path.startswith(_MEMORY_FILES))
-                                       and inode not in counted)
-                    if shared and inode:  # inode 0: shared anonymous memory, its own each time
-                        counted.add(inode)
-                elif line.startswith((b"Anonymous:", b"Swap:")):
-                    total += int(line.split()[1]) << 10
-                elif shared and line.startswith(b"Rss:"):
-                    total += int(line.split()[1]) << 10
+        anonymous = _anonymous(pid)
+        shared = _shared_to_count(pid, counted)
+        return anonymous + (_resident(pid, shared) if shared else 0)
     except (FileNotFoundError, ProcessLookupError):
         return 0
+
+
+def _anonymous(pid: int) -> int:
+    """Anonymous pages, resident or swapped out, of all the process's mappings."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+        for line in rollup:
+            if line.startswith((b"Anonymous:", b"Swap:")):
+                total += int(line.split()[1]) << 10
+    return total
+
+
+def _shared_to_count(pid: int, counted: set[int]) -> set[bytes]:
+    """The start addresses of the shared mappings of memory, or writable, whose pages count (those
+    of an inode in ``counted`` do not; each one found is added)."""
+    starts = set()
+    with open(f"/proc/{pid}/maps", "rb") as maps:
+        for line in maps:
+            fields = line.split(None, 5)  # range perms offset dev inode [path]
+            perms, inode, path = fields[1], int(fields[4]), fields[5] if len(fields) > 5 else b""
+            # Shared memory mapped read-only holds its pages too (written through a descriptor).
+            if (perms[3:4] == b"s" and (perms[1:2] == b"w" or path.startswith(_MEMORY_FILES))
+                    and inode not in counted):
+                starts.add(fields[0].split(b"-")[0])
+                if inode:  # inode 0: shared anonymous memory, its own each time
+                    counted.add(inode)
+    return starts
+
+
+def _resident(pid: int, starts: set[bytes]) -> int:
+    """The resident pages of the mappings that begin at ``starts``, each counted once."""
+    total, counting, seen = 0, False, set()
+    with open(f"/proc/{pid}/smaps", "rb") as smaps:
+        for line in smaps:
+            head = line[:1]
+            if head.isdigit() or b"a" <= head <= b"f":  # a mapping's first line: range perms ...
+                start = line.split(b"-", 1)[0]
+                counting = start in starts and start not in seen
+                seen.add(start)
+            elif counting and line.startswith(b"Rss:"):
+                total += int(line.split()[1]) << 10
     return total
 
 
