@@ -86,6 +86,26 @@ def test_held_bytes_counts_a_process_s_own_pages_and_skips_the_arena(kind: str) 
     assert held_bytes([proc.pid]) == 0  # gone: nothing
 
 
+def test_shared_memory_an_unsealed_rank_s_engine_maps_from_its_folders_is_not_counted(tmp_path: Path) -> None:
+    # Unsealed, Open MPI's segments and the job folder's files share the rank's process; they are
+    # the engine's and the harness's (held_bytes' skip_paths), as they are sealed, not the learner's.
+    mapped = tmp_path / "engine" / "segment"
+    mapped.parent.mkdir()
+    script = (f"import mmap; f = open({str(mapped)!r}, 'w+b'); f.truncate(24 << 20); "
+              "m = mmap.mmap(f.fileno(), 24 << 20); m.write(b'x' * (24 << 20)); print('ready', flush=True); "
+              "import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        counted = held_bytes([proc.pid])
+        skipped = held_bytes([proc.pid], skip_paths=(f"{mapped.parent}/",))
+        assert 23 * MIB < counted - skipped < 27 * MIB, (counted - skipped) / MIB
+        assert abs(held_bytes([proc.pid], skip_paths=(f"{tmp_path}/elsewhere/",)) - counted) < MIB
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_descendants_finds_grandchildren() -> None:
     outer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "

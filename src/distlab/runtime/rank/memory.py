@@ -41,20 +41,23 @@ SCRATCH = ("tmp", "var/tmp", "dev/shm")
 _MEMORY_FILES = (b"/memfd:", b"/dev/zero", b"/SYSV")
 
 
-def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: int | None = None) -> int:
+def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: int | None = None,
+               skip_paths: tuple[str, ...] = ()) -> int:
     """The bytes the processes ``pids`` hold (module docstring); ``skip_inode``: the arena's
     inode, whose mapping is not counted; ``scratch_of``: a process whose root's scratch folders
-    (its own tmpfs mounts) count too. A process that is gone counts nothing."""
+    (its own tmpfs mounts) count too; ``skip_paths``: where files mapped in are not counted (an
+    unsealed rank's engine's). A process that is gone counts nothing."""
     counted: set[int] = set() if skip_inode is None else {skip_inode}  # shared memory, once
+    skipped = tuple(path.encode() for path in skip_paths)
     total = 0
     for pid in pids:
-        total += _mapped(pid, counted) + _in_descriptors(pid, counted)
+        total += _mapped(pid, counted, skipped) + _in_descriptors(pid, counted)
     if scratch_of is not None:
         total += scratch_bytes(scratch_of)
     return total
 
 
-def _mapped(pid: int, counted: set[int]) -> int:
+def _mapped(pid: int, counted: set[int], skipped: tuple[bytes, ...] = ()) -> int:
     """Anonymous and swapped-out pages of every mapping, and the resident pages of each shared
     mapping of memory, or writable, not counted yet (its inode is then added to ``counted``).
 
@@ -65,7 +68,7 @@ def _mapped(pid: int, counted: set[int]) -> int:
     shared mapping to count, for those mappings, each once."""
     try:
         anonymous = _anonymous(pid)
-        shared = _shared_to_count(pid, counted)
+        shared = _shared_to_count(pid, counted, skipped)
         return anonymous + (_resident(pid, shared) if shared else 0)
     except (FileNotFoundError, ProcessLookupError):
         return 0
@@ -81,9 +84,9 @@ def _anonymous(pid: int) -> int:
     return total
 
 
-def _shared_to_count(pid: int, counted: set[int]) -> set[bytes]:
+def _shared_to_count(pid: int, counted: set[int], skipped: tuple[bytes, ...]) -> set[bytes]:
     """The start addresses of the shared mappings of memory, or writable, whose pages count (those
-    of an inode in ``counted`` do not; each one found is added)."""
+    of an inode in ``counted`` do not, nor files under ``skipped``; each inode found is added)."""
     starts = set()
     with open(f"/proc/{pid}/maps", "rb") as maps:
         for line in maps:
@@ -91,7 +94,7 @@ def _shared_to_count(pid: int, counted: set[int]) -> set[bytes]:
             perms, inode, path = fields[1], int(fields[4]), fields[5] if len(fields) > 5 else b""
             # Shared memory mapped read-only holds its pages too (written through a descriptor).
             if (perms[3:4] == b"s" and (perms[1:2] == b"w" or path.startswith(_MEMORY_FILES))
-                    and inode not in counted):
+                    and inode not in counted and not (skipped and path.startswith(skipped))):
                 starts.add(fields[0].split(b"-")[0])
                 if inode:  # inode 0: shared anonymous memory, its own each time
                     counted.add(inode)
@@ -188,10 +191,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def own_held_bytes() -> int:
+# Open MPI's shared-memory transport maps a segment per rank of the node from here.
+ENGINE_SEGMENTS = "/dev/shm/sm_segment."
+
+
+def own_held_bytes(job_dir: Path) -> int:
     """This process's held memory (unsealed: the rank and the learner's code are one process,
-    and the figure is as advisory as every other counter there)."""
-    return held_bytes([os.getpid()])
+    and the figure is as advisory as every other counter there), but the shared memory its engine
+    and harness map in (Open MPI's segments, PMIx's and the rank's slot in the job's folder): the
+    engine's, as it is sealed, and smaps need not be read for it (10 ms a reading with torch)."""
+    return held_bytes([os.getpid()], skip_paths=(ENGINE_SEGMENTS, f"{job_dir.resolve()}/"))
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)

@@ -144,7 +144,7 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
         if learner is None:
             program = _load_program(Path(job.program_file), job.program_module, job.program)
             forbid_finalize(backend)
-            witness = _own_memory() if job.memory_probe else None
+            witness = _own_memory(job_dir) if job.memory_probe else None
             solution = load_module(solution_path, "solution") if solution_path else None
             rank_limits.apply(job.limits)
             run = _in_process(program, solution)
@@ -243,11 +243,15 @@ def _own_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
-def _own_memory() -> MemoryWitness:
+def _own_memory(job_dir: Path) -> MemoryWitness:
     """Unsealed, the rank reads its own memory, before the learner's file is imported and at
     each mark (as advisory as every other counter of an unsealed rank)."""
     steady_malloc()
-    return MemoryWitness(own_held_bytes, own_held_bytes())
+
+    def held() -> int:
+        return own_held_bytes(job_dir)
+
+    return MemoryWitness(held, held())
 
 
 def _run_task(
