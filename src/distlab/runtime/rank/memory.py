@@ -195,12 +195,18 @@ def descendants(pid: int) -> list[int]:
 ENGINE_SEGMENTS = "/dev/shm/sm_segment."
 
 
-def own_held_bytes(job_dir: Path) -> int:
+def engine_paths(job_dir: Path) -> tuple[str, ...]:
+    """Where an unsealed rank's engine and harness map shared memory in from: Open MPI's segments,
+    PMIx's files and the rank's slot in the job's folder (resolved once, not at every sample)."""
+    return ENGINE_SEGMENTS, f"{job_dir.resolve()}/"
+
+
+def own_held_bytes(engine: tuple[str, ...]) -> int:
     """This process's held memory (unsealed: the rank and the learner's code are one process,
-    and the figure is as advisory as every other counter there), but the shared memory its engine
-    and harness map in (Open MPI's segments, PMIx's and the rank's slot in the job's folder): the
-    engine's, as it is sealed, and smaps need not be read for it (10 ms a reading with torch)."""
-    return held_bytes([os.getpid()], skip_paths=(ENGINE_SEGMENTS, f"{job_dir.resolve()}/"))
+    and the figure is as advisory as every other counter there), but the shared memory mapped in
+    from ``engine`` (``engine_paths``): the engine's, as it is sealed, and smaps need not be read
+    for it (10 ms a reading with torch)."""
+    return held_bytes([os.getpid()], skip_paths=engine)
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
 import os
 import pickle
 import re
@@ -68,7 +69,7 @@ from .backend import detect_backend, make_engine
 from .failures import error_from
 from .guards import finalize_mpi, forbid_finalize, require_completed
 from .learner import load_module
-from .memory import MemoryWitness, own_held_bytes, steady_malloc
+from .memory import MemoryWitness, engine_paths, own_held_bytes, steady_malloc
 from .survival import JoinedAs, joined, surviving_engine, task_clock
 from .views import for_rank
 
@@ -247,10 +248,7 @@ def _own_memory(job_dir: Path) -> MemoryWitness:
     """Unsealed, the rank reads its own memory, before the learner's file is imported and at
     each mark (as advisory as every other counter of an unsealed rank)."""
     steady_malloc()
-
-    def held() -> int:
-        return own_held_bytes(job_dir)
-
+    held = functools.partial(own_held_bytes, engine_paths(job_dir))
     return MemoryWitness(held, held())
 
 
