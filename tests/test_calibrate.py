@@ -17,7 +17,9 @@ from distlab.calibrate import (
     Fit, MachineModel, fit_alpha_beta, platform_toml, powers, robust_fit, run_calibration,
     write_platform,
 )
-from distlab.errors import UsageError
+from distlab.calibrate import command
+from distlab.calibrate.fit import QUICK_PLAN
+from distlab.errors import HarnessError, UsageError
 from distlab.platforms import load_platform
 
 from conftest import job_processes
@@ -142,6 +144,28 @@ def test_an_unwritable_output_path_is_a_usage_error_before_any_run(tmp_path: Pat
         run_calibration(console, "mpi", 2, tmp_path, True)
     assert time.monotonic() - started < 5  # nothing was launched
     assert out.getvalue() == ""
+
+
+def test_a_busy_machine_s_flat_ping_pong_is_measured_again_and_refused_after_the_last_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As seen under the suite's load: every size ~1 ms, a scheduler tick per round trip, so the
+    # fit's beta came out negative. The measurement is what a busy machine gave; the retry is real.
+    flat = [1.08e-3 + (2e-4 if n == 2048 else 0.0) - n * 1e-12 for n in QUICK_PLAN.ping_sizes]
+    good = [1e-5 + n * 1e-10 for n in QUICK_PLAN.ping_sizes]
+    given = iter([flat, good])
+    monkeypatch.setattr(command, "measure_ping_pong", lambda backend, plan: next(given))
+    console, out = quiet_console()
+    times, fit, dropped = command._ping_pong_fit(console, "mpi", QUICK_PLAN)
+    assert times == good and fit.beta_s_per_byte == pytest.approx(1e-10) and dropped == []
+    assert "not a latency and a bandwidth: the machine is probably busy; measuring again (try 2 of 3)" in (
+        " ".join(out.getvalue().split()))
+
+    monkeypatch.setattr(command, "measure_ping_pong", lambda backend, plan: flat)
+    console, out = quiet_console()
+    with pytest.raises(HarnessError, match="in each of 3 tries; the machine was probably too busy"):
+        command._ping_pong_fit(console, "mpi", QUICK_PLAN)
+    assert "try 3 of 3" in out.getvalue()
 
 
 # -- end to end -------------------------------------------------------------------------------

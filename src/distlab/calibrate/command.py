@@ -6,7 +6,8 @@ Call order (``run_calibration``):
 2. a ping-pong between ranks 0 and 1 (``ranks.ping_pong``) through distlab's own
    launcher and comm proxy, sizes 8 B to 4 MiB, the median one-way time per size;
 3. a least-squares fit of one-way time = alpha + n * beta (``fit_alpha_beta``, made robust to
-   sizes a busy machine spoiled by ``robust_fit``);
+   sizes a busy machine spoiled by ``robust_fit``); a fit that is not a latency and a bandwidth
+   has the ping-pong measured again, up to PING_PONG_TRIES times (``_ping_pong_fit``);
 4. a platform file: ``ranks`` devices on one switch, every route exactly alpha and beta (the star
    of ``platforms.uniform``), loaded back with ``load_platform`` to prove it is valid;
 5. problem 03's reference ring allreduce on ``ranks`` real ranks at a few sizes: the analytic
@@ -41,6 +42,7 @@ from .fit import (
     QUICK_PLAN,
     RING_PROBLEM,
     Fit,
+    Plan,
     robust_fit,
 )
 from .measure import RingRow, measure_flops, measure_ping_pong, measure_ring
@@ -150,15 +152,29 @@ def machine_model(backend: str, ranks: int, fit: Fit, flops: float) -> MachineMo
     )
 
 
-def _fit_or_fail(sizes: Sequence[int], times: Sequence[float]) -> tuple[Fit, list[int]]:
-    fit, dropped = robust_fit(sizes, times)
-    if fit.alpha_s <= 0 or fit.beta_s_per_byte <= 0:
-        raise HarnessError(
-            f"the ping-pong fit gave alpha = {fit.alpha_s:.3g} s and beta = "
-            f"{fit.beta_s_per_byte:.3g} s/B, which are not a latency and a bandwidth; the machine "
-            f"was probably too busy: run distlab calibrate again"
-        )
-    return fit, dropped
+# A fit that is not a latency and a bandwidth comes from a machine too busy to time: ranks
+# descheduled for a scheduler tick on every round trip make small and large messages cost the same.
+# Such load comes and goes, so the ping-pong is measured again, as a user would, before giving up.
+PING_PONG_TRIES = 3
+
+
+def _ping_pong_fit(console: Console, backend: str, plan: Plan) -> tuple[list[float], Fit, list[int]]:
+    """The ping-pong's times, their fit and the sizes set aside; measured up to PING_PONG_TRIES
+    times while the fit is not physical (HarnessError after the last)."""
+    attempt = 1
+    while True:
+        times = measure_ping_pong(backend, plan)
+        fit, dropped = robust_fit(plan.ping_sizes, times)
+        if fit.alpha_s > 0 and fit.beta_s_per_byte > 0:
+            return times, fit, dropped
+        said = (f"the ping-pong fit gave alpha = {fit.alpha_s:.3g} s and beta = "
+                f"{fit.beta_s_per_byte:.3g} s/B, which are not a latency and a bandwidth")
+        if attempt == PING_PONG_TRIES:
+            raise HarnessError(f"{said}, in each of {PING_PONG_TRIES} tries; the machine was probably "
+                               f"too busy: run distlab calibrate again when it is quieter")
+        attempt += 1
+        console.print(f"{said}: the machine is probably busy; measuring again "
+                      f"(try {attempt} of {PING_PONG_TRIES})")
 
 
 def run_calibration(
@@ -176,8 +192,7 @@ def run_calibration(
         + (" · quick" if quick else "")
     )
 
-    times = measure_ping_pong(backend, plan)
-    fit, dropped = _fit_or_fail(plan.ping_sizes, times)
+    times, fit, dropped = _ping_pong_fit(console, backend, plan)
     console.print(ping_table(plan.ping_sizes, times, fit, dropped))
     _print_fit(console, fit, dropped)
 
