@@ -218,6 +218,12 @@ def process_facts(comm, solution):
     return os.getpid(), os.getppid(), os.getsid(0), name, "torch" in __import__("sys").modules
 
 
+def environment_seen(comm, solution, name):
+    """The rank's value of the environment variable ``name`` (None where it is not set)."""
+    comm.Barrier()
+    return os.environ.get(name)
+
+
 class PerRank:
     """A task argument that rank r may only see its own entry of (runtime/rank/views.py)."""
 
