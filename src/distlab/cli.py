@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
@@ -95,6 +94,9 @@ def _card_loads(entry: Entry) -> bool:
 @app.command()
 def show(problem: str = typer.Argument(..., help="number or slug")) -> None:
     """The problem's scenario card."""
+    # Imported here: 30 ms of imports that no other command needs.
+    from rich.markdown import Markdown
+
     entry = _bank().ready_problem(problem)
     card = entry.card()
     s = card.scenario
