@@ -10,8 +10,10 @@ and the zygote with its supervisor, and that the zygote serves no other user.
 
 from __future__ import annotations
 
+import array
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -156,6 +158,40 @@ try:
 except zygote_wire.Refused as exc:
     print(exc)
 """
+
+
+def test_a_request_carries_any_argument_variable_and_folder_unchanged() -> None:
+    not_utf8 = os.fsdecode(b"caf\xe9")  # as os.environ holds a value that is not UTF-8
+    argv = ["--job", "", "two\nlines", not_utf8]
+    env = {"PLAIN": "1", "EQUALS": "a=b=c", "NEWLINE": "x\ny", "EMPTY": "", "LATIN": not_utf8}
+    framed = zygote_wire.encode_request(argv, env, "/a folder/with\nnewline")
+    head, _, body = framed.partition(b"\n")
+    assert int(head) == len(body)
+    got_argv, got_env, got_cwd = zygote_wire.decode_request(body)
+    assert got_argv == argv and got_cwd == b"/a folder/with\nnewline"
+    assert got_env == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    assert got_env[b"LATIN"] == b"caf\xe9"
+    for malformed in (b"/", b"/\0x", b"/\x003\0a\0b", b"/\x000\0NOEQUALS", b"/\x000\0=value"):
+        with pytest.raises(ValueError):
+            zygote_wire.decode_request(malformed)
+
+
+@pytest.mark.parametrize("sent,said", [
+    (b"ten\n/\x000", "a request starts with its length"),
+    (b"%d\n" % (zygote_server.REQUEST_LIMIT + 1), "request too long"),
+    (b"3\n/\x000\0A=1", "came with"),
+    (b"3\n/\x005", "a malformed request"),
+], ids=["no length", "too long", "longer than said", "malformed"])
+def test_a_malformed_request_is_refused_and_the_zygote_serves_the_next(sent: bytes, said: str) -> None:
+    zygote = zygote_client.zygote_for(rank_env(), [])
+    assert zygote is not None
+    conn = zygote_wire.connect(zygote.address, patience_s=10)
+    conn.sendmsg([sent], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    answer = zygote_wire.read_line(conn, 30)
+    conn.close()
+    assert answer.startswith("refused ValueError") and said in answer, answer
+    result = run(make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"), deadline_s=60)
+    assert result.status == "ok", result.message
 
 
 def test_the_preload_is_the_engine_and_the_heavy_modules_a_program_imports(tmp_path: Path) -> None:

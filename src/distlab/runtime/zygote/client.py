@@ -17,7 +17,6 @@ import ast
 import os
 import secrets
 import select
-import socket
 import subprocess
 import sys
 import threading
@@ -89,7 +88,7 @@ class ForkedRank:
     """A rank the zygote forked: what the supervisor asks of a ``Popen``. The connection it was
     asked on carries its exit code; closing it (this process's death) makes the zygote kill it."""
 
-    def __init__(self, conn: socket.socket, pid: int) -> None:
+    def __init__(self, conn: zygote_wire.Socket, pid: int) -> None:
         self.conn = conn
         self.pid = pid
         self.returncode: int | None = None

@@ -16,8 +16,9 @@ gave the process it started, stand_in.py), and it runs each child through multip
 own bootstrap.
 
 The protocol, on a Unix socket of the abstract namespace (no file to leave behind), one connection
-per rank: the asker sends one JSON line ``{"argv": [...], "env": {...}, "cwd": ...}`` with three
-file descriptors (the rank's stdin, stdout, stderr); the zygote (which imported the modules named
+per rank: the asker sends the rank's arguments, environment and folder (wire.encode_request: its
+length on a line, then NUL-separated fields) with three file descriptors (the rank's stdin,
+stdout, stderr); the zygote (which imported the modules named
 after its address on its command line at its start) forks, and answers ``started PID``, then ``exited CODE`` once
 the rank ended (CODE as Popen's returncode: negative for the signal that ended it). An asker that
 closes its end first (the MPI stand-in died) takes its rank with it: the zygote SIGKILLs it. Only
@@ -31,7 +32,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import importlib
-import json
 import os
 import select
 import signal
@@ -42,7 +42,10 @@ import tempfile
 import traceback
 from typing import Any
 
-from .wire import RANK_MODULE
+from .wire import RANK_MODULE, decode_request
+
+# argv, the environment, the folder: wire.decode_request's.
+Request = tuple[list[str], dict[bytes, bytes], bytes]
 
 # The platforms are read by every rank's clock as its task starts (0.2 s a rank: their rendering
 # imports rich), and every problem's rank program imports distlab.grading (its cases' types, and
@@ -146,22 +149,32 @@ def _serve(conn: socket.socket, libc: Any, askers: dict[int, socket.socket],
             os.close(fd)
 
 
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    data, fds = b"", []
-    while not data.endswith(b"\n"):
+def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
+    """The request (wire.encode_request: its length, a newline, the body) and its descriptors."""
+    data: bytes = b""
+    fds: list[int] = []
+    size = -1
+    while size < 0 or len(data) < size:
         chunk, more, _, _ = socket.recv_fds(conn, 1 << 16, 3)
         if not chunk:
             raise EOFError("the asker left before its request ended")
         data += chunk
         fds += more
-        if len(data) > REQUEST_LIMIT:
+        if size < 0 and b"\n" in data:
+            head, _, data = data.partition(b"\n")
+            if not head.isdigit():
+                raise ValueError(f"a request starts with its length, not {head[:20]!r}")
+            size = int(head)
+        if len(data) > REQUEST_LIMIT or size > REQUEST_LIMIT:
             raise ValueError("request too long")
     if len(fds) != 3:
         raise ValueError(f"expected stdin, stdout and stderr, got {len(fds)} descriptors")
-    return json.loads(data), fds
+    if len(data) != size:
+        raise ValueError(f"a request of {size} bytes came with {len(data) - size} more")
+    return decode_request(data), fds
 
 
-def _become_rank(request: dict[str, Any], streams: list[int], libc: Any,
+def _become_rank(request: Request, streams: list[int], libc: Any,
                  zygote_fds: tuple[int, ...]) -> None:
     """In the fork: drop the zygote's loop, take the rank's session, streams and environment, and
     run the worker's main(), as ``python -m`` of it would. Never returns. (Not runpy as
@@ -180,12 +193,13 @@ def _become_rank(request: dict[str, Any], streams: list[int], libc: Any,
         for fd in streams:
             os.close(fd)
         sys.stdin = open(0, closefd=False)
-        os.chdir(request["cwd"])
+        argv, env, cwd = request
+        os.chdir(cwd)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environb.update(env)
         tempfile.tempdir = None  # found again from the rank's TMPDIR
         worker = sys.modules[RANK_MODULE]  # imported before any fork (BASE_PRELOAD)
-        sys.argv = [worker.__file__ or RANK_MODULE, *request["argv"]]  # as -m sets it
+        sys.argv = [worker.__file__ or RANK_MODULE, *argv]  # as -m sets it
         code = worker.main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
