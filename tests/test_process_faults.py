@@ -143,7 +143,10 @@ def test_a_stop_with_a_continue_delays_the_run_without_a_deadlock_verdict() -> N
     assert result.fault_events[0] == "rank 1 was stopped (SIGSTOP) at step 2 by fault[0]"
     assert re.fullmatch(r"rank 1 was continued \(SIGCONT\) at [\d.]+ s \(wall clock\), "
                         r"1 s after its stop, by fault\[0\]", result.fault_events[1])
-    assert result.wall_s >= 5 * PAUSE_S + 1.0  # the work, plus the second it was frozen
+    # The other four steps' pauses, plus the second it was frozen: step 2's own pause may pass
+    # while rank 1 is stopped (it is stopped as it waits for that step's token). 5 pauses + 1 s held
+    # only while each launch started a zygote: 2.23 s were seen once it was kept.
+    assert result.wall_s >= 4 * PAUSE_S + 1.0
 
 
 def test_a_stop_never_continued_ends_at_the_deadline_naming_the_fault() -> None:
