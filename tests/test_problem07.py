@@ -102,37 +102,57 @@ def test_budgets_and_threshold_choice() -> None:
     assert by_dtype["float32"] - case.largest("float32") > 4 * case.threshold
 
 
-def test_the_memory_probe_is_tens_of_mib_against_a_budget_of_one_buffer_per_dtype() -> None:
-    probe = cases.memory_probe(3)
-    assert probe == cases.memory_probe(3) != cases.memory_probe(4)
-    assert 40 << 20 < probe.harness_bytes() < 56 << 20 and 2 << 20 <= probe.threshold < 3 << 20
-    assert set(probe.nbytes_by_dtype()) == set(cases.DTYPE_ORDER)
-    buffers = [min(b, probe.threshold + probe.largest(d)) for d, b in probe.nbytes_by_dtype().items()]
-    assert probe.budget() == sum(buffers) + max(buffers) < 20 << 20  # the whole step is twice that and more
-    tensors = probe.tensors(1)
-    assert [(str(t.dtype), t.size) for t in tensors] == list(probe.shapes)
-    assert all(t[0] == 2 * (k % 5 + 1) and probe.sum_of(k) == 3 * (k % 5 + 1) for k, t in enumerate(tensors))
+def test_the_memory_case_is_drawn_as_training_is_but_of_12_to_16_mib() -> None:
+    """Its threshold, tables, dtypes and data are drawn as the training cases' are (an earlier probe's 2-3 MiB
+    threshold told it apart); only its size differs, and a fusion holding its whole step holds past its
+    budget and the slack."""
+    plan = cases.plan_for(3)
+    case = plan.memory
+    assert case == cases.plan_for(3).memory != cases.plan_for(4).memory
+    step = sum(case.nbytes_by_dtype().values())
+    assert 12 << 20 <= step < (16 << 20) + (8 << 10) and case.p == 2 and isinstance(case, cases.Case)
+    thresholds = [c.threshold for seed in range(20) for c in cases.plan_for(seed).cases]
+    for seed in range(20):
+        memory = cases.plan_for(seed).memory
+        assert min(thresholds) // 2 <= memory.threshold <= max(thresholds) < 1 << 20
+        assert set(memory.spec.dtypes) <= set(cases.DTYPE_ORDER) and memory.spec.dim in (8, 16)
+        assert all(8 <= v < 65 or 1536 <= v < 2049 for v in memory.spec.vocab)
+        assert judging.budget(memory) + judging.HELD_SLACK < sum(memory.nbytes_by_dtype().values()) / 2
+    assert plan.world >= case.p
 
 
-def held(before: int, fuse: int, added: int, peak: int | None = None) -> HeldMemory:
-    """Readings at the probe's marks; ``peak``: the most held between "fuse" and "added" (added's own)."""
-    return HeldMemory(before, (("fuse", fuse, fuse), ("added", added, max(added, peak or 0)), ("flushed", fuse, fuse)))
+def held(before: int, start: int, fuse: int, added: int, peak: int | None = None, step1: int = 0) -> HeldMemory:
+    """Readings at the training program's marks, two steps alike; ``peak``: the most held between "fuse" and
+    "added" (added's own); ``step1``: what the second step holds more at every mark."""
+    marks: list[tuple[str, int, int]] = []
+    for extra in (0, step1):
+        marks += [("step", start + extra, start + extra), ("fuse", fuse + extra, fuse + extra),
+                  ("added", added + extra, max(added, peak or 0) + extra)]
+    return HeldMemory(before, tuple(marks))
 
 
-def test_the_memory_probe_names_copies_and_memory_kept_from_the_import() -> None:
-    probe, base = cases.memory_probe(3), 30 << 20
-    fuse = base + probe.harness_bytes()
-    assert judging.held_problem(probe, 0, held(base, fuse, fuse + probe.budget())) is None
-    early = judging.held_problem(probe, 1, held(base, fuse, fuse + probe.harness_bytes()))
+def test_the_memory_check_names_copies_and_memory_kept_from_the_import() -> None:
+    case, base = cases.plan_for(3).memory, 30 << 20
+    step = sum(case.nbytes_by_dtype().values())
+    start = base + judging.harness_bytes(case)
+    fuse = start + step
+    assert judging.held_problem(case, 0, held(base, start, fuse, fuse + judging.budget(case))) is None
+    early = judging.held_problem(case, 1, held(base, start, fuse, fuse + step))
     assert "rank 1's process held" in early and "are tensors copied long before their buffer is due?" in early
-    stash = judging.held_problem(probe, 0, held(base, fuse + probe.harness_bytes(), fuse + probe.harness_bytes()))
+    stash = judging.held_problem(case, 0, held(base, start + step, fuse + step, fuse + step))
     assert "already held" in stash and "kept from the import of your file" in stash and "copied long" not in stash
-    assert judging.held_problem(probe, 0, held(-1, fuse + (60 << 20), fuse + (60 << 20))) is None  # never read: growth only
-    # Copies dropped just as "added" was read, held before it: the sampled peak shows them.
-    hidden = judging.held_problem(probe, 1, held(base, fuse, fuse + (1 << 20), peak=fuse + probe.harness_bytes()))
+    made = judging.held_problem(case, 0, held(base, start, fuse + step, fuse + step), step=0)
+    assert made is not None and "already held" in made  # taken between "step" and "fuse": not the gradients
+    assert judging.held_problem(case, 0, held(-1, start + (60 << 20), fuse + (60 << 20), fuse + (60 << 20))) is None
+    # Copies dropped just as "added" was read, held before it: the sampled peak shows them, in either step.
+    hidden = judging.held_problem(case, 1, held(base, start, fuse, fuse + (1 << 20), peak=fuse + step))
     assert hidden is not None and "are tensors copied long before their buffer is due?" in hidden
+    later = held(base, start, fuse, fuse, step1=step)
+    assert judging.held_problem(case, 0, later, step=1) is None
+    later = HeldMemory(base, later.marks[:5] + (("added", fuse + step, fuse + 2 * step),))
+    assert "step 1: rank 0's process held up to" in judging.held_problem(case, 0, later, step=1)
     # Buffers too large hold that memory themselves: named as the cause, not copies.
-    large = judging.held_problem(probe, 0, held(base, fuse, fuse + (30 << 20)), largest_buffer=4 * probe.threshold)
+    large = judging.held_problem(case, 0, held(base, start, fuse, fuse + (30 << 20)), largest_buffer=4 << 20)
     assert large is not None and "its buffers reached" in large and "copied long before" not in large
 
 
@@ -441,7 +461,7 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     # forged (an outside tester's attacks): each must fail on the agents' evidence, not the rank's testimony
     "copies_until_flush.py": (
-        ["held up to", "while add() ran than before the fusion was made", "are tensors copied long before their buffer is due?"],
+        ["held up to", "while add() ran than before the step's first add()", "are tensors copied long before their buffer is due?"],
         {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
          "buffer memory bounded": "failed"},
     ),
@@ -452,6 +472,11 @@ BUGGY: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     "forged_mark_hook.py": (
         ["held up to", "are tensors copied long before their buffer is due?"],
+        {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
+         "buffer memory bounded": "failed"},
+    ),
+    "forged_probe_detect.py": (
+        ["held up to", "threshold + its largest tensor", "are tensors copied long before their buffer is due?"],
         {"results equal": "passed", "collectives per step": "passed", "step at least 10x": "passed",
          "buffer memory bounded": "failed"},
     ),
@@ -487,6 +512,7 @@ REAL_BUG = {
     "copies_until_flush.py": "are tensors copied long before their buffer is due?",
     "forged_quiet_probe.py": "are tensors copied long before their buffer is due?",
     "forged_mark_hook.py": "are tensors copied long before their buffer is due?",
+    "forged_probe_detect.py": "are tensors copied long before their buffer is due?",
     "forged_recording_bypass.py": "which the harness's RecordingComm never noted",
     "forged_untraced_copies.py": "; and the memory probe",
     "forged_local_recompute.py": "view of the case holds no data of rank",
@@ -505,7 +531,8 @@ def test_every_buggy_fixture_has_a_row() -> None:
 
 # The fixtures that do two wrong things: each may show the phrase of the other's bug as well.
 SHARED_BUG = {"forged_untraced_copies.py": {"forged_recording_bypass.py", "copies_until_flush.py",
-                                            "forged_quiet_probe.py", "forged_mark_hook.py"}}
+                                            "forged_quiet_probe.py", "forged_mark_hook.py",
+                                            "forged_probe_detect.py"}}
 
 
 def phrases_of_others(name: str) -> list[str]:

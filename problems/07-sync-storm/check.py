@@ -6,12 +6,13 @@ must follow single-process training; the same run is then read for the collectiv
 the size of every buffer. Last, at 50 us of latency per hop, the fused step must be at least 10x faster than
 one Allreduce per tensor.
 
-Memory is read by each rank's agent, from /proc, on a probe of its own (cases.MemoryProbe, first in the
-launch): one step of about 40 MiB of gradients on 2 ranks, fused at a threshold of 2-3 MiB. While add()
-runs (sampled every few milliseconds until the mark after the last add()) a fusion may hold one buffer per
-dtype of threshold + its largest tensor, 12-16 MiB; one that copies every tensor as it is added holds the
-whole step. An earlier probe read tracemalloc in the learner's process,
-which the learner's code could stop or rewrite."""
+Memory is read by each rank's agent, from /proc, in every training case: sampled every few milliseconds from
+the step's mark "fuse" (its tensors made) to "added" (every one added). A fusion may hold one buffer per dtype
+of threshold + its largest tensor; one that copies every tensor as it is added holds the whole step, which
+shows in the memory case (cases.memory_case): a training case drawn like the others, of 12-16 MiB a step. An
+earlier probe read tracemalloc in the learner's process, which the learner's code could stop or rewrite; a
+later one ran on a task of its own (2-3 MiB thresholds, constant tensors), which a fusion told apart by its
+threshold and was honest on alone."""
 
 import math
 
@@ -20,7 +21,7 @@ import numpy as np
 from distlab.grading import CheckContext, Checklist, Run, Task, uniform
 
 from . import cases, judging
-from .cases import STEPS, Case, MemoryProbe, Plan, Timed
+from .cases import STEPS, Case, Plan, Timed
 from .judging import collectives, human
 from .programs import run_task
 
@@ -37,16 +38,13 @@ def plan(t: CheckContext) -> Plan:
 
 @CHECKS.run
 def storm(t: CheckContext, plan: Plan) -> Run:
-    """One launch on the 50-us cluster: the memory probe, the training cases, then for each timed case the
+    """One launch on the 50-us cluster: the training cases, the memory case, then for each timed case the
     learner's fused step and one Allreduce per tensor."""
-    # The probe first: what the learner process holds then is the harness's and the learner's file's alone.
-    probe = cases.memory_probe(t.seed)
-    tasks = [Task(ranks=probe.p, case=probe, label=probe.label(), memory=True, memory_sampled=("fuse",),
-                  marks=judging.PROBE_MARKS)]
     # A step's counters are those of its phase, from the harness's mark "step" to the next: marks the learner's
-    # code sets of other names cut nothing (Task.marks; judging.unreduced counts the "step" marks).
-    tasks += [Task(ranks=c.p, case=c, label=f"training with {c.label()}", marks=judging.MARKS)
-              for c in plan.cases]
+    # code sets of other names cut nothing (Task.marks; judging.unreduced counts the "step" marks). Every
+    # training case reads memory alike: none is told apart as the one measured but by its size.
+    tasks = [Task(ranks=c.p, case=c, label=f"training with {c.label()}", marks=judging.MARKS, memory=True,
+                  memory_sampled=("fuse",)) for c in plan.cases + (plan.memory,)]
     for c in plan.perf:
         tasks += [Task(ranks=c.p, case=Timed(c, True), label=f"the timed fused step, p = {c.p}"),
                   Task(ranks=c.p, case=Timed(c, False), label=f"the timed per-tensor baseline, p = {c.p}")]
@@ -156,23 +154,22 @@ def fused_step_is_faster(t: CheckContext, plan: Plan, storm: Run, wrong_sum: str
 @CHECKS.check("buffer memory bounded: threshold + one tensor", points=2)
 def memory_bounded(t: CheckContext, storm: Run, wrong_sum: str | None) -> None:
     require_right_sums(t, wrong_sum)
-    # The buffers' sizes, as the agents traced them, and what each rank's learner process held on the
-    # memory probe, as its agent read it from /proc: the learner's code reports neither.
+    # The buffers' sizes, as the agents traced them, and what each rank's learner process held while add()
+    # ran, as its agent read it from /proc: the learner's code reports neither.
     results = storm.cases(Case)
     seen = {id(result): judging.buffers_seen(result) for result in results}
-    (probe,) = storm.cases(MemoryProbe)
-    held = judging.probe_problem(probe)
+    held = judging.memory_problem(results)
     if too_big := (judging.unnoted_buffer(results)
                    or judging.too_big_buffer(results, lambda result: seen[id(result)])):
-        # The probe's excess is named beside a buffer too large only where its own buffers were right.
-        t.fail(f"{too_big}; and {held}" if held and judging.COPIED_EARLY in held else too_big)
+        # The excess held is named beside a buffer too large only where its own buffers were right.
+        t.fail(f"{too_big}; and the memory probe: {held}" if held and judging.COPIED_EARLY in held else too_big)
     if held:
         t.fail(held)
     for result in results:
-        t.say(f"p = {result.case.p}: largest buffer {max((n for _, n in seen[id(result)][0][0]), default=0)} B "
-              f"(threshold {result.case.threshold} B)")
-    case = probe.case
-    most = max(probe.task.memory(r).peak_to("added") - probe.task.memory(r).at("fuse") for r in range(case.p))
-    t.say(f"{case.label()}: at most {judging.mib(most)} held while add() ran (read from /proc by each rank's "
-          f"agent), budget {judging.mib(case.budget())}")
-    t.metric("probe_held_over_budget", round(most / case.budget(), 3))
+        case, task = result.case, result.task
+        most = max(task.memory(r).peak_to("added", s) - task.memory(r).at("fuse", s)
+                   for r in range(case.p) for s in range(case.steps))
+        t.say(f"p = {case.p}: largest buffer {max((n for _, n in seen[id(result)][0][0]), default=0)} B "
+              f"(threshold {case.threshold} B), at most {judging.mib(most)} held while add() ran (read from /proc "
+              f"by each rank's agent), budget {judging.mib(judging.budget(case))}")
+    t.metric("memory_case_held_over_budget", round(most / judging.budget(case), 3))

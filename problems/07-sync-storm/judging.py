@@ -268,7 +268,7 @@ def agent_sizes(task: Any, rank: int) -> list[list[int]]:
 
 def own_marks_note(task: Any, rank: int) -> str:
     """A note naming the marks the rank set besides the harness's (its learner's code's), or ''."""
-    own = sorted({name for name, _ in task.timeline().marks(rank) if name not in MARKS})
+    own = sorted({name for name, _ in task.timeline().marks(rank) if name not in MARKS + MEMORY_MARKS})
     if not own:
         return ""
     return (f": your own mark(s) {', '.join(map(repr, own[:3]))} do not end the harness's \"step\" phase; every "
@@ -378,77 +378,94 @@ def why_too_big(case: Case, dtype: str, sizes: list[int]) -> tuple[str, bool]:
     return "the buffer grew past the threshold before it was sent", False
 
 
-# -- the memory probe: what the learner's process holds, read by its agent -------------------------------
+# -- memory: what the learner's process holds while add() runs, read by its agent ----------------------
 
-PROBE_MARKS = ("fuse", "added", "flushed")  # the probe's program sets each once, in this order
-# The probe's allowance beyond its budget: pages, the interpreter's own objects (measured: well under
-# a MiB); a fusion that copies early holds about 40 MiB, against a budget of 12-16.
+MEMORY_MARKS = ("fuse", "added")  # per step, after "step": the step's tensors made; every one added
+# The allowance beyond the budget: pages, the interpreter's own objects and the heap's (measured: well
+# under a MiB); a fusion that copies early holds the memory case's whole step, 12-16 MiB.
 HELD_SLACK = 4 << 20
+# What an array of the harness's holds besides its data: the object, its name and its place in a dict or
+# list (measured: 265 B a gradient tensor); the memory case has some 20,000 of them.
+ARRAY_BYTES = 320
 COPIED_EARLY = "are tensors copied long before their buffer is due?"
 
 
-def probe_problem(result: CaseRun) -> str | None:
-    """The memory probe's verdict: None, or the first thing wrong, its sums, its marks or a rank's memory."""
-    case, task = result.case, result.task
-    if moved := task.marks_differ(PROBE_MARKS):
-        return f"{moved}: the memory probe reads at the program's marks"
-    for rank, value in enumerate(result.values):
-        if wrong := probe_sums_wrong(case, rank, value):
-            return wrong
-        if carried(task.counts(rank)) < case.harness_bytes():
-            return (f"{case.label()}: rank {rank}'s collectives carried {carried(task.counts(rank))} bytes of the "
-                    f"step's {case.harness_bytes()}: every tensor must be reduced across the ranks")
-    for rank in range(case.p):
-        if problem := held_problem(case, rank, task.memory(rank), largest_while_adding(task, rank)):
-            return problem
+def budget(case: Case) -> int:
+    """What a fusion may hold while add() runs: a buffer per dtype of at most threshold + its largest tensor
+    (never more than the dtype's bytes), and a receive copy of the largest."""
+    buffers = [min(b, case.threshold + case.largest(d)) for d, b in case.nbytes_by_dtype().items()]
+    return sum(buffers) + max(buffers)
+
+
+def harness_bytes(case: Case) -> int:
+    """What the harness's program holds at its first mark "step": the rank's batches and the parameters."""
+    shapes = model.step_shapes(case.spec)
+    params = [n for name, (_, n) in shapes.items() if name.split("[")[0] in ("emb", "wide", "proj", "bias")]
+    return case.steps * model.BATCH * (len(case.spec.vocab) + 1) * 8 + sum(params) + len(params) * ARRAY_BYTES
+
+
+def gradients_bytes(case: Case) -> int:
+    """What the harness's program makes from a step's "step" to its "fuse": the step's gradient tensors."""
+    return sum(case.nbytes_by_dtype().values()) + case.tensors * ARRAY_BYTES
+
+
+def memory_problem(results: list[CaseRun]) -> str | None:
+    """The first case, step and rank whose learner process held past its budget while add() ran (or held
+    more than the harness's arrays when it began), as its agent read it from /proc, or None."""
+    for result in results:
+        case, task = result.case, result.task
+        want = ["step", *MEMORY_MARKS] * case.steps
+        for rank in range(case.p):
+            held = task.memory(rank)
+            got = [name for name, _, _ in held.marks if name in want]
+            if got != want:
+                return (f"{case.label()}: rank {rank} set the marks {', '.join(map(repr, got))} where the program "
+                        f"sets {', '.join(map(repr, want))}: the memory check reads at the program's marks")
+            for step in range(case.steps):
+                largest = largest_while_adding(task, rank, step)
+                if problem := held_problem(case, rank, held, step, largest):
+                    return problem
     return None
 
 
-def largest_while_adding(task: Any, rank: int) -> int:
-    """The rank's largest collective from the probe's mark "fuse" to "added", as its agent traced it."""
-    largest, adding = 0, False
+def largest_while_adding(task: Any, rank: int, step: int) -> int:
+    """The rank's largest collective from the step's mark "fuse" to "added", as its agent traced it."""
+    largest, adding, seen = 0, False, -1
     for span in task.timeline().events(rank):
-        if span.kind == "mark" and span.name in ("fuse", "added"):
-            adding = span.name == "fuse"
+        if span.kind == "mark" and span.name in MEMORY_MARKS:
+            seen += span.name == "fuse"
+            adding = span.name == "fuse" and seen == step
         elif adding and span.kind in ("coll", "icoll"):
             largest = max(largest, int(span.nbytes))
     return largest
 
 
-def probe_sums_wrong(case: model.MemoryProbe, rank: int, value: Any) -> str | None:
-    if not isinstance(value, list) or len(value) != len(case.shapes):
-        return f"{case.label()}: rank {rank} returned {type(value).__name__}, not the first element of each tensor"
-    for k, got in enumerate(value):
-        if not isinstance(got, np.ndarray) or got.size != 1 or got[0] != case.sum_of(k):
-            return (f"{case.label()}: after flush(), tensor #{k} of rank {rank} starts with {got!r:.60}, not the "
-                    f"sum over the ranks, {case.sum_of(k)}")
-    return None
-
-
-def held_problem(case: model.MemoryProbe, rank: int, held: Any, largest_buffer: int = 0) -> str | None:
-    """None if, after its last add(), rank ``rank``'s fusion held at most one buffer per dtype (the budget)
-    beyond what its process held when the fusion was about to be made, and the process held no more then
-    than the harness's tensors since before the learner's file was imported (``held``: grading's
-    HeldMemory, read by the rank's agent from /proc). ``largest_buffer``: the rank's largest collective of
-    the probe, as its agent traced it; past threshold + the largest tensor, it is named as the cause."""
+def held_problem(case: Case, rank: int, held: Any, step: int = 0, largest_buffer: int = 0) -> str | None:
+    """None if, while the step's tensors were added, rank ``rank``'s fusion held at most one buffer per dtype
+    (the budget) beyond what its process held at "fuse", and the process held no more than the harness's
+    arrays before (``held``: grading's HeldMemory, read by the rank's agent from /proc): at the case's first
+    "step" beyond what it held before the learner's file was imported, at "fuse" beyond the step's gradients
+    made since "step". ``largest_buffer``: the rank's largest collective of the step, as its agent traced
+    it; past threshold + the largest tensor, it is named as the cause."""
     # The most held from "fuse" to "added", as the agent sampled it: not only at "added", where the
     # learner's code, which sets the mark, could drop its copies for the moment of the reading.
-    added = held.peak_to("added") - held.at("fuse")
-    early = held.at("fuse") - held.before_solution - case.harness_bytes() if held.before_solution >= 0 else 0
-    budget = case.budget()
-    if added + max(early, 0) <= budget + HELD_SLACK:
+    added = held.peak_to("added", step) - held.at("fuse", step)
+    start = held.at("step") - held.before_solution - harness_bytes(case) if held.before_solution >= 0 else 0
+    made = held.at("fuse", step) - held.at("step", step) - gradients_bytes(case)
+    early, allowed = max(start if step == 0 else 0, made), budget(case)
+    where = f"{case.label()}, step {step}: rank {rank}'s process"
+    if added + max(early, 0) <= allowed + HELD_SLACK:
         return None
     if early > HELD_SLACK:
-        return (f"{case.label()}: rank {rank}'s process already held {mib(early)} more when the fusion was about "
-                f"to be made than the harness's tensors ({mib(case.harness_bytes())}) and the interpreter account "
-                f"for, then up to {mib(added)} more while add() ran, against one buffer per dtype, {mib(budget)}: "
-                "memory kept from the import of your file counts (a module-level array, or a large library such "
-                "as torch: the probe cannot tell them apart)")
-    head = (f"{case.label()}: rank {rank}'s process held up to {mib(added)} more while add() ran than before "
-            f"the fusion was made (read from /proc by its agent), against one buffer per dtype of threshold + its "
-            f"largest tensor and one receive copy, {mib(budget)}")
-    limit = case.threshold + max(case.largest(d) for d in case.nbytes_by_dtype())
-    if largest_buffer > limit:
+        return (f"{where} already held {mib(early)} more when the step's first tensor was about to be added than "
+                f"the harness's arrays and the interpreter account for, then up to {mib(added)} more while add() "
+                f"ran, against one buffer per dtype, {mib(allowed)}: memory kept from the import of your file or "
+                "an earlier case counts (a module-level array, or a large library such as torch: the check cannot "
+                "tell them apart)")
+    head = (f"{where} held up to {mib(added)} more while add() ran than before the step's first add() (read "
+            f"from /proc by its agent), against one buffer per dtype of threshold + its largest tensor and one "
+            f"receive copy, {mib(allowed)}")
+    if largest_buffer > case.threshold + case.largest():
         return f"{head}: its buffers reached {mib(largest_buffer)}, past threshold + the largest tensor"
     return f"{head}: {COPIED_EARLY}"
 

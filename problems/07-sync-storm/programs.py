@@ -1,8 +1,9 @@
 """What runs on every rank of problem 07, and the free run (``main``). The ranks report plain records (what a
 step summed, the dtype and size of each Allreduce); each training step is a "step" phase of the task, whose
-counters the checks read; the memory probe's readings are taken by each rank's agent (``probe``). Nothing here judges, and nothing here is taken on trust: this runs in
-the learner's process, so the checker verifies what it returns against what the agents recorded (the
-collectives and their bytes) and what it recomputes (the sums, from every rank's data, which no rank holds)."""
+counters the checks read, and what the process holds while add() runs is read by each rank's agent (marks
+"fuse" and "added"). Nothing here judges, and nothing here is taken on trust: this runs in the learner's
+process, so the checker verifies what it returns against what the agents recorded (the collectives and their
+bytes) and what it recomputes (the sums, from every rank's data, which no rank holds)."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from distlab import IN_PLACE, MAX, SUM
+from distlab.grading import return_freed_memory
 
 from . import cases as model
-from .cases import Case, MemoryProbe, Timed
+from .cases import Case, Timed
 
 
 class RecordingComm:
@@ -45,12 +47,9 @@ class CaseResult:
     final_digest: int = 0
 
 
-def run_task(comm, solution, case: Case | Timed | MemoryProbe):
-    """Every task's program (one launch runs them all, so the ranks start once): trains a case, reduces one
-    step's gradients once, by the learner's fusion or by one Allreduce per tensor (the baseline), or runs the
-    memory probe."""
-    if isinstance(case, MemoryProbe):
-        return probe(comm, solution, case)
+def run_task(comm, solution, case: Case | Timed):
+    """Every task's program (one launch runs them all, so the ranks start once): trains a case, or reduces one
+    step's gradients once, by the learner's fusion or by one Allreduce per tensor (the baseline)."""
     if isinstance(case, Case):
         params, done = train(comm, solution, case)
         final = model.flat_params(params)
@@ -76,29 +75,22 @@ def train(comm, solution, case: Case) -> tuple[dict[str, Any], CaseResult]:
         grads = model.gradients(case.spec, params, *model.make_batch(case.spec, 0, step, comm.Get_rank()))
         tensors, start = list(grads.values()), comm.now()
         recorder.allreduces.clear()
-        add_all(fusion, tensors)
+        # The agent reads what the process holds here (the last step's tensors gone, the heap's freed pages
+        # returned) and samples it while add() runs, until "added" (Task(memory=True)): the memory check
+        # grades the growth.
+        return_freed_memory()
+        comm.mark("fuse")
+        for g in tensors:
+            fusion.add(g)
+        comm.mark("added")
+        fusion.flush()
         done.sync_s += comm.now() - start
         done.allreduces.append(list(recorder.allreduces))
         if step == 0:
             done.first_sums = [g.copy() for g in tensors]
         model.apply_update(case.spec, params, grads, case.p)
+        grads = tensors = None  # freed before the next step's gradients, which reuse their memory
     return params, done
-
-
-def probe(comm, solution, case: MemoryProbe) -> list[np.ndarray]:
-    """The memory probe's program: the rank's agent reads, from /proc, what the learner's process holds
-    (Task(memory=True)) before the learner's file was imported, at the mark "fuse" (the tensors made, the
-    fusion not yet), at "added" (every tensor added, before flush()) and at "flushed". Returns the first
-    element of each tensor, to make sure the fusion summed them."""
-    tensors = case.tensors(comm.Get_rank())
-    comm.mark("fuse")
-    fusion = solution.Fusion(comm, case.threshold)
-    for t in tensors:
-        fusion.add(t)
-    comm.mark("added")
-    fusion.flush()
-    comm.mark("flushed")
-    return [t[:1].copy() for t in tensors]
 
 
 def add_all(fusion: Any, grads: Any) -> None:

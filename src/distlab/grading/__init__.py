@@ -19,7 +19,7 @@ from ..runtime.faults.plans import FaultPlan, parse_fault_plan
 from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
-from .held import HeldMemory
+from .held import HeldMemory, return_freed_memory
 from .judges import Mismatch, agreement, first_mismatch
 from .seeds import Widener
 from .tasks import CaseRun, Run, Task, TaskRun
@@ -29,5 +29,5 @@ __all__ = [
     "COLLECTIVE", "COLLECTIVES", "CaseRun", "CheckContext", "CheckFailed", "Checklist", "Counts",
     "FaultPlan", "HeldMemory", "Message", "Mismatch", "POINT_TO_POINT", "Platform", "Run", "RunFailed", "Sent", "SentLog", "Span",
     "Task", "TaskRun", "Timeline", "Widener", "agreement", "collective_time", "cost", "faults", "first_mismatch",
-    "parse_fault_plan", "parse_platform", "resolve", "uniform", "validate_chrome_trace",
+    "parse_fault_plan", "parse_platform", "resolve", "return_freed_memory", "uniform", "validate_chrome_trace",
 ]
