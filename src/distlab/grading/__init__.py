@@ -16,10 +16,11 @@ from ..runtime.clock import collectives_cost as cost
 from ..runtime.comm.sent import COLLECTIVE, Sent, SentLog
 from ..runtime.comm.stats import COLLECTIVES, POINT_TO_POINT
 from ..runtime.faults.plans import FaultPlan, parse_fault_plan
+from ..runtime.rank.memory import return_freed_memory
 from ..runtime.trace.chrome import validate_chrome_trace
 from . import faults
 from .api import CheckContext, CheckFailed, Checklist, RunFailed
-from .held import HeldMemory, return_freed_memory
+from .held import HeldMemory
 from .judges import Mismatch, agreement, first_mismatch
 from .seeds import Widener
 from .tasks import CaseRun, Run, Task, TaskRun

@@ -68,16 +68,3 @@ def under_way(outcomes: Sequence[Any], rank: int, k: int) -> int:
         total += max(0, sent.sent_bytes[peer] - received)
     return total
 
-
-def return_freed_memory() -> None:
-    """Gives the free pages of the process's heap back to the kernel (glibc's malloc_trim), for a
-    program about to set a mark whose reading should count what is held, not what the allocator
-    kept of freed temporaries: a heap whose freed chunks sit between live ones keeps their pages,
-    which no threshold returns (problem 07's gradient step left up to 4 MiB so, in one run of 15).
-    Called by a problem's program in the learner's process, where it can only lower a reading by
-    memory nothing holds. Does nothing under another C library."""
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    if hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
