@@ -354,6 +354,18 @@ def onebit_symptom(xs: list[np.ndarray], call: int, got: np.ndarray | None) -> s
     return ""
 
 
+def onebit_call_symptom(task: Any, rank: int, call: int, first_within: bool, ratio: float, p: int) -> str:
+    """What a call of onebit_allreduce over its bytes shows: the rank's own marks, a second call over where
+    the first was within (its exchange known, its bytes not: the symptoms of sizes say nothing then), or
+    what the ratio to float32 matches."""
+    if note := own_marks_note(task, rank):
+        return note
+    if call == 2 and first_within:
+        return (": call 1 of 2 stayed within it, so the exchange is known; every call must send the "
+                "compressed signs and scales alone, its errors carried from the call before")
+    return onebit_bytes_symptom(ratio, p)
+
+
 def onebit_bytes_symptom(ratio: float, p: int) -> str:
     if 6 / 32 <= ratio <= 10 / 32:
         return ": about 8x the packed size: are the signs sent one per byte?"
