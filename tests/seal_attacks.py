@@ -114,6 +114,21 @@ def leave_a_child(comm, marker):
     comm.Barrier()
 
 
+def start_until_refused(comm, marker, most):
+    """Starts processes that sleep, up to ``most``, until the kernel refuses one: how many it started
+    and what refused the next (they are gone with the learner's namespace when the run ends)."""
+    started, refused = 0, None
+    for _ in range(most):
+        try:
+            subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"])
+        except OSError as exc:
+            refused = type(exc).__name__
+            break
+        started += 1
+    comm.Barrier()
+    return started, refused
+
+
 def signal_everyone(comm, supervisor_pid):
     """SIGKILL and SIGSTOP to every process this one can name (its parent, all at once, and the
     supervisor by its pid on the host), then a collective: whatever they reached, the agent

@@ -29,7 +29,7 @@ from e2e import assert_clean, run_check
 from test_launcher import run
 
 import distlab
-from distlab.runtime.jobspec import Task, program_module_name
+from distlab.runtime.jobspec import Limits, Task, program_module_name
 from distlab.runtime.seal import syscalls
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
@@ -120,6 +120,23 @@ def test_a_detached_child_of_the_learner_does_not_outlive_the_run() -> None:
     marker = f"distlab-seal-test-{uuid.uuid4().hex}"
     result = attack("leave_a_child", marker)
     assert result.ok, result.message
+    survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert survivors == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the learner runs as nobody only under root")
+def test_a_learner_starting_processes_without_end_is_refused_at_its_limit_and_they_die_with_the_run() -> None:
+    """A fork bomb would fill the machine (a PID namespace bounds no count); the learner's user may run
+    Limits.processes processes and threads at once (RLIMIT_NPROC, set before the change of user), so
+    the kernel refuses the next one (EAGAIN), and every one started dies with the learner's namespace."""
+    marker, limit = f"distlab-seal-test-{uuid.uuid4().hex}", 24
+    job = test_launcher.make_job("call_solution", [Task(ranks=2, args=("start_until_refused", marker, 200))],
+                                 ATTACKS, limits=Limits(processes=limit))
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    counts = [outcome.value for outcome in result.task_outcomes(0)]
+    assert all(refused == "BlockingIOError" for _, refused in counts), counts
+    assert sum(started for started, _ in counts) <= limit - 2, counts  # the two learners count too
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == []
 

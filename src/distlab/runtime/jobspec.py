@@ -40,6 +40,11 @@ class Limits:
     address_space_mb: int = 4096
     cpu_seconds: int = 120
     file_size_mb: int = 256
+    # Processes and threads at once for a sealed learner that runs as a user of its own (nobody,
+    # under root; runtime/seal/sandbox.py): RLIMIT_NPROC counts that user's, so a fork bomb is
+    # refused instead of filling the machine. Where the learner runs as the harness's user (no
+    # root) or as uid 0 (exempt), it is not set: it would count the user's other processes.
+    processes: int = 1024
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,8 @@ class LearnerProcess:
         spec = {
             "program_file": job.program_file, "program_module": job.program_module,
             "program": job.program, "solution_file": job.solution_file, "backend": job.backend,
-            "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb],
+            "limits": [job.limits.address_space_mb, job.limits.cpu_seconds, job.limits.file_size_mb,
+                       job.limits.processes],
             "agent_pid": os.getpid(), "arena_size": agent.arena.data_size, "spin_s": agent.spin_s,
             "hidden": hidden_paths(job, job_dir),
             "kept": kept_paths(job),

@@ -13,8 +13,9 @@ the learner):
 ``mount_proc()``     (the first process) a /proc of the new PID namespace: the learner sees its
                      own processes only, so it cannot name the agent, the supervisor or a peer
                      to signal, trace or read (/proc/PID/mem).
-``drop_privileges()`` (the learner) the unprivileged user ``nobody``, with every capability
-                     gone for good: the bounding set emptied, SECBIT_NOROOT locked (an exec does
+``drop_privileges()`` (the learner) the unprivileged user ``nobody``, running at most
+                     Limits.processes processes and threads at once (RLIMIT_NPROC: a fork bomb
+                     is refused), with every capability gone for good: the bounding set emptied, SECBIT_NOROOT locked (an exec does
                      not give root its capabilities back), no_new_privs, and last the seccomp
                      filter of syscalls.py (``filter_syscalls``: no keyring, file locks, leases or
                      file-change notifications, kernel objects through which ranks could pass
@@ -38,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import resource
 import shutil
 import stat
 from pathlib import Path
@@ -62,8 +64,8 @@ CAP_SYS_ADMIN = 21  # what mount namespaces and mounts need
 
 # What the seccomp filter refuses (syscalls.py), or that there is none here: every level ends with it.
 FILTER = syscalls.description()
-FULL = ("own mount, PID, network and IPC namespaces; read-only filesystem; user nobody, no "
-        f"capabilities; {FILTER}")
+FULL = ("own mount, PID, network and IPC namespaces; read-only filesystem; user nobody (its "
+        f"processes and threads capped), no capabilities; {FILTER}")
 FULL_AS_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 without "
                 f"capabilities (a large folder it needs is readable by root only); {FILTER}")
 FULL_AS_NAMESPACE_ROOT = ("own mount, PID, network and IPC namespaces; read-only filesystem; uid 0 of "
@@ -265,10 +267,11 @@ def mount_proc() -> None:
     _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def drop_privileges(isolation: str) -> None:
+def drop_privileges(isolation: str, processes: int) -> None:
     """User nobody (uid 0 for FULL_AS_ROOT and FULL_AS_NAMESPACE_ROOT) and no capability, now or
-    after any exec, and last the seccomp filter (module docstring). The caller sets its
-    parent-death signal again: a change of uid clears it."""
+    after any exec, and last the seccomp filter (module docstring). As nobody, at most
+    ``processes`` processes and threads at once. The caller sets its parent-death signal again: a
+    change of uid clears it."""
     _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
@@ -276,6 +279,11 @@ def drop_privileges(isolation: str) -> None:
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if isolation == FULL:
         uid, gid = _nobody()
+        # A PID namespace ends every process the learner starts, but bounds no count: a fork bomb
+        # would fill the machine until the check ends. The kernel counts a user's processes and
+        # threads (uid 0 is exempt, hence nobody only), those of every learner of the machine
+        # together; set while root, so that the learner cannot raise it.
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
