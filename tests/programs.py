@@ -287,3 +287,27 @@ def short_messages(comm, solution):
         comm.Recv(big, 1, 3, timeout=30)
     comm.Sendrecv(np.ones(8), rank, 9, np.empty(8), rank, 9)
     return None
+
+
+def touched_while_pending(comm, solution, n):
+    """Nonblocking collectives whose buffers the program writes before their Wait (MPI leaves the
+    result undefined): what each one delivers, sealed or not. Large enough that MPI reads the
+    inputs during the Wait, not at the post."""
+    from distlab import IN_PLACE, Request
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    in_place = np.full(n, rank + 1.0)
+    send, total = np.full(n, rank + 1.0), np.zeros(n)
+    block, gathered = np.full(n, float(rank)), np.zeros(n * p)
+    shared = np.full(n, 7.0 if rank == 0 else 0.0)
+    whole, part = np.tile(np.arange(p, dtype=np.float64), (n, 1)).T.ravel().copy(), np.zeros(n)
+    requests = [comm.Iallreduce(IN_PLACE, in_place), comm.Iallreduce(send, total),
+                comm.Iallgather(block, gathered), comm.Ibcast(shared, root=0),
+                comm.Ireduce_scatter_block(whole, part)]
+    for written in (in_place, send, block, shared, whole):
+        written[:] = -1.0
+    for result in (total, gathered, part):
+        result[:] = -2.0
+    Request.Waitall(requests)
+    return [float(a.min()) for a in (in_place, total, shared, part)] + [float(a.max()) for a in (
+        in_place, total, shared, part)] + [gathered[::n].tolist()]

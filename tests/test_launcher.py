@@ -234,6 +234,21 @@ def test_a_message_larger_than_its_receive_buffer_is_named_on_both_engines(tmp_p
             in result.message
 
 
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_nonblocking_collective_delivers_its_inputs_at_the_post_and_its_result_at_the_wait(backend: str) -> None:
+    """The buffers written between the post and the Wait change nothing: the inputs as posted are
+    reduced, and the result lands at the Wait, over what the program wrote there (sealed, that is
+    how the buffers cross; unsealed, MPI read the inputs during the Wait and summed the -1s)."""
+    p, n = 3, 1 << 16  # 512 KiB of float64 a buffer: past the eager limit
+    result = run(make_job("touched_while_pending", [Task(ranks=p, args=(n,))], backend=backend), deadline_s=60)
+    assert result.ok, result.message
+    total = p * (p + 1) / 2
+    for rank, outcome in enumerate(result.task_outcomes(0)):
+        # Per array the least, then the largest value: in place, out of place, bcast, reduce-scatter block.
+        assert outcome.value[:8] == [total, total, 7.0, p * rank] * 2, (rank, outcome.value)
+        assert outcome.value[8] == [float(r) for r in range(p)]
+
+
 def test_requests_never_waited_are_named_when_the_solution_returns(tmp_path: Path) -> None:
     solution = tmp_path / "solution.py"
     solution.write_text(

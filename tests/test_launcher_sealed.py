@@ -19,6 +19,7 @@ from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_a_learner_exception_names_the_file_and_line_and_ends_the_peers,
     test_a_message_larger_than_its_receive_buffer_is_named_on_both_engines,
     test_a_message_one_task_left_unreceived_never_reaches_the_next,
+    test_a_nonblocking_collective_delivers_its_inputs_at_the_post_and_its_result_at_the_wait,
     test_a_thread_that_finds_no_room_under_the_memory_limit_is_named,
     test_abort_in_a_rank_is_reported_as_a_crash,
     test_an_infinite_loop_ends_at_the_deadline_with_every_stack,

@@ -22,6 +22,8 @@ import pytest
 from conftest import FIXTURES, PROBLEMS
 from e2e import (
     Checked,
+    assert_clean,
+    assert_same_verdict,
     check_together,
     fixture_solution,
     leftovers,
@@ -445,6 +447,21 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: dict[str, Che
             assert (phrase in run.flat) == (owner in (name, SHARES.get(name))), (phrase, run.out)
     assert run.results is not None and run.results["score"] < run.results["max_score"]
     assert f"distlab check 06 --seed {SEED}" in run.flat
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_fixture_that_writes_a_pending_allreduce_s_buffer_is_judged_the_same_sealed(
+        checked: dict[str, Checked]) -> None:
+    """ready_never_cleared launches a bucket's in-place Iallreduce before its gradients exist, then
+    writes them into its buffer. MPI read that buffer at the Wait (right weights, wrong values in
+    the agent's record: 2/14) where the seal sends it as posted (5/14); the proxy's nonblocking
+    collectives now work on the inputs as posted too (comm/collectives.py, _nonblocking)."""
+    name = "ready_never_cleared.py"
+    sealed = run_check("06", "--solution", str(fixture_solution("06", name)), "--seal", "on", seed=SEED,
+                       timeout=240)
+    assert_clean(sealed)
+    assert_same_verdict(sealed, checked[name])
 
 
 @pytest.mark.slow

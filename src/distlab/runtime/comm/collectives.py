@@ -167,44 +167,57 @@ class Collectives:
         send_array = _buffer(sendbuf, "Iallreduce sendbuf")
         recv_array = _buffer(recvbuf, "Iallreduce recvbuf")
         _same_size(send_array, recv_array, "Iallreduce")
-        send = _distinct_or_same(send_array, recv_array)
-        return self._nonblocking("Allreduce", send_array.nbytes, -1, (send, recv_array),
-                                 lambda: self._engine.iallreduce(send, recv_array, ops.resolve(op)),
-                                 sent=send_array)
+        work = send_array.copy()  # reduced in place by the engine, then delivered (_nonblocking)
+        return self._nonblocking("Allreduce", send_array.nbytes, -1, work,
+                                 lambda: self._engine.iallreduce(work, work, ops.resolve(op)),
+                                 sent=send_array, deliver=((work, recv_array),))
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
         """Nonblocking Bcast; buf holds the root's data once the request has completed."""
         array = _buffer(buf, "Ibcast buffer")
         root = self._peer(root, "root")
-        return self._nonblocking("Bcast", array.nbytes, root, array,
-                                 lambda: self._engine.ibcast(array, root),
-                                 sent=array if self._engine.rank == root else None)
+        work = array.copy()
+        return self._nonblocking("Bcast", array.nbytes, root, work,
+                                 lambda: self._engine.ibcast(work, root),
+                                 sent=array if self._engine.rank == root else None, deliver=((work, array),))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
         """Nonblocking Allgather."""
         send_array = _buffer(sendbuf, "Iallgather sendbuf")
         recv_array = _buffer(recvbuf, "Iallgather recvbuf")
         _gathers_into(send_array, recv_array, self.size, "Iallgather")
-        return self._nonblocking("Allgather", send_array.nbytes, -1, (send_array, recv_array),
-                                 lambda: self._engine.iallgather(send_array, recv_array),
-                                 sent=send_array)
+        block, gathered = send_array.copy(), np.empty_like(recv_array)
+        return self._nonblocking("Allgather", send_array.nbytes, -1, (block, gathered),
+                                 lambda: self._engine.iallgather(block, gathered),
+                                 sent=send_array, deliver=((gathered, recv_array),))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM) -> Request:  # noqa: N802
         """Nonblocking Reduce_scatter_block: rank r's recvbuf gets block r of the reduction."""
         send_array = _buffer(sendbuf, "Ireduce_scatter_block sendbuf")
         recv_array = _buffer(recvbuf, "Ireduce_scatter_block recvbuf")
         _gathers_into(recv_array, send_array, self.size, "Ireduce_scatter_block", "sendbuf")
+        whole, block = send_array.copy(), np.empty_like(recv_array)
         return self._nonblocking(
-            "Reduce_scatter", send_array.nbytes, -1, (send_array, recv_array),
-            lambda: self._engine.ireduce_scatter_block(send_array, recv_array, ops.resolve(op)),
-            sent=send_array)
+            "Reduce_scatter", send_array.nbytes, -1, (whole, block),
+            lambda: self._engine.ireduce_scatter_block(whole, block, ops.resolve(op)),
+            sent=send_array, deliver=((block, recv_array),))
 
     def _nonblocking(self, op: str, nbytes: int, root: int, buffers: Any, start: Any,
-                     sent: np.ndarray | None = None) -> Request:
+                     sent: np.ndarray | None = None,
+                     deliver: tuple[tuple[np.ndarray, np.ndarray], ...] = ()) -> Request:
         """Starts a nonblocking collective (``start()`` hands it to the engine, which works on
-        ``buffers`` until it completes) as a Request.
+        ``buffers`` until it completes) as a Request; on completion each (result, into) pair of
+        ``deliver`` is copied into the caller's array.
         Counted under the collective's own name, so stats.collectives_used() and per-op counts
-        see it; blocking or not shows in the trace ("coll" versus "icoll")."""
+        see it; blocking or not shows in the trace ("coll" versus "icoll").
+
+        The engine works on copies, never on the caller's arrays: the inputs as they were when the
+        call was posted, the result delivered when it completes. That is what a sealed rank does
+        (its learner's buffers cross the seal at the post and the result at the Wait), so a program
+        that writes a buffer while its collective is pending, which MPI leaves undefined, gets the
+        same result sealed or not: MPI read such a buffer at the Wait (problem 06's bucket state
+        never reset: its early allreduce summed the gradients written after the post unsealed,
+        its stale ones sealed, and the two verdicts differed)."""
         self._check_broken()
         self._check_hung()
         self.stats.count_call(op, nbytes)
@@ -217,7 +230,7 @@ class Collectives:
             group = tuple(self._world_ranks)
             req = self._trace.icollective(op, group, nbytes, root, wall0, time.perf_counter())
         handle = Request(cast("Comm", self), inner, -1, -1, nbytes, False, req, collective=op,
-                         buffers=buffers)
+                         buffers=buffers, deliver=deliver)
         if self._clock is not None:
             handle._posted_at = self._clock.now
             self._unsettled.append(handle)

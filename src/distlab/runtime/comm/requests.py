@@ -159,6 +159,7 @@ class Request:
         trace_id: int,
         collective: str | None = None,
         buffers: Any = None,
+        deliver: tuple[tuple[np.ndarray, np.ndarray], ...] = (),
     ) -> None:
         self._comm = comm
         self._inner = inner
@@ -177,6 +178,7 @@ class Request:
         # The arrays the engine works on until completion, held here: a learner's temporary
         # (comm.Ireduce_scatter_block(np.ones(n), out)) must not be freed under MPI's feet.
         self._buffers = buffers
+        self._deliver = deliver  # (result, the caller's array): copied at completion (Comm._nonblocking)
         comm._outstanding.add(self)
 
     def kind(self) -> str:
@@ -233,6 +235,9 @@ class Request:
 
     def _finish(self, source: int, tag: int) -> None:
         self._completed = True
+        for result, into in self._deliver:
+            into[...] = result
+        self._deliver = ()
         self._buffers = None
         self._comm._outstanding.discard(self)
         if self._collective is not None:
