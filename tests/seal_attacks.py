@@ -129,6 +129,20 @@ def start_until_refused(comm, marker, most):
     return started, refused
 
 
+def fill_scratch(comm, folder):
+    """Writes 32 MiB files into ``folder`` until a write fails: MiB written and the errno."""
+    block, written, errno = b"x" * (32 << 20), 0, None
+    try:
+        for n in range(1000):
+            with open(os.path.join(folder, f"fill-{n}"), "wb") as out:
+                out.write(block)
+            written += 32
+    except OSError as exc:
+        errno = exc.errno
+    comm.Barrier()
+    return written, errno
+
+
 def signal_everyone(comm, supervisor_pid):
     """SIGKILL and SIGSTOP to every process this one can name (its parent, all at once, and the
     supervisor by its pid on the host), then a collective: whatever they reached, the agent

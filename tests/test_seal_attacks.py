@@ -141,6 +141,20 @@ def test_a_learner_starting_processes_without_end_is_refused_at_its_limit_and_th
     assert survivors == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the learner has a /tmp of its own only under root")
+@pytest.mark.parametrize("folder, most_mb", [("/tmp", 1024 // 4), ("/dev/shm", 64)])
+def test_a_learner_filling_its_scratch_folders_is_stopped_at_their_size(folder: str, most_mb: int) -> None:
+    """Each rank's fresh tmpfs is memory that no limit of its process counts: /tmp holds a quarter of
+    the rank's address space (here 1024 MiB: 256 MiB), /var/tmp and /dev/shm 64 MiB each; a write
+    past them fails with ENOSPC instead of taking the machine's memory (1 GiB each before)."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=2, args=("fill_scratch", folder))], ATTACKS,
+                                 limits=Limits(address_space_mb=1024))
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    for written_mb, errno in (outcome.value for outcome in result.task_outcomes(0)):
+        assert errno == 28 and most_mb - 32 <= written_mb <= most_mb, (written_mb, errno)  # ENOSPC
+
+
 def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary_calls_work() -> None:
     # Ranks could pass data through these kernel objects, outside the counted communicator
     # (runtime/seal/syscalls.py): its seccomp filter refuses each with EPERM, and lets every other

@@ -53,7 +53,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str, processes: int) -> str:
+def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str, limits: Limits) -> str:
     """Runs the rest of this program as the learner, in the sandbox of sandbox.py; returns which
     isolation holds. In a PID namespace of its own, every process the learner's code starts, in
     any session, dies with it: when a namespace's first process ends, the kernel kills the rest.
@@ -63,9 +63,9 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str, pr
     namespace's first process ignores the signals it sends itself, so its ``os.abort()`` would
     read as a segmentation fault. The waiter forwards SIGUSR1 (the supervisor asking for a stack)
     and SIGTERM (a reclaim's notice, which the learner's code may catch), and ends as the learner
-    ended, exit status or signal, so the agent sees one child. ``processes``: how many the
-    learner's user may run at once, where it is a user of its own (sandbox.drop_privileges)."""
-    isolation = sandbox.isolate(hidden, kept)
+    ended, exit status or signal, so the agent sees one child. ``limits``: the rank's, which size
+    the learner's /tmp (sandbox.isolate) and cap its processes (sandbox.drop_privileges)."""
+    isolation = sandbox.isolate(hidden, kept, sandbox.scratch_mb(limits.address_space_mb))
     if isolation == sandbox.NONE:
         sandbox.filter_syscalls()
         _enter_folder(isolation, shared_tmp_folder)
@@ -83,7 +83,7 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str, pr
         if learner == 0:
             os.close(status_w)
             if isolation in sandbox.MOUNTED:
-                sandbox.drop_privileges(isolation, processes)  # the seccomp filter last
+                sandbox.drop_privileges(isolation, limits.processes)  # the seccomp filter last
             else:
                 sandbox.filter_syscalls()  # the keyring and file locks are shared here too
             # Set after the change of user, which clears it.
@@ -208,7 +208,7 @@ def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, stack_fd: int) -> NoR
     # First: a sandbox that cannot be made is said through it.
     end = LearnerEnd.attach(arena_fd, int(spec["arena_size"]), bell_fd, float(spec["spin_s"]))
     try:
-        enter_sandbox(spec["hidden"], spec["kept"], spec["shared_tmp_folder"], Limits(*spec["limits"]).processes)
+        enter_sandbox(spec["hidden"], spec["kept"], spec["shared_tmp_folder"], Limits(*spec["limits"]))
     except sandbox.SandboxError as exc:
         send_result(end, FAILURE, encode_failure(
             "seal", f"the seal could not be set up ({exc.strerror}): run as root with "

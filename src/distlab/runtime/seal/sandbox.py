@@ -4,8 +4,9 @@ Three steps, one per process of runtime/rank/learner_main.py (the waiter, the na
 the learner):
 
 ``isolate(hidden)``  (the waiter, still root) new mount, PID, network and IPC namespaces; every
-                     mount read-only; a fresh, empty, writable tmpfs on /tmp, /var/tmp and
-                     /dev/shm, an empty one on /home and /run/lock (what users may write), a /dev
+                     mount read-only; a fresh, empty, writable tmpfs on /tmp (``scratch_mb``:
+                     a quarter of the rank's address space, at most 1 GiB), /var/tmp and
+                     /dev/shm (64 MiB each), an empty one on /home and /run/lock (what users may write), a /dev
                      of the devices a program opens only (the job
                      folders, Open MPI's session sockets and shared memory, other ranks' files
                      are all under them, or in ``hidden``, each covered by an empty tmpfs or
@@ -137,10 +138,22 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
                        ctypes.c_ulong(flags), data and data.encode()), f"mount {fstype or source} on {target}")
 
 
-def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
+def scratch_mb(address_space_mb: int) -> int:
+    """The size of the learner's /tmp: a quarter of the rank's address-space limit, at most 1 GiB.
+    Its pages are memory that no limit of the learner's process counts (the supervisor shares the
+    machine's memory out as address space, supervisor/memory.py), so it follows that share: eight
+    ranks could fill /tmp, /var/tmp and /dev/shm at 1 GiB each: 24 GiB, this machine's all."""
+    return max(SMALL_SCRATCH_MB, min(1024, address_space_mb // 4))
+
+
+SMALL_SCRATCH_MB = 64  # /var/tmp and /dev/shm, which programs use for small things
+
+
+def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int = 1024) -> str:
     """Namespaces and mounts for the learner to come (module docstring); returns which hold.
     ``kept``: paths the learner needs (its solution file, the problem's folder) that the fresh
-    /tmp or /dev/shm would cover: bound back at the same path, read-only."""
+    /tmp or /dev/shm would cover: bound back at the same path, read-only. ``tmp_mb``: the size of
+    the fresh /tmp (``scratch_mb``); /var/tmp and /dev/shm get SMALL_SCRATCH_MB each."""
     if not can_mount():
         return PID_ONLY if _libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) == 0 else NONE
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
@@ -176,7 +189,8 @@ def isolate(hidden: Sequence[str], kept: Sequence[str]) -> str:
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in covered]
     _minimal_dev()
     for scratch in scratches:
-        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=1g,mode=1777")
+        size = tmp_mb if scratch == "/tmp" else SMALL_SCRATCH_MB
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
     for folder in (*emptied, *closed):  # root's own, 0755: the learner may pass, not write
         _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path, fd in keep_fds:
