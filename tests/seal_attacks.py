@@ -107,6 +107,16 @@ def forge_reply(comm):
     return float(got[0])
 
 
+def forge_deep_result(comm, depth):
+    """Hands the agent a result of its own making: ``depth`` lists nested in one another (a pickle of
+    2 bytes a level; pickle.dumps itself would recurse past the limit), then returns as usual."""
+    from distlab.runtime.seal.calls import Call
+
+    data = b"\x80\x04" + b"]" * depth + b"a" * (depth - 1) + b"."
+    comm._end.call(Call.RESULT, (0, 1), inputs=(np.frombuffer(data, dtype=np.uint8),))
+    return 1
+
+
 def leave_a_child(comm, marker):
     """Starts a process in a session of its own, which would outlive an unsealed rank."""
     subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"],

@@ -106,6 +106,31 @@ def test_a_forged_request_is_named_as_tampering() -> None:
     assert "tampered with the channel to its rank's agent" in result.message
 
 
+def test_a_result_nested_past_what_python_can_recurse_is_named_as_tampering() -> None:
+    # The agent pickled it into the rank's outcome and crashed ("exited with status 1 before reporting").
+    result = attack("forge_deep_result", 300_000)
+    assert result.status == "error", result.message
+    assert "tampered with its result" in result.message and "more than 100 deep" in result.message
+
+
+def test_a_result_is_rebuilt_up_to_a_depth_no_problem_reaches_and_refused_beyond() -> None:
+    import pickle
+
+    from distlab.runtime.seal.values import MAX_DEPTH, NestedTooDeep, read_value
+
+    nested: list[Any] = []
+    for _ in range(MAX_DEPTH):
+        nested = [nested]
+    assert read_value(pickle.dumps(nested), ()) == nested
+    looped: list[Any] = []
+    looped.append(looped)  # a cycle is not depth
+    assert read_value(pickle.dumps(looped), ())[0][0] is not None
+    with pytest.raises(NestedTooDeep, match=f"more than {MAX_DEPTH} deep"):
+        read_value(pickle.dumps([nested]), ())
+    with pytest.raises(NestedTooDeep):  # a dict's value is a level too
+        read_value(pickle.dumps({"k": nested}), ())
+
+
 def test_a_reply_the_learner_forges_for_itself_is_a_call_the_agent_never_counted() -> None:
     # The learner trusts its agent's replies, and a forged one fools only itself: the counters
     # the checks read are the agent's, which saw a Barrier and no Allreduce.

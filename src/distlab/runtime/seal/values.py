@@ -10,7 +10,8 @@ tensors (their storage read by torch.load with weights_only=True: torch's own
 ``_load_from_bytes``, which a tensor's pickle names, is a whole unpickler), and the classes
 defined in the problem's own package (written by the problem's author, not the learner), by their plain names:
 neither its functions nor anything reached through a dotted name. Anything else is refused with
-the name it asked for, which the verdict reports as tampering or as an unsupported value.
+the name it asked for, which the verdict reports as tampering or as an unsupported value; so is a
+value nested more than MAX_DEPTH deep, which the agent could not pickle into the rank's outcome.
 
 A failure travels as JSON of four strings (kind, summary, where, traceback): text the learner
 could forge, but only to fail its own check.
@@ -22,6 +23,7 @@ import importlib
 import io
 import json
 import pickle
+from collections import deque
 from typing import Any
 
 # (module, name) pairs any value may use. NumPy 2 pickles under numpy._core, NumPy 1 under
@@ -51,6 +53,51 @@ class UnsafeValue(Exception):
             "(only numbers, containers, NumPy arrays, CPU tensors and the problem's own classes)"
         )
         self.name = name
+
+
+class NestedTooDeep(UnsafeValue):
+    """The result nests containers deeper than ``MAX_DEPTH``."""
+
+    def __init__(self) -> None:
+        Exception.__init__(
+            self, f"the rank program's result nests containers more than {MAX_DEPTH} deep, which the harness "
+            "does not rebuild (no problem's value is; pickling or comparing one recurses past Python's limit)")
+        self.name = f"containers nested more than {MAX_DEPTH} deep"
+
+
+# The unpickler builds nesting of any depth without recursing, but the agent then pickles the
+# value into the rank's outcome, and checks compare and print it, all recursively: a result of
+# 300,000 nested lists, forged into the channel, crashed its agent there ("exited with status 1
+# before reporting") instead of being named.
+MAX_DEPTH = 100
+_LEAVES = frozenset({int, float, complex, bool, str, bytes, type(None)})  # the common ones, skipped at once
+
+
+def _within_depth(value: Any) -> None:
+    """Raises NestedTooDeep if ``value`` holds containers (or objects' attributes) more than
+    MAX_DEPTH deep; iterative, each object once (a pickle may make cycles)."""
+    stack, seen = [(value, 0)], set()
+    while stack:
+        item, depth = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            children: Any = (*item.keys(), *item.values())
+        elif isinstance(item, (list, tuple, set, frozenset, deque)):
+            children = item
+        else:
+            children = getattr(item, "__dict__", None)
+            if not isinstance(children, dict) or isinstance(item, type):
+                continue
+            children = children.values()
+        for child in children:
+            if type(child) in _LEAVES:
+                continue
+            if isinstance(child, (dict, list, tuple, set, frozenset, deque)) or hasattr(child, "__dict__"):
+                if depth + 1 > MAX_DEPTH:
+                    raise NestedTooDeep()
+                stack.append((child, depth + 1))
 
 
 # Listed callables that make something of a size their arguments say (bytearray(3 << 30), a list of
@@ -129,11 +176,13 @@ def read_value(data: bytes, packages: tuple[str, ...]) -> Any:
     """The value ``data`` holds, rebuilt from listed classes only (``UnsafeValue`` otherwise);
     ``packages``: the module names whose classes the problem's values may be (its package)."""
     try:
-        return _ListedOnly(data, packages).load()
+        value = _ListedOnly(data, packages).load()
     except UnsafeValue:
         raise
     except Exception as exc:  # a truncated or garbled pickle: the learner process wrote it
         raise UnsafeValue(f"a malformed pickle ({type(exc).__name__}: {exc})") from None
+    _within_depth(value)
+    return value
 
 
 FAILURE_FIELDS = ("kind", "summary", "where", "traceback")
