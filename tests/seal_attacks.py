@@ -263,3 +263,13 @@ def what_uid_0_could_write(comm):
 def read_where_users_write(comm, path):
     """What the learner finds at ``path`` (a file left where users may write) and in /home."""
     return {"file": _refused(lambda: open(path).read()), "/home": _listing("/home")}
+
+
+def forge_endless_result(comm, parts):
+    """Hands the agent ``parts`` result parts of 32 MiB, none of them the last, then returns as usual."""
+    from distlab.runtime.seal.calls import Call
+
+    part = np.zeros(32 << 20, dtype=np.uint8)
+    for _ in range(parts):
+        comm._end.call(Call.RESULT, (0, 0), inputs=(part,))
+    return 1

@@ -113,6 +113,16 @@ def test_a_result_nested_past_what_python_can_recurse_is_named_as_tampering() ->
     assert "tampered with its result" in result.message and "more than 100 deep" in result.message
 
 
+def test_a_result_that_never_ends_is_named_at_the_agent_s_memory_limit() -> None:
+    # Parts of a result the learner forges without a last one pile up in its agent, which keeps the
+    # rank's limits: the run ends with the limit named, not with a crash or at the deadline.
+    job = test_launcher.make_job("call_solution", [Task(ranks=2, args=("forge_endless_result", 100))], ATTACKS,
+                                 limits=Limits(address_space_mb=2048))
+    result = run(job, deadline_s=60)
+    assert result.status == "error", result.message
+    assert "memory limit exceeded: the rank may use 2048 MiB" in result.message
+
+
 def test_a_result_is_rebuilt_up_to_a_depth_no_problem_reaches_and_refused_beyond() -> None:
     import pickle
 
