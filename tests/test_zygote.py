@@ -121,6 +121,29 @@ def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> 
     assert _wait_for(lambda: not psutil.pid_exists(pid) or None, timeout=5)
 
 
+def test_a_rank_dies_with_its_zygote_whatever_its_own_threads_can_do(tmp_path: Path) -> None:
+    # The worker's watchdog of its supervisor is a thread, which cannot run while the main thread
+    # holds the GIL in native code: CI found a rank alive minutes after its harness was killed,
+    # stuck in MPI's start-up. A forked rank dies with its zygote (PR_SET_PDEATHSIG) instead; here the
+    # supervisor (this process) and the asker's connection stay, and only the zygote goes.
+    write_pickle_atomically(tmp_path / JOB_FILE, make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"))
+    env = dict(rank_env(), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    zygote = zygote_client.zygote_for(rank_env(), [])
+    assert zygote is not None
+    conn = zygote_wire.connect(zygote.address, patience_s=10)
+    log = os.open(tmp_path / "rank.log", os.O_WRONLY | os.O_CREAT)
+    pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), (0, log, log), 60)
+    os.close(log)
+    _wait_for(lambda: pid_path(tmp_path, 0).read_text() or None)  # it is in the rendezvous now
+    zygote.process.kill()
+    zygote.process.wait()
+    try:
+        assert _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie" or None,
+                         timeout=5)
+    finally:
+        conn.close()
+
+
 def test_the_zygote_leaves_with_its_supervisor() -> None:
     supervisor = subprocess.Popen(
         [sys.executable, "-c", "from distlab.runtime.zygote import client as z; "

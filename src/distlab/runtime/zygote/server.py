@@ -64,6 +64,7 @@ RANK_PROCESS_NAME = b"distlab-rank"  # /proc/PID/comm of a forked rank (its cmdl
 REQUEST_LIMIT = 1 << 20
 
 _PR_SET_NAME = 15
+_PR_SET_PDEATHSIG = 1
 
 
 def main() -> None:
@@ -132,10 +133,11 @@ def _serve(conn: socket.socket, libc: Any, askers: dict[int, socket.socket],
         gc.freeze()
         sys.stdout.flush()
         sys.stderr.flush()
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
             others = (conn.fileno(), *(c.fileno() for c in askers.values()))
-            _become_rank(request, received, libc, (*zygote_fds, *others))
+            _become_rank(request, received, libc, (*zygote_fds, *others), zygote)
         askers[pid] = conn
         conn.sendall(f"started {pid}\n".encode())
     except Exception as exc:  # noqa: BLE001 - the asker falls back to a plain process
@@ -175,13 +177,21 @@ def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
 
 
 def _become_rank(request: Request, streams: list[int], libc: Any,
-                 zygote_fds: tuple[int, ...]) -> None:
+                 zygote_fds: tuple[int, ...], zygote: int) -> None:
     """In the fork: drop the zygote's loop, take the rank's session, streams and environment, and
     run the worker's main(), as ``python -m`` of it would. Never returns. (Not runpy as
     __main__: the worker is imported already, so runpy would warn in every rank's output, which a
     crash's verdict shows, and run a second copy of the module beside the imported one.)"""
     code = 1
     try:
+        # The rank dies with the zygote, which leaves when its supervisor does. The worker's own
+        # watchdog is a thread, which cannot run while the main thread holds the GIL in native
+        # code: CI found a rank alive minutes after its harness was killed outright, stuck in
+        # MPI's start-up (its launcher gone) with its watchdog waiting for the GIL. (The zygote
+        # has one thread, so the signal follows the whole process.)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != zygote:  # it died before the request took hold
+            os._exit(70)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in zygote_fds:
