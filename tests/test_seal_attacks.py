@@ -190,6 +190,15 @@ def test_a_learner_filling_its_scratch_folders_is_stopped_at_their_size(folder: 
         assert errno == 28 and most_mb - 32 <= written_mb <= most_mb, (written_mb, errno)  # ENOSPC
 
 
+def test_the_learner_is_the_first_to_go_when_memory_runs_out_and_cannot_change_that() -> None:
+    # Its processes together have no memory limit (each has the rank's): the kernel's OOM killer
+    # picks them before the harness.
+    result = attack("lower_oom_score")
+    assert result.ok, result.message
+    for score, lowered in (outcome.value for outcome in result.task_outcomes(0)):
+        assert score == 1000 and lowered != "lowered", (score, lowered)
+
+
 def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary_calls_work() -> None:
     # Ranks could pass data through these kernel objects, outside the counted communicator
     # (runtime/seal/syscalls.py): its seccomp filter refuses each with EPERM, and lets every other

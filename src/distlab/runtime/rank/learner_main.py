@@ -65,6 +65,7 @@ def enter_sandbox(hidden: list[str], kept: list[str], shared_tmp_folder: str, li
     and SIGTERM (a reclaim's notice, which the learner's code may catch), and ends as the learner
     ended, exit status or signal, so the agent sees one child. ``limits``: the rank's, which size
     the learner's /tmp (sandbox.isolate) and cap its processes (sandbox.drop_privileges)."""
+    sandbox.first_to_go_out_of_memory()  # here, before the read-only /proc: inherited by the others
     isolation = sandbox.isolate(hidden, kept, sandbox.scratch_mb(limits.address_space_mb))
     if isolation == sandbox.NONE:
         sandbox.filter_syscalls()

@@ -138,6 +138,20 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
                        ctypes.c_ulong(flags), data and data.encode()), f"mount {fstype or source} on {target}")
 
 
+def first_to_go_out_of_memory() -> None:
+    """Makes this process and every one it starts the kernel's first choice when the machine runs
+    out of memory (oom_score_adj 1000), before the supervisor, the agents and the rest of the
+    machine. Each of the learner's processes has the rank's address-space limit, but together they
+    have none (a memory cgroup would); a learner cannot lower it again (that takes
+    CAP_SYS_RESOURCE, and its /proc is read-only where it has mounts). Best effort: a kernel
+    without the file leaves the default."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass
+
+
 def scratch_mb(address_space_mb: int) -> int:
     """The size of the learner's /tmp: a quarter of the rank's address-space limit, at most 1 GiB.
     Its pages are memory that no limit of the learner's process counts (the supervisor shares the
