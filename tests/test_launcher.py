@@ -144,6 +144,17 @@ def test_a_learner_exception_names_the_file_and_line_and_ends_the_peers(tmp_path
     assert "solution.py, line 4, in work" in result.message
 
 
+def test_a_learner_s_endless_error_message_is_cut_saying_how_much_was_left_out(tmp_path: Path) -> None:
+    # Its 20 MB message made check 03's console 140 MB in 32 s: every check naming the failure repeats it.
+    solution = tmp_path / "solution.py"
+    solution.write_text("def work(comm):\n    raise ValueError('x' * 5_000_000)\n")
+    result = run(make_job("call_solution", [Task(ranks=2, args=("work",))], solution), deadline_s=30)
+    assert result.status == "error"
+    assert "ValueError: xxx" in result.message and "(4,998,012 characters more)" in result.message
+    assert "solution.py, line 2, in work" in result.message
+    assert len(result.message) < 30_000, len(result.message)
+
+
 def test_a_failing_rank_s_outcome_says_which_marks_its_task_had_set(tmp_path: Path) -> None:
     # As its agent recorded them: a check can tell where in the program the error came (06).
     solution = tmp_path / "solution.py"

@@ -17,6 +17,7 @@ from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_a_batch_runs_smaller_tasks_on_sub_communicators,
     test_a_failing_rank_s_outcome_says_which_marks_its_task_had_set,
     test_a_learner_exception_names_the_file_and_line_and_ends_the_peers,
+    test_a_learner_s_endless_error_message_is_cut_saying_how_much_was_left_out,
     test_a_message_larger_than_its_receive_buffer_is_named_on_both_engines,
     test_a_message_one_task_left_unreceived_never_reaches_the_next,
     test_a_nonblocking_collective_delivers_its_inputs_at_the_post_and_its_result_at_the_wait,

@@ -16,6 +16,27 @@ from . import limits as rank_limits
 from .guards import EngineMisuse
 from .learner import SolutionLoadError, format_for, innermost_frame_in
 
+# How much of a failure's words the learner's code may fill: an exception whose message was 20 MB
+# made check 03's console 140 MB (every check that names the failure repeats it) and took 32 s.
+SUMMARY_CHARS, WHERE_CHARS, TRACEBACK_CHARS = 2_000, 500, 20_000
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text``, cut to its first ``limit`` characters, saying how many were left out; text clipped
+    once (in the learner process) passes the agent's clipping unchanged."""
+    if len(text) <= limit + _SAID_ROOM:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} characters more)"
+
+
+_SAID_ROOM = 40  # "... (N characters more)" for any N a process can hold
+
+
+def worded(kind: str, summary: str, where: str, detail: str, task_index: int) -> RankError:
+    """A RankError with the learner-written parts clipped (``clipped``)."""
+    return RankError(kind, clipped(summary, SUMMARY_CHARS), clipped(where, WHERE_CHARS),
+                     clipped(detail, TRACEBACK_CHARS), task_index)
+
 
 class ReportedFailure(Exception):
     """A failure already put in words (by the learner process, across the seal)."""
@@ -30,7 +51,7 @@ def error_from(exc: BaseException, solution: Path | None, task_index: int, limit
         error = exc.error
         return RankError(error.kind, error.summary, error.where, error.traceback, task_index)
     if isinstance(exc, SolutionLoadError):
-        return RankError("import", exc.summary, exc.where, exc.detail, task_index)
+        return worded("import", exc.summary, exc.where, exc.detail, task_index)
     if isinstance(exc, LearnerAbort):
         kind, summary = "abort", str(exc)
     elif isinstance(exc, EngineMisuse):
@@ -54,7 +75,7 @@ def error_from(exc: BaseException, solution: Path | None, task_index: int, limit
         kind, summary = "exception", f"{type(exc).__name__}: {exc}"
     where = innermost_frame_in(exc.__traceback__, solution) if solution else ""
     detail = format_for(exc, solution) if solution else traceback.format_exc()
-    return RankError(kind, summary, where, detail, task_index)
+    return worded(kind, summary, where, detail, task_index)
 
 
 # How far below its address-space limit a process can be when a thread fails to start for want

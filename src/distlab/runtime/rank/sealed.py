@@ -38,7 +38,7 @@ from ..seal.agent import AgentEnd
 from ..seal.errors import LearnerGone
 from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
-from .failures import ReportedFailure
+from .failures import ReportedFailure, clipped, worded
 from .learner_fork import ForkedChild, LearnerSeed
 from .memory import MemoryWitness, descendants, held_bytes
 from .pause import paused
@@ -267,7 +267,7 @@ def _failure(data: bytes, index: int) -> RankError:
         f = read_failure(data)
     except UnsafeValue as exc:
         return RankError("tampered", f"the solution tampered with its failure report: {exc}", "", "", index)
-    return RankError(f["kind"], f["summary"], f["where"], f["traceback"], index)
+    return worded(clipped(f["kind"], 40), f["summary"], f["where"], f["traceback"], index)
 
 
 def where_it_died(gone: LearnerGone) -> str:
