@@ -104,9 +104,9 @@ def test_a_sealed_rank_forks_its_learner_process_unless_the_zygote_is_off(
     assert names == {LEARNER_PROCESS_NAME.decode() if zygote else "python"}
 
 
-def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> None:
-    # As an MPI stand-in does: ask for a rank on a connection of our own, then go away. The rank
-    # (rank 0 of two, waiting at the rendezvous for a rank 1 that never comes) must go with it.
+def _rank_in_rendezvous(tmp_path: Path) -> tuple[zygote_client.Zygote, zygote_wire.Socket, int]:
+    """A rank asked of the zygote as an MPI stand-in asks, on a connection of our own: rank 0 of two,
+    waiting at the rendezvous for a rank 1 that never comes. The zygote, the connection, its pid."""
     write_pickle_atomically(tmp_path / JOB_FILE, make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"))
     env = dict(rank_env(), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     zygote = zygote_client.zygote_for(rank_env(), [])
@@ -116,6 +116,12 @@ def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> 
     pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), (0, log, log), 60)
     os.close(log)
     _wait_for(lambda: pid_path(tmp_path, 0).read_text() or None)  # it is in the rendezvous now
+    return zygote, conn, pid
+
+
+def test_a_rank_dies_when_the_process_that_asked_for_it_dies(tmp_path: Path) -> None:
+    # As an MPI stand-in does: ask for a rank, then go away. The rank must go with it.
+    _, conn, pid = _rank_in_rendezvous(tmp_path)
     assert psutil.Process(pid).status() != "zombie"
     conn.close()
     assert _wait_for(lambda: not psutil.pid_exists(pid) or None, timeout=5)
@@ -126,15 +132,7 @@ def test_a_rank_dies_with_its_zygote_whatever_its_own_threads_can_do(tmp_path: P
     # holds the GIL in native code: CI found a rank alive minutes after its harness was killed,
     # stuck in MPI's start-up. A forked rank dies with its zygote (PR_SET_PDEATHSIG) instead; here the
     # supervisor (this process) and the asker's connection stay, and only the zygote goes.
-    write_pickle_atomically(tmp_path / JOB_FILE, make_job("ring_sum", [Task(ranks=2, args=(1,))], backend="gloo"))
-    env = dict(rank_env(), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    zygote = zygote_client.zygote_for(rank_env(), [])
-    assert zygote is not None
-    conn = zygote_wire.connect(zygote.address, patience_s=10)
-    log = os.open(tmp_path / "rank.log", os.O_WRONLY | os.O_CREAT)
-    pid = zygote_wire.ask(conn, ["--job", str(tmp_path)], env, str(tmp_path), (0, log, log), 60)
-    os.close(log)
-    _wait_for(lambda: pid_path(tmp_path, 0).read_text() or None)  # it is in the rendezvous now
+    zygote, conn, pid = _rank_in_rendezvous(tmp_path)
     zygote.process.kill()
     zygote.process.wait()
     try:
