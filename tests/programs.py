@@ -311,3 +311,9 @@ def touched_while_pending(comm, solution, n):
     Request.Waitall(requests)
     return [float(a.min()) for a in (in_place, total, shared, part)] + [float(a.max()) for a in (
         in_place, total, shared, part)] + [gathered[::n].tolist()]
+
+
+def negative_compute(comm, solution, seconds):
+    """Declares ``seconds`` of work (a negative amount would move the virtual clock back)."""
+    comm.compute(seconds=seconds)
+    return comm.now()

@@ -155,6 +155,15 @@ def test_a_learner_s_endless_error_message_is_cut_saying_how_much_was_left_out(t
     assert len(result.message) < 30_000, len(result.message)
 
 
+@pytest.mark.parametrize("seconds", [-1.0, float("nan")])
+def test_work_declared_negative_or_not_a_number_is_refused_alike_sealed_or_not(seconds: float) -> None:
+    # Unsealed the online clock went back 1 s; sealed the agent refused a request its client never builds.
+    result = run(make_job("negative_compute", [Task(ranks=2, args=(seconds,))]), deadline_s=30)
+    assert result.status == "error", result.message
+    assert f"ValueError: compute(seconds={seconds!r}): the work a rank declares is finite and not negative" \
+        in result.message, result.message
+
+
 def test_a_failing_rank_s_outcome_says_which_marks_its_task_had_set(tmp_path: Path) -> None:
     # As its agent recorded them: a check can tell where in the program the error came (06).
     solution = tmp_path / "solution.py"

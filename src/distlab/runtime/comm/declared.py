@@ -5,6 +5,7 @@ virtual clock (``compute``), the time on it (``now``), and points in the trace (
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ class Declarations:
         """Declares work for the virtual clock: seconds, or FLOPs over this rank's device."""
         if (seconds is None) == (flops is None):
             raise TypeError("compute() takes seconds= or flops=, exactly one")
+        declared_amount(seconds, flops)
         if flops is not None:
             if not self._device_flops:
                 raise ValueError("compute(flops=...) needs a platform with a device profile")
@@ -68,3 +70,14 @@ class Declarations:
         if self._trace is not None:
             now = time.perf_counter()
             self._trace.add((MARK, name, now, now))
+
+
+def declared_amount(seconds: float | None, flops: float | None) -> float:
+    """The amount a compute() declares, as a float: finite and not negative, or a ValueError (a
+    negative one would move the rank's virtual clock back: sealed, the agent refused it as a
+    request its client never builds, unsealed the clock went back)."""
+    name, amount = ("seconds", seconds) if seconds is not None else ("flops", flops)
+    value = float(amount)  # type: ignore[arg-type]
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"compute({name}={amount!r}): the work a rank declares is finite and not negative")
+    return value

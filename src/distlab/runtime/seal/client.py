@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import ops
+from ..comm.declared import declared_amount
 from ..comm.errors import (
     CommBroken,
     comm_timeout_from,
@@ -101,8 +102,8 @@ class SealedComm(ObjectCalls):
     def compute(self, seconds: float | None = None, flops: float | None = None, label: str = "") -> None:
         if (seconds is None) == (flops is None):
             raise TypeError("compute() takes seconds= or flops=, exactly one")
-        per, amount = (0, seconds) if seconds is not None else (1, flops)
-        self._call(Call.COMPUTE, (per, float(amount), str(label)))  # type: ignore[arg-type]
+        per = 0 if seconds is not None else 1
+        self._call(Call.COMPUTE, (per, declared_amount(seconds, flops), str(label)))
 
     def now(self) -> float:
         return self._call(Call.NOW).floats[0]
