@@ -129,24 +129,7 @@ def onebit_allreduce(t: CheckContext, everything: Run) -> None:
         head = f"onebit_allreduce, p = {p}, n = {n}"
         judging.op_results(t, wire.values, {"onebit 1": 2, "onebit 2": 2}, head)
         judging.judge_onebit(t, wire.case, wire.values)
-        bound, fp32 = judging.onebit_bytes_bound(n, p), fp32_ring_bytes(n, p)
-        bounds = cases.chunk_bounds(n, p)
-        sent: dict[int, list[float]] = {}
-        for call in (1, 2):  # both: a second call may not go dense once the first has shown the exchange
-            counts = [judging.phase_counts(t, wire.task, rank, f"onebit {call}", head) for rank in range(p)]
-            sent[call] = [wire_bytes(c, p) for c in counts]
-            for rank, nbytes in enumerate(sent[call]):
-                if nbytes > bound:
-                    t.fail(f"{head}{'' if call == 1 else ', call 2 of 2'}: rank {rank} sent {nbytes:.0f} bytes, "
-                           f"{nbytes / fp32:.4f} of a float32 ring allreduce ({fp32:.0f}); expected at most "
-                           f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes per message: scale, envelope)"
-                           + judging.onebit_call_symptom(wire.task, rank, call, sent[1][rank] <= bound,
-                                                         nbytes / fp32, p))
-                if p > 1:  # the signs of every element outside its own chunk come from the other servers
-                    judging.unfed(t, f"{head}, call {call}", rank, judging.received_bytes(counts[rank], p),
-                                  (n - (bounds[rank + 1] - bounds[rank])) / 8,
-                                  "the servers' signs of every element outside its own chunk, 1 bit each")
-        most = max(max(per_rank) for per_rank in sent.values())
+        fp32, most = fp32_ring_bytes(n, p), judging.judge_onebit_bytes(t, wire, head)
         t.say(f"p = {p}, n = {n}: equal to the simulation in both calls, errors carried; "
               f"{most:.0f} bytes per rank (the larger call) = 1/{fp32 / max(most, 1):.1f} of FP32")
         t.metric(f"onebit_over_fp32_p{p}", round(most / fp32, 5))

@@ -354,6 +354,29 @@ def onebit_symptom(xs: list[np.ndarray], call: int, got: np.ndarray | None) -> s
     return ""
 
 
+def judge_onebit_bytes(t: CheckContext, wire: CaseRun[cases.WireCase], head: str) -> float:
+    """Fails a call of onebit_allreduce that sent more than its bound from a rank, or a rank that received
+    too little for its result; both calls are read (a second one may not go dense once the first has
+    shown the exchange). Returns the most a rank sent in one call."""
+    p, n = wire.case.p, wire.case.n
+    bound, fp32, bounds = onebit_bytes_bound(n, p), fp32_ring_bytes(n, p), cases.chunk_bounds(n, p)
+    sent: dict[int, list[float]] = {}
+    for call in (1, 2):
+        counts = [phase_counts(t, wire.task, rank, f"onebit {call}", head) for rank in range(p)]
+        sent[call] = [wire_bytes(c, p) for c in counts]
+        for rank, nbytes in enumerate(sent[call]):
+            if nbytes > bound:
+                t.fail(f"{head}{'' if call == 1 else ', call 2 of 2'}: rank {rank} sent {nbytes:.0f} bytes, "
+                       f"{nbytes / fp32:.4f} of a float32 ring allreduce ({fp32:.0f}); expected at most "
+                       f"{bound:.0f} (1/30 of it plus {cases.SCALE_BYTES} bytes per message: scale, envelope)"
+                       + onebit_call_symptom(wire.task, rank, call, sent[1][rank] <= bound, nbytes / fp32, p))
+            if p > 1:  # the signs of every element outside its own chunk come from the other servers
+                unfed(t, f"{head}, call {call}", rank, received_bytes(counts[rank], p),
+                      (n - (bounds[rank + 1] - bounds[rank])) / 8,
+                      "the servers' signs of every element outside its own chunk, 1 bit each")
+    return max(max(per_rank) for per_rank in sent.values())
+
+
 def onebit_call_symptom(task: Any, rank: int, call: int, first_within: bool, ratio: float, p: int) -> str:
     """What a call of onebit_allreduce over its bytes shows: the rank's own marks, a second call over where
     the first was within (its exchange known, its bytes not: the symptoms of sizes say nothing then), or
