@@ -163,7 +163,7 @@ def scratch_mb(address_space_mb: int) -> int:
 SMALL_SCRATCH_MB = 64  # /var/tmp and /dev/shm, which programs use for small things
 
 
-def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int = 1024) -> str:
+def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int) -> str:
     """Namespaces and mounts for the learner to come (module docstring); returns which hold.
     ``kept``: paths the learner needs (its solution file, the problem's folder) that the fresh
     /tmp or /dev/shm would cover: bound back at the same path, read-only. ``tmp_mb``: the size of

@@ -71,6 +71,7 @@ class NestedTooDeep(UnsafeValue):
 # before reporting") instead of being named.
 MAX_DEPTH = 100
 _LEAVES = frozenset({int, float, complex, bool, str, bytes, type(None)})  # the common ones, skipped at once
+_CONTAINERS = (dict, list, tuple, set, frozenset, deque)
 
 
 def _within_depth(value: Any) -> None:
@@ -84,7 +85,7 @@ def _within_depth(value: Any) -> None:
         seen.add(id(item))
         if isinstance(item, dict):
             children: Any = (*item.keys(), *item.values())
-        elif isinstance(item, (list, tuple, set, frozenset, deque)):
+        elif isinstance(item, _CONTAINERS):
             children = item
         else:
             children = getattr(item, "__dict__", None)
@@ -94,7 +95,7 @@ def _within_depth(value: Any) -> None:
         for child in children:
             if type(child) in _LEAVES:
                 continue
-            if isinstance(child, (dict, list, tuple, set, frozenset, deque)) or hasattr(child, "__dict__"):
+            if isinstance(child, _CONTAINERS) or hasattr(child, "__dict__"):
                 if depth + 1 > MAX_DEPTH:
                     raise NestedTooDeep()
                 stack.append((child, depth + 1))
