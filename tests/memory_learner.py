@@ -83,6 +83,43 @@ def hold_in_the_arena(comm):
     return survived
 
 
+def hold_in_a_thread_s_line(comm):
+    """24 MiB kept in the arena of the line a thread's call opened (seal/lines.py): cleared at a
+    mark, where that line owes the learner nothing; then kept again with the line's reply made to
+    read as not taken yet (its id written back by hand), which no reading may clear: counted."""
+    import ctypes
+    import mmap
+    import os
+    import threading
+
+    from distlab.runtime.seal.arena import CONTROL
+
+    comm.mark("start")
+    thread = threading.Thread(target=comm.Barrier)  # a call off the main thread: a line of its own
+    thread.start()
+    thread.join()
+    arenas = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:") and os.fstat(int(name)).st_size > 64 * MIB:
+            arenas.append(int(name))
+    line = max(arenas)  # the first line's arena came with the process; the thread's came after
+    arena = mmap.mmap(line, os.fstat(line).st_size, mmap.MAP_SHARED)
+    kept = np.frombuffer(arena, dtype=np.uint8)[-24 * MIB:]
+    kept[:] = 7
+    comm.mark("kept in a line")
+    cleared = not kept[::4096].any()
+    kept[:] = 7
+    ctypes.c_uint64.from_buffer(arena, CONTROL).value = 12345  # "a reply not taken yet"
+    comm.mark("kept, the reply not taken")
+    survived = bool(kept[::4096].all())
+    del kept
+    return len(arenas), cleared, survived
+
+
 def flood_the_agent(comm):
     """Messages to itself, unreceived: 32 MiB each until the agent refuses one; then taken back."""
     sent, said, requests = 0, "", []

@@ -317,3 +317,67 @@ def negative_compute(comm, solution, seconds):
     """Declares ``seconds`` of work (a negative amount would move the virtual clock back)."""
     comm.compute(seconds=seconds)
     return comm.now()
+
+
+def threads_at_once(comm, solution, rounds):
+    """Calls from several threads at once, as mpi4py's threads make them: two threads exchange
+    with the neighbours on tags of their own while a third allreduces on a communicator of its
+    own; a fourth waits for a receive the main thread posted; and the main thread of rank 1 sends
+    what rank 0 waits for first only once a thread of its is waiting in a Recv that needs it
+    (one channel to the agent would hold that Send up behind the Recv: a deadlock sealed only)."""
+    import threading
+    import time
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % p, (rank - 1) % p
+    own = comm.Dup()  # collectives on one communicator are not made from two threads at once
+    done, wrong = {}, []
+
+    def exchange(tag):
+        got = np.empty(3)
+        for i in range(rounds):
+            comm.Sendrecv(np.full(3, 100.0 * rank + 10 * tag + i), right, tag, got, left, tag)
+            if got[0] != 100.0 * left + 10 * tag + i:
+                wrong.append((tag, i, float(got[0])))
+        done[f"tag {tag}"] = rounds
+
+    def allreduce():
+        total = np.empty(1)
+        for i in range(rounds):
+            own.Allreduce(np.array([float(rank + i)]), total)
+            if total[0] != p * (p - 1) / 2 + p * i:
+                wrong.append(("sum", i, float(total[0])))
+        done["sum"] = rounds
+
+    posted = np.zeros(2)
+    request = comm.Irecv(posted, left, 11)
+
+    def wait_posted():
+        request.Wait()
+        done["posted"] = float(posted[0])
+
+    waiting = threading.Event()
+
+    def wait_for_rank_0():
+        waiting.set()
+        comm.Recv(np.empty(1), 0, 13)
+        done["after rank 0"] = 1
+
+    threads = [threading.Thread(target=exchange, args=(tag,)) for tag in (1, 2)]
+    threads += [threading.Thread(target=allreduce), threading.Thread(target=wait_posted)]
+    if rank == 1:
+        threads.append(threading.Thread(target=wait_for_rank_0))
+    for thread in threads:
+        thread.start()
+    comm.Send(np.full(2, float(rank)), right, 11)
+    if rank == 1:
+        waiting.wait()
+        time.sleep(0.2)  # the thread is in its Recv by now
+        comm.Send(np.ones(1), 0, 12)
+    elif rank == 0:
+        comm.Recv(np.empty(1), 1, 12)
+        comm.Send(np.ones(1), 1, 13)
+    for thread in threads:
+        thread.join()
+    own.Free()
+    return sorted(done.items()), wrong

@@ -85,7 +85,7 @@ def search_memory(comm, first_half, second_half):
 
 def forge_request(comm):
     """Writes a request into the arena behind the client's back, then calls as usual."""
-    end = comm._end
+    end = comm._end.first  # the main thread's line
     end._call_id += 1
     end.arena.write_block("request", end._call_id, b"\0" * 64)
     end._bell.ring()
@@ -99,7 +99,7 @@ def forge_reply(comm):
     without sending the request, then a Barrier through the agent as usual."""
     from distlab.runtime.seal import wire
 
-    end = comm._end
+    end = comm._end.first  # the main thread's line
     end._call_id += 1
     end.arena.write_block("reply", end._call_id, wire.framed(wire.encode_reply(wire.Reply(wire.OK))))
     got = np.full(1, float(comm.Get_size()))  # the answer, without the call
@@ -176,9 +176,10 @@ def total_of(comm):
     return float(got[0])
 
 
-def die_in_recv(comm, how="exit"):
+def die_in_recv(comm, how="exit", in_thread=False):
     """Rank 1 dies while blocked in a Recv: a timer ends its process with status 3, or by SIGINT
-    (whose handler in the rank's agent is Python's, which only a main thread may reset)."""
+    (whose handler in the rank's agent is Python's, which only a main thread may reset). With
+    ``in_thread``, the Recv is another thread's, which the main thread waits for."""
     import signal
     import threading
 
@@ -188,6 +189,10 @@ def die_in_recv(comm, how="exit"):
         else:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             threading.Timer(0.5, os.kill, [os.getpid(), signal.SIGINT]).start()
+        if in_thread:
+            receiver = threading.Thread(target=comm.Recv, args=(np.empty(1),), kwargs={"source": 0})
+            receiver.start()
+            receiver.join()
         comm.Recv(np.empty(1), source=0)
     comm.Barrier()
 
@@ -287,3 +292,40 @@ def lower_oom_score(comm):
         lowered = type(exc).__name__
     comm.Barrier()
     return score, lowered
+
+
+def ask_for_lines(comm, how_many):
+    """Asks its agent for ``how_many`` further lines at once (seal/lines.py), past the number its
+    client ever opens, and reads every answer; then closes what it was given."""
+    opener = comm._end._opener
+    opener.sendall(b"+" * how_many)
+    given = 0
+    for _ in range(how_many):
+        answer, fds, _, _ = socket.recv_fds(opener, 1, 2)
+        given += bool(fds)
+        for fd in fds:
+            os.close(fd)
+    comm.Barrier()
+    return given
+
+
+def result_from_a_thread(comm):
+    """Hands in a result from a thread, whose calls go on a line of their own: the task protocol is
+    the first line's alone."""
+    import threading
+
+    from distlab.runtime.seal.calls import Call
+
+    said = []
+
+    def hand_in():
+        try:
+            comm._end.call(Call.RESULT, (0, 1), inputs=(np.frombuffer(b"\x80\x04K\x01.", dtype=np.uint8),))
+        except Exception as exc:  # noqa: BLE001 - what the learner's code would see
+            said.append(type(exc).__name__)
+
+    thread = threading.Thread(target=hand_in)
+    thread.start()
+    thread.join()
+    comm.Barrier()
+    return said

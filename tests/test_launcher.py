@@ -478,3 +478,20 @@ def test_a_task_that_asks_keeps_a_copy_of_everything_each_rank_sent(seal: bool) 
         assert seen == expected
         assert outcome.sent.nbytes == sum(np.asarray(e[3]).size * (4 if e[2] == "int32" else 8) for e in expected)
     assert all(outcome.sent is None for outcome in result.task_outcomes(1))
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_threads_of_a_rank_call_at_once_as_they_would_in_mpi4py(backend: str) -> None:
+    """Sealed, each thread's call in flight goes on a line of its own to the agent (seal/lines.py):
+    a thread blocked in a Recv holds up no other, and no two calls share a request block (before,
+    two threads' calls crossed on one channel: a deadline passed, or a deadlock was named)."""
+    rounds = 20
+    result = run(make_job("threads_at_once", [Task(ranks=3, args=(rounds,))], backend=backend), deadline_s=60)
+    assert result.ok, result.message
+    for rank, outcome in enumerate(result.task_outcomes(0)):
+        done, wrong = outcome.value
+        assert wrong == [], (rank, wrong)
+        expected = {"tag 1": rounds, "tag 2": rounds, "sum": rounds, "posted": float((rank - 1) % 3)}
+        if rank == 1:
+            expected["after rank 0"] = 1
+        assert dict(done) == expected, (rank, done)

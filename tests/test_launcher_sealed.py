@@ -30,6 +30,7 @@ from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_the_file_size_limit_is_enforced_and_named,
     test_the_memory_limit_is_enforced_and_named,
     test_the_rank_that_died_first_is_named_with_how_and_where,
+    test_threads_of_a_rank_call_at_once_as_they_would_in_mpi4py,
     test_work_declared_negative_or_not_a_number_is_refused_alike_sealed_or_not,
 )
 

@@ -78,7 +78,7 @@ def test_held_bytes_counts_a_process_s_own_pages_and_skips_the_arena(kind: str) 
         extra = held_bytes([proc.pid]) - held_bytes([idle.pid])
         assert 23 * MIB < extra < 27 * MIB, extra / MIB
         if inode is not None:  # the seal's arena is a memfd: its mapping is the harness's, not counted
-            assert held_bytes([proc.pid], skip_inode=inode) - held_bytes([idle.pid]) < 2 * MIB
+            assert held_bytes([proc.pid], skip_inodes=[inode]) - held_bytes([idle.pid]) < 2 * MIB
     finally:
         for p in (idle, proc):
             p.kill()
@@ -319,3 +319,19 @@ def test_a_job_that_reads_memory_preloads_what_the_solution_imports_anywhere(tmp
     assert "torch" in preload_for("mpi", str(program), sealed=True, solution_file=str(solution))
     solution.write_text("import json\n")
     assert "json" not in preload_for("mpi", str(program), sealed=True, solution_file=str(solution))
+
+
+@pytest.mark.usefixtures("sealed")
+def test_what_the_learner_keeps_in_a_thread_s_line_is_lost_or_counted() -> None:
+    """A thread's call opens a line of its own, with an arena of its own (seal/lines.py): a reading
+    clears it as it clears the first, where it holds nothing a call needs, and where it may (a reply
+    the learner has not taken yet), counts what it holds."""
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("hold_in_a_thread_s_line",), memory=True)],
+                                 LEARNER)
+    result = run(job, deadline_s=60)
+    assert result.ok, result.message
+    outcome = result.task_outcomes(0)[0]
+    assert outcome.value[0] >= 2 and outcome.value[1:] == (True, True), outcome.value  # cleared, then kept
+    (_, start, _), (_, cleared, _), (_, owed, _) = outcome.memory[1:]
+    assert cleared - start < 2 * MIB, (start, cleared)
+    assert owed - start > 23 * MIB, (start, owed)

@@ -106,6 +106,21 @@ def test_a_forged_request_is_named_as_tampering() -> None:
     assert "tampered with the channel to its rank's agent" in result.message
 
 
+def test_asking_for_more_lines_than_the_client_opens_is_named_as_tampering() -> None:
+    # A thread's call takes a line of its own (seal/lines.py), at most 7 more than the first; an
+    # agent that opened all a learner asked for would make arenas and threads without end.
+    result = attack("ask_for_lines", 40)
+    assert result.status == "error", result.message
+    assert ("tampered with the channel to its rank's agent: it asked for more than 7 further lines"
+            in result.message), result.message
+
+
+def test_a_result_handed_in_on_a_thread_s_line_is_named_as_tampering() -> None:
+    result = attack("result_from_a_thread")
+    assert result.status == "error", result.message
+    assert "tampered with the channel to its rank's agent: result on a thread's line" in result.message
+
+
 def test_a_result_nested_past_what_python_can_recurse_is_named_as_tampering() -> None:
     # The agent pickled it into the rank's outcome and crashed ("exited with status 1 before reporting").
     result = attack("forge_deep_result", 300_000)
@@ -258,10 +273,11 @@ def test_signals_from_the_learner_reach_no_process_of_the_harness() -> None:
         assert tried["SIGKILL to supervisor"] == tried["SIGSTOP to supervisor"] == "ProcessLookupError"
 
 
-@pytest.mark.parametrize("how", ["exit", "SIGINT"])
-def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call(how: str) -> None:
-    # Its agent waits in the engine: its watcher thread mirrors the death, a signal's too.
-    result = attack("die_in_recv", how)
+@pytest.mark.parametrize("how, in_thread", [("exit", False), ("SIGINT", False), ("exit", True)])
+def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call(how: str, in_thread: bool) -> None:
+    # Its agent waits in the engine: its watcher thread mirrors the death, a signal's too. A call
+    # on a thread's line (seal/lines.py) is where it died when the main thread was in none.
+    result = attack("die_in_recv", how, in_thread)
     assert result.status == "crashed" and result.failing_rank == 1, result.message
     died = "exited with status 3" if how == "exit" else "died of SIGINT (signal 2)"
     assert result.message.startswith(f"rank 1 {died} before reporting"), result.message

@@ -380,3 +380,34 @@ def test_an_empty_buffer_of_a_shape_numpy_cannot_make_is_refused() -> None:
     with pytest.raises(BadRequest, match=r"larger than the data region"):
         decode((0, 2**62))
     np.empty((0, 5), dtype=f8).reshape((0, size // 8))  # the largest it accepts, NumPy shapes
+
+
+NO_ROOM_FOR_A_LINE = """
+import os, resource, socket
+from distlab.runtime.seal.agent import AgentEnd
+from distlab.runtime.seal.lines import AgentLines
+
+first = AgentEnd.create(512 << 20)
+lines = AgentLines.create(first)
+theirs = socket.socket(fileno=os.dup(lines.child_fd))
+lines.start(os.getpid(), serve=lambda end: None, refused=print)
+status = open("/proc/self/status").read()
+size_kib = int(status.split("VmSize:")[1].split()[0])
+room = (size_kib << 10) + (128 << 20)  # less than another arena's 512 MiB
+resource.setrlimit(resource.RLIMIT_AS, (room, room))
+theirs.sendall(b"+")
+assert lines.answer()
+answer, fds, _, _ = socket.recv_fds(theirs, 256, 2)
+print(answer.decode(), len(fds), len(lines.further))
+"""
+
+
+def test_an_agent_with_no_room_for_another_line_refuses_it_saying_why() -> None:
+    """A learner thread's call asks for a line of its own (seal/lines.py); under the rank's
+    address-space limit its arena may not fit: the ask is refused with the reason, which the
+    thread's call raises, and the agent goes on (it opened nothing)."""
+    done = subprocess.run([sys.executable, "-c", NO_ROOM_FOR_A_LINE], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": SRC}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("-no room for another arena ("), done.stdout
+    assert done.stdout.rstrip().endswith(" 0 0"), done.stdout  # no descriptors, no line

@@ -37,7 +37,7 @@ from typing import Any, NoReturn, Sequence
 
 NO_FORK_ENV = "DISTLAB_NO_ZYGOTE"  # the zygote's switch (runtime/zygote/client.py) turns this off too
 LEARNER_PROCESS_NAME = b"distlab-learner"  # its /proc/PID/comm: forked, its cmdline is the rank's
-FDS = ("arena", "bell", "stack", "log")  # the descriptors a seed is sent, in this order
+FDS = ("arena", "bell", "lines", "stack", "log")  # the descriptors a seed is sent, in this order
 SPEC_LIMIT = 1 << 20
 _PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
 
@@ -162,7 +162,7 @@ def _grow(control: socket.socket, parent: int, forked: bool) -> NoReturn:
         # The seal's client: the zygote has imported it where it forks.
         from .learner_main import run
 
-        run(spec, fd["arena"], fd["bell"], fd["stack"])
+        run(spec, fd["arena"], fd["bell"], fd["lines"], fd["stack"])
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -22,6 +22,7 @@ import faulthandler
 import os
 import pickle
 import signal
+import socket
 import struct
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..seal import sandbox
 from ..seal.calls import Call
 from ..seal.client import SealedComm
 from ..seal.learner import LearnerEnd
+from ..seal.lines import LearnerLines
 from ..seal.values import encode_failure, encode_value
 from . import limits as rank_limits
 from .failures import error_from
@@ -175,7 +177,10 @@ def failure(exc: BaseException, solution: Path | None, task_index: int, limits: 
     return encode_failure(error.kind, error.summary, error.where, error.traceback)
 
 
-def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
+def serve_tasks(lines: LearnerLines, spec: dict[str, Any]) -> None:
+    """Runs the learner's tasks as the agent hands them over. The task protocol goes on the first
+    line; the learner's own threads may open more (seal/lines.py)."""
+    end = lines.first
     limits = Limits(*spec["limits"])
     solution_path = Path(spec["solution_file"]) if spec["solution_file"] else None
     try:
@@ -195,7 +200,7 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
             return
         args, kwargs = fetch_args(end, nbytes)
         try:
-            value = program(SealedComm(end, rank, size), solution, *args, **kwargs)
+            value = program(SealedComm(lines, rank, size), solution, *args, **kwargs)
             data, kind = encode_value(value), VALUE
         except BaseException as exc:  # noqa: BLE001 - every failure is reported
             data, kind = failure(exc, solution_path, index, limits), FAILURE
@@ -204,7 +209,7 @@ def serve_tasks(end: LearnerEnd, spec: dict[str, Any]) -> None:
             return
 
 
-def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, stack_fd: int) -> NoReturn:
+def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, lines_fd: int, stack_fd: int) -> NoReturn:
     die_with_parent(int(spec["agent_pid"]))
     # First: a sandbox that cannot be made is said through it.
     end = LearnerEnd.attach(arena_fd, int(spec["arena_size"]), bell_fd, float(spec["spin_s"]))
@@ -220,7 +225,7 @@ def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, stack_fd: int) -> NoR
     faulthandler.enable(file=stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True, chain=False)
     keep_mpi_uninitialized()
-    serve_tasks(end, spec)
+    serve_tasks(LearnerLines(end, socket.socket(fileno=lines_fd)), spec)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # nothing to tear down; interpreter shutdown with torch loaded takes seconds

@@ -41,13 +41,13 @@ SCRATCH = ("tmp", "var/tmp", "dev/shm")
 _MEMORY_FILES = (b"/memfd:", b"/dev/zero", b"/SYSV")
 
 
-def held_bytes(pids: Iterable[int], skip_inode: int | None = None, scratch_of: int | None = None,
+def held_bytes(pids: Iterable[int], skip_inodes: Iterable[int] = (), scratch_of: int | None = None,
                skip_paths: tuple[str, ...] = ()) -> int:
-    """The bytes the processes ``pids`` hold (module docstring); ``skip_inode``: the arena's
-    inode, whose mapping is not counted; ``scratch_of``: a process whose root's scratch folders
+    """The bytes the processes ``pids`` hold (module docstring); ``skip_inodes``: the arenas'
+    inodes, whose mappings are not counted; ``scratch_of``: a process whose root's scratch folders
     (its own tmpfs mounts) count too; ``skip_paths``: where files mapped in are not counted (an
     unsealed rank's engine's). A process that is gone counts nothing."""
-    counted: set[int] = set() if skip_inode is None else {skip_inode}  # shared memory, once
+    counted: set[int] = set(skip_inodes)  # shared memory, once
     skipped = tuple(path.encode() for path in skip_paths)
     total = 0
     for pid in pids:

@@ -36,6 +36,7 @@ from ..jobspec import (
 )
 from ..seal.agent import AgentEnd
 from ..seal.errors import LearnerGone
+from ..seal.lines import AgentLines
 from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure, clipped, worded
@@ -53,14 +54,15 @@ _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR",
 
 
 class LearnerProcess:
-    def __init__(self, agent: AgentEnd, child: ForkedChild | subprocess.Popen[bytes], packages: tuple[str, ...],
-                 gone_note: Path, memory_probe: bool = False) -> None:
+    def __init__(self, agent: AgentEnd, lines: AgentLines, child: ForkedChild | subprocess.Popen[bytes],
+                 packages: tuple[str, ...], gone_note: Path, memory_probe: bool = False) -> None:
         self._agent = agent
         self._child = child
         self._service = Service(agent)
+        self._lines = lines  # the further lines its threads open, served by the same service
+        lines.start(child.pid, self._service.serve_line, self._service.tampered.append)
         self._packages = packages
         self._gone_note = gone_note
-        self._arena_inode = os.fstat(agent.arena.fd).st_ino
         self._code: int | None = None  # the pid of the learner's code, once looked up
         self.memory = MemoryWitness(self.held_memory, held_at_mark=self._held_at_mark, parked_apart=True)
         if memory_probe:
@@ -75,7 +77,17 @@ class LearnerProcess:
         threading.Thread(target=self._watch, args=(os.pidfd_open(child.pid),), daemon=True).start()
 
     def _watch(self, pidfd: int) -> None:
-        select.select([pidfd], [], [])
+        """Waits for the learner to end, answering meanwhile its threads' asks for lines."""
+        watched: list[Any] = [pidfd, self._lines]
+        while True:
+            try:
+                if pidfd in select.select(watched, [], [])[0]:
+                    break
+            except (ValueError, OSError):  # the opener was closed here (finish)
+                watched = [pidfd]
+                continue
+            if not self._lines.answer():
+                watched = [pidfd]  # the learner closed the opener: only its end is left to see
         if self._finishing.is_set():
             return
         status = self._agent.learner_status()
@@ -85,6 +97,9 @@ class LearnerProcess:
     def died(self, gone: LearnerGone) -> None:
         """Ends the agent as the learner process ended, saying where it was (the supervisor reads it)."""
         self._dying.acquire()  # never released: this process ends below
+        if not gone.where.startswith("in ") and not gone.closed:
+            # Seen on the first line, between calls: a thread's line may have been in one.
+            gone = LearnerGone(self._lines.where(), gone.status)
         try:
             self._gone_note.write_text(where_it_died(gone))
             mirror_death(gone)
@@ -97,6 +112,7 @@ class LearnerProcess:
         """Makes the seal's channel and hands it, with the learner's spec, to ``seed`` (forked
         before this process read its job: learner_fork.py)."""
         agent = AgentEnd.create(ARENA_BYTES)
+        lines = AgentLines.create(agent)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
         spec = {
@@ -113,13 +129,13 @@ class LearnerProcess:
             "env": env,
             "memory_probe": job.memory_probe,
         }
-        child = seed.plant(spec, (*agent.child_fds, stack_file.fileno(), sys.stdout.fileno()))
+        child = seed.plant(spec, (*agent.child_fds, lines.child_fd, stack_file.fileno(), sys.stdout.fileno()))
         agent.watch(child.pid)
         learner_pid_path(job_dir, rank).write_text(str(child.pid))
         package = job.program_module.rpartition(".")[0] or job.program_module
         if package != job.program_module:
             problem_package(Path(job.program_file).parent)  # its classes, for read_value
-        return cls(agent, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe)
+        return cls(agent, lines, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe)
 
     def cpus(self) -> tuple[int, ...]:
         """The CPUs the learner's code may run on, as the kernel holds them for its process (not
@@ -129,7 +145,8 @@ class LearnerProcess:
     def held_memory(self) -> int:
         """What the learner's processes hold (rank/memory.py)."""
         pids = self._learner_pids()
-        return held_bytes(pids, self._arena_inode, scratch_of=pids[0])
+        arenas = {os.fstat(end.arena.fd).st_ino for end in self._lines.every()}
+        return held_bytes(pids, arenas, scratch_of=pids[0])
 
     def _learner_pids(self) -> list[int]:
         """Its code's process first, every process that one started, and, in a PID namespace of
@@ -142,14 +159,17 @@ class LearnerProcess:
         return [code, *(pid for pid in descendants(reaper) if pid != code)]
 
     def _held_at_mark(self) -> int:
-        """At a mark the learner waits in its call and no call of its is in flight: the arena's
-        data region is cleared, then the learner's processes read, then whatever the arena holds
+        """At a mark the learner's main thread waits in its call: each line's data region that
+        holds nothing a call needs is cleared (every line but one another thread's call is
+        passing through), then the learner's processes read, then whatever the arenas hold
         again counts as theirs (an outside tester kept 24 MB of optimizer state there, unread).
-        Its processes are stopped meanwhile: a thread of theirs moving that state from the arena
+        Its processes are stopped meanwhile: a thread of theirs moving that state from an arena
         to their memory between the two reads would be counted in neither."""
         with paused(self._learner_pids):
-            self._agent.arena.clear_data()
-            return self.held_memory() + self._agent.arena.data_held()
+            ends = self._lines.every()
+            for end in ends:
+                end.clear_data()
+            return self.held_memory() + sum(end.arena.data_held() for end in ends)
 
     def _read_before_solution(self) -> None:
         self.memory.before_solution = self.held_memory()
@@ -181,6 +201,7 @@ class LearnerProcess:
             self._child.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
+        self._lines.close()
         self._agent.close()
 
     def kill(self) -> None:

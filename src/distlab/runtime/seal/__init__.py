@@ -11,6 +11,7 @@ in a sandbox. Each call crosses here.
 ``doorbell.py`` the handshake: a Unix socketpair, one byte per request and per reply
 ``agent.py``    ``AgentEnd``: serve one validated request, reply with output buffers
 ``learner.py``  ``LearnerEnd``: call(op, args, inputs, outputs), outputs filled in place
+``lines.py``    a line (an arena and a doorbell) per thread's call in flight, opened on demand
 ``client.py``   ``SealedComm``: mpi4py's API in the learner process, every call through the seal
 ``service.py``  the agent's side of a task: each request made on the real proxy
 ``values.py``   a task's result on its way out, read back with listed classes only

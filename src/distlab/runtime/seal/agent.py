@@ -28,6 +28,7 @@ import os
 import select
 import signal
 import socket
+import threading
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -83,6 +84,9 @@ class AgentEnd:
         self._pid: int | None = None
         self.in_call: str | None = None  # the op taken and not answered yet
         self.last_call: str | None = None  # the last op answered
+        # Held while the data region is read or written for a call, so that clear_data never
+        # falls between a request's arrival and its inputs' copy, or on a reply being written.
+        self._guard = threading.Lock()
 
     @classmethod
     def create(cls, data_size: int, table: dict[int, Signature] | None = None,
@@ -125,6 +129,10 @@ class AgentEnd:
             return None
         if woke is not Woke.READY:
             raise self._gone(closed=woke is Woke.CLOSED)
+        with self._guard:
+            return self._take_request()
+
+    def _take_request(self) -> Request | Rejected:
         block = self.arena.read_block("request")  # the only read of the block: a copy
         call_id = call_id_of(block)
         try:
@@ -146,17 +154,17 @@ class AgentEnd:
         if len(outputs) > len(request.outputs):
             raise ValueError(f"{request.name}: {len(outputs)} outputs for "
                              f"{len(request.outputs)} places")
-        written = []
         for array, place in zip(outputs, request.outputs):
-            if array is None:
-                written.append(0)
-                continue
-            if array.dtype != place.dtype or array.nbytes > place.nbytes:
+            if array is not None and (array.dtype != place.dtype or array.nbytes > place.nbytes):
                 raise ValueError(f"{request.name}: an output of {array.nbytes} bytes of "
                                  f"{array.dtype} for a place of {place.nbytes} of {place.dtype}")
-            self.arena.put(place.offset, np.ascontiguousarray(array))
-            written.append(array.nbytes)
-        self._answer(request.call_id, Reply(OK, tuple(ints), tuple(floats), tuple(written)))
+        with self._guard:
+            written = []
+            for array, place in zip(outputs, request.outputs):
+                if array is not None:
+                    self.arena.put(place.offset, np.ascontiguousarray(array))
+                written.append(0 if array is None else array.nbytes)
+            self._answer(request.call_id, Reply(OK, tuple(ints), tuple(floats), tuple(written)))
 
     def reject(self, request: Request, reason: str) -> Rejected:
         """Refuses a request that decoded well but asks for what the learner's own client never
@@ -184,6 +192,22 @@ class AgentEnd:
 
     def _new_request(self) -> bool:
         return self.arena.block_id("request") != self._last_seen
+
+    def clear_data(self) -> bool:
+        """Gives the data region's pages back where it holds nothing a call needs (arena.py's
+        clear_data): no request waits to be taken, whose inputs lie there, and the learner took
+        the last reply's outputs (its end then sets the reply's id back to 0). The learner is
+        stopped meanwhile (rank/pause.py). Returns whether it was cleared; what was not still
+        counts (``arena.data_held``)."""
+        with self._guard:
+            if self._new_request() or self.arena.block_id("reply") != 0:
+                return False
+            self.arena.clear_data()
+            return True
+
+    def shut(self) -> None:
+        """Ends the line without unmapping it: a thread waiting in ``serve`` wakes to EOF."""
+        self._bell.shut()
 
     # -- the learner's end, as far as the agent knows it -------------------------------------
 

@@ -102,6 +102,11 @@ class Arena:
         self._map[at + 8 : at + 8 + len(framed)] = framed
         self._ids[block].value = call_id
 
+    def forget(self, block: Block) -> None:
+        """Sets the block's call id to 0: the learner's end has taken the reply (agent.py's
+        clear_data waits for it)."""
+        self._ids[block].value = 0
+
     # -- the data region ---------------------------------------------------------------------
 
     def _span(self, offset: int, nbytes: int) -> slice:

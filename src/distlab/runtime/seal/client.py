@@ -52,7 +52,7 @@ from ..comm.requests import (
 from ..engines.base import ANY_SOURCE, ANY_TAG
 from .calls import CALLS, MAX_TAG, REDUCE_OPS, Call
 from .errors import CallFailed, CallRejected, SealError
-from .learner import LearnerEnd
+from .lines import LearnerLines
 from .requests import SealedRequest
 from .store_client import SealedStore
 from .wire import Reply
@@ -69,7 +69,7 @@ class SealedComm(ObjectCalls):
     ANY_TAG = ANY_TAG
     IN_PLACE = IN_PLACE
 
-    def __init__(self, end: LearnerEnd, rank: int, size: int, handle: int = 0) -> None:
+    def __init__(self, end: LearnerLines, rank: int, size: int, handle: int = 0) -> None:
         self._end = end
         self._rank = rank
         self._size = size

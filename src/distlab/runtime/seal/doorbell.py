@@ -155,6 +155,14 @@ class Doorbell:
         except (BlockingIOError, ConnectionError):
             pass
 
+    def shut(self) -> None:
+        """Shuts the socket both ways, which wakes a thread blocked in ``wait`` on it (closing
+        it would not); the descriptor stays open until ``close``."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the other end already gone
+
     def close(self) -> None:
         self.sock.close()
         if self.pidfd is not None:

@@ -27,6 +27,7 @@ from .wire import (
     DTYPE_CODE,
     FAILED,
     MAX_NDIM,
+    OK,
     REJECTED,
     Buffer,
     Reply,
@@ -91,14 +92,22 @@ class LearnerEnd:
         if woke is not Woke.READY:
             raise AgentGone("the agent closed the channel")
         reply = decode_reply(self.arena.read_block("reply"))
+        if reply.status == OK:
+            for array, place, nbytes in zip(outputs, out_places, reply.written):
+                self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
+        # Taken: the data region owes this end nothing now, and the agent may clear it (at a
+        # memory reading: AgentEnd.clear_data).
+        self.arena.forget("reply")
         if reply.status == REJECTED:
             raise CallRejected(reply.text)
         if reply.status == FAILED:
             kind, _, message = reply.text.partition("\n")
             raise CallFailed(kind, message)
-        for array, place, nbytes in zip(outputs, out_places, reply.written):
-            self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
         return reply
+
+    @property
+    def spin_s(self) -> float:
+        return self._bell.spin_s
 
     def _layout(self, op: int, inputs: Sequence[np.ndarray],
                 outputs: Sequence[np.ndarray]) -> tuple[tuple[Buffer, ...], tuple[Buffer, ...]]:

@@ -20,6 +20,7 @@ its own timeout (one float more than its signature's: calls.py) runs within
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import numpy as np
@@ -31,9 +32,13 @@ from ..comm.requests import Status
 from ..engines.base import UNDEFINED
 from .agent import AgentEnd, Rejected, Request
 from .calls import CALLS, REDUCE_OPS, Call
+from .errors import LearnerGone, SealError
+from .lines import Switch
 from .store_service import store_handlers
 
 VALUE, FAILURE = 0, 1  # the kinds of a RESULT (calls.py)
+# The harness's own calls, made on the first line only (lines.py).
+TASK_PROTOCOL = frozenset((Call.NEXT_TASK, Call.TASK_ARGS, Call.RESULT, Call.BEFORE_SOLUTION))
 
 
 class TaskResult:
@@ -44,13 +49,18 @@ class TaskResult:
 
 class Service:
     def __init__(self, agent: AgentEnd) -> None:
-        self._agent = agent
+        self._first = agent
+        # Handlers answer on the line their request came on (lines.py): the first, or a further
+        # one that a learner thread's call took. The tables below are shared by every line, as
+        # the proxy's are by the threads that call it unsealed: numbers come from counters,
+        # whose next() is one step under the GIL.
+        self._agent = Switch(agent)
         self.tampered: list[str] = []  # why each rejected request was rejected
         self._comm: Comm | None = None
         self._comms: dict[int, Comm] = {}
-        self._next_comm = 1
+        self._comm_numbers = itertools.count(1)
         self._handles: dict[int, tuple[ProxyRequest, np.ndarray | None]] = {}
-        self._next_handle = 1
+        self._handle_numbers = itertools.count(1)
         self._parts: list[bytes] = []
         # Reads the learner's memory, where the job asks (Task.memory): set by the rank.
         self.read_before_solution: Callable[[], None] | None = None
@@ -74,7 +84,7 @@ class Service:
             Call.IS_REVOKED: self._is_revoked, Call.AGREE: self._agree,
             Call.GET_FAILED: self._get_failed, Call.ACK_FAILED: self._ack_failed,
             Call.SHRINK: self._shrink, Call.ADMIT: self._admit,
-            **store_handlers(agent),
+            **store_handlers(self._agent),
         }
 
     def run_task(self, comm: Comm | None, index: int, args: bytes) -> TaskResult | None:
@@ -82,8 +92,9 @@ class Service:
         its start-up, when it failed before asking for a task). With ``index`` -1 it tells the
         learner that the batch is done, and returns None."""
         self._comm, self._handles, self._parts = comm, {}, []
-        self._comms, self._next_comm = ({0: comm} if comm is not None else {}), 1
-        agent = self._agent
+        self._comms, self._comm_numbers = ({0: comm} if comm is not None else {}), itertools.count(1)
+        self._handle_numbers = itertools.count(1)
+        agent = self._first
         while True:
             request = agent.serve()
             if isinstance(request, Rejected):
@@ -114,6 +125,30 @@ class Service:
                 self.tampered.append(agent.reject(request, reason).reason)
             else:
                 self._serve_call(self._comms[request.comm], request)
+
+    def serve_line(self, end: AgentEnd) -> None:
+        """Serves a further line (lines.py) until the learner closes it or dies (the first
+        line's watcher says how it ended): calls of the task's communicators only."""
+        self._agent.serving(end)
+        try:
+            while True:
+                request = end.serve()
+                if isinstance(request, Rejected):
+                    self.tampered.append(request.reason)
+                elif request is None:
+                    continue
+                elif request.op in TASK_PROTOCOL:
+                    self.tampered.append(end.reject(request, f"{request.name} on a thread's line").reason)
+                elif self._comm is None:
+                    end.fail(request, RuntimeError(f"{request.name} outside a task"))
+                elif request.comm not in self._comms:
+                    reason = f"{request.name} on communicator {request.comm}, which it does not hold"
+                    self.tampered.append(end.reject(request, reason).reason)
+                else:
+                    self._serve_call(self._comms[request.comm], request)
+        except SealError as exc:  # gone (told by the first line), or flooding this one
+            if not isinstance(exc, LearnerGone):
+                self.tampered.append(str(exc))
 
     def _before_solution(self, request: Request) -> None:
         """Has the learner's memory read while it waits (its harness code sent this before it
@@ -204,8 +239,7 @@ class Service:
                                          status.Get_count() if found else 0))
 
     def _keep(self, handle: ProxyRequest, buffer: np.ndarray | None) -> int:
-        number = self._next_handle
-        self._next_handle += 1
+        number = next(self._handle_numbers)
         self._handles[number] = (handle, buffer)
         return number
 
@@ -376,8 +410,7 @@ class Service:
         """(handle, rank, size) of a new communicator, numbered for the learner; -1 for none."""
         if sub is None:
             return (-1, -1, 0)
-        number = self._next_comm
-        self._next_comm += 1
+        number = next(self._comm_numbers)
         self._comms[number] = sub
         return (number, sub.rank, sub.size)
 
@@ -395,7 +428,8 @@ class Service:
 
     def _free(self, comm: Comm, request: Request) -> None:
         comm.Free()
-        self._comms = {n: c for n, c in self._comms.items() if c is not comm}
+        for number in [n for n, c in list(self._comms.items()) if c is comm]:
+            self._comms.pop(number, None)  # in place: another line may be adding one
         self._agent.reply(request)
 
 

@@ -9,13 +9,14 @@ from typing import Callable
 import numpy as np
 
 from ..comm.proxy import Comm
-from .agent import AgentEnd, Request
+from .agent import Request
 from .calls import MAX_STORE_VALUE, Call
+from .lines import Switch
 
 Handler = Callable[[Comm, Request], None]
 
 
-def store_handlers(agent: AgentEnd) -> dict[int, Handler]:
+def store_handlers(agent: Switch) -> dict[int, Handler]:
     def timeout(request: Request) -> float | None:
         return request.floats[0] if request.ints[0] else None
 
