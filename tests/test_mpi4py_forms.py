@@ -1,7 +1,9 @@
 """Learner code as real course code writes it runs on distlab's comm as on mpi4py's own
 COMM_WORLD: the lowercase object calls, Request.wait()/test(), barrier(), buffer specifications
-([buf, MPI.DOUBLE]), keyword arguments and 2-D arrays. One table of call forms runs on the proxy
-(both engines) and on a plain MPI.COMM_WORLD, and every rank's answers must be the same."""
+([buf, MPI.DOUBLE]), statuses, keyword arguments and 2-D arrays. One table of call forms runs on
+the proxy (both engines), sealed and not, and on a plain MPI.COMM_WORLD, and every rank's answers
+must be the same. (Sealed, the learner process has mpi4py but no MPI: the root's bcast once failed
+there, its pickle read-only, and a datatype's size or a status's count ended the process.)"""
 
 from __future__ import annotations
 
@@ -77,16 +79,22 @@ def buffers(comm, MPI):
     part = np.zeros(6)
     comm.Bcast([part, 3, MPI.DOUBLE] if r else [np.arange(6.0), 3, MPI.DOUBLE], root=0)
     out["counted_spec"] = part.tolist()
+    status, got = MPI.Status(), np.empty(2)
+    req = comm.Isend(np.full(2, float(r)), right, tag=5)
+    comm.Recv([got, MPI.DOUBLE], source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+    req.Wait()
+    out["status"] = [status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE), got.tolist()]
+    out["datatypes"] = [MPI.DOUBLE.Get_size(), MPI.INT.size, MPI.FLOAT.Get_name(), MPI.FLOAT.Get_extent()]
     return out
 '''
 
 
-def _on_proxy(tmp_path: Path, name: str, backend: str) -> list[dict]:
+def _on_proxy(tmp_path: Path, name: str, backend: str, seal: bool) -> list[dict]:
     solution = tmp_path / "forms.py"
     solution.write_text(FORMS)
     args = (name,) if backend == "gloo" else (name, "MPI")
     done = run(Program(PROGRAMS, "call_forms", solution), [Task(ranks=RANKS, case=args).for_ranks()],
-               run_options(backend))
+               run_options(backend, seal=seal))
     assert done.ok, done.result.message
     return json.loads(json.dumps(done.tasks[0].values))
 
@@ -115,14 +123,16 @@ def _on_plain_mpi(tmp_path: Path, name: str) -> list[dict]:
 def test_each_call_form_answers_on_the_proxy_as_on_plain_mpi4py(tmp_path: Path, name: str) -> None:
     plain = _on_plain_mpi(tmp_path, name)
     assert plain[1]["recv"] == {"from": 0, "list": [1, 2, 3]} if name == "objects" else plain
-    assert _on_proxy(tmp_path, name, "mpi") == plain
+    for seal in (False, True):
+        assert _on_proxy(tmp_path, name, "mpi", seal) == plain, "sealed" if seal else "unsealed"
 
 
 def test_the_object_calls_run_on_gloo_too(tmp_path: Path) -> None:
     plain = _on_plain_mpi(tmp_path, "objects")
     for answers in plain:
         answers["allreduce_max"] = None  # needs MPI.MAX, which the gloo ranks do not import
-    assert _on_proxy(tmp_path, "objects", "gloo") == plain
+    for seal in (False, True):
+        assert _on_proxy(tmp_path, "objects", "gloo", seal) == plain, "sealed" if seal else "unsealed"
 
 
 def test_a_buffer_spec_whose_datatype_does_not_fit_the_array_is_named(tmp_path: Path) -> None:

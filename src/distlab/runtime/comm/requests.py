@@ -19,6 +19,7 @@ from ..engines.base import (
     arrived_bytes,
     finished_by,
 )
+from .mpi4py_objects import datatype_name, datatype_size, is_mpi_datatype
 from .rankstate import ALL_PEERS
 
 if TYPE_CHECKING:
@@ -63,26 +64,28 @@ class Status:
             return self.count
         if datatype is None:
             return self.nbytes
-        size = datatype.Get_size() if hasattr(datatype, "Get_size") else np.dtype(datatype).itemsize
-        return self.nbytes // size
+        return self.nbytes // datatype_size(datatype)
+
+    Get_elements = Get_count  # noqa: N815 - mpi4py's name; the same for a predefined datatype
 
 
-def _fill_status(status: Any, source: int, tag: int, count: int, probed: bool = False) -> None:
-    """Fills the learner's status (distlab's or mpi4py's): ``count`` elements received, or, for a
-    probe (``probed``), the message's bytes."""
+def _fill_status(status: Any, source: int, tag: int, count: int, probed: bool = False,
+                 itemsize: int = 1) -> None:
+    """Fills the learner's status (distlab's or mpi4py's): ``count`` elements received, each
+    ``itemsize`` bytes, or, for a probe (``probed``), the message's bytes."""
     if status is None:
         return
     if isinstance(status, Status):
         status.source, status.tag, status.count = source, tag, count
         status.nbytes = count if probed else None
         return
-    # An mpi4py MPI.Status passed by learner code.
+    # An mpi4py MPI.Status passed by learner code (unsealed: MPI is initialized in this process).
+    from mpi4py import MPI
+
     status.Set_source(source)
     status.Set_tag(tag)
-    if probed:
-        from mpi4py import MPI
-
-        status.Set_elements(MPI.BYTE, count)
+    # Its Get_count(datatype) reads the bytes over the datatype's size (it read 0 before).
+    status.Set_elements(MPI.BYTE, count if probed else count * itemsize)
 
 
 def peer_rank(peer: Any, what: str, size: int, wildcard: bool = False) -> int:
@@ -120,10 +123,9 @@ def _buffer_spec(spec: list[Any] | tuple[Any, ...], what: str) -> np.ndarray:
         raise TypeError(f"{what}: a buffer specification is [buf, datatype] or [buf, count, datatype]")
     array = _buffer(spec[0], what)
     datatype = spec[-1]
-    if datatype is not None and hasattr(datatype, "Get_size") and datatype.Get_size() != array.itemsize:
-        name = datatype.Get_name() if hasattr(datatype, "Get_name") else repr(datatype)
+    if is_mpi_datatype(datatype) and datatype_size(datatype) != array.itemsize:
         raise TypeError(f"{what}: the array holds {array.dtype} ({array.itemsize} bytes each) but the "
-                        f"datatype is {name} ({datatype.Get_size()} bytes)")
+                        f"datatype is {datatype_name(datatype)} ({datatype_size(datatype)} bytes)")
     if len(spec) == 3:
         count = int(spec[1])
         if not 0 <= count <= array.size:

@@ -30,6 +30,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from ..comm.mpi4py_objects import use_mpi_without_init
+from ..comm.requests import Status
 from ..jobspec import Limits, import_program_module, is_problem_module
 from ..seal import sandbox
 from ..seal.calls import Call
@@ -137,13 +139,15 @@ def _end_as(status: int) -> NoReturn:
 
 def keep_mpi_uninitialized() -> None:
     """``from mpi4py import MPI`` in learner code must not start an MPI process of its own: the
-    constants (MPI.SUM, MPI.DOUBLE, MPI.IN_PLACE) work without MPI_Init."""
+    constants (MPI.SUM, MPI.DOUBLE, MPI.IN_PLACE) work without MPI_Init, and so do a datatype's
+    size and name and a status (comm/mpi4py_objects.py)."""
     try:
         import mpi4py
     except ImportError:
         return
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
+    use_mpi_without_init(Status)  # else a datatype's size or a status's count ends the process
 
 
 def load_program(spec: dict[str, Any]) -> Any:

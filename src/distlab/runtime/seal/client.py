@@ -168,9 +168,17 @@ class SealedComm(ObjectCalls):
         self._call(Call.BARRIER, timeout=timeout)
 
     def Bcast(self, buf: Any, root: int = 0, timeout: Any = None) -> None:  # noqa: N802
-        array, root = _buffer(buf, "Bcast buffer"), self._peer(root, "root")
+        array, root = self._bcast_buffer(buf, root, "Bcast buffer"), self._peer(root, "root")
         self._call(Call.BCAST, (root,), (array,) if self._rank == root else (), (array,),
                    timeout=timeout)
+
+    def _bcast_buffer(self, buf: Any, root: int, what: str) -> np.ndarray:
+        """The root only sends from its buffer, which may be read-only (MPI's is; the lowercase
+        bcast's pickle is): it crosses as a writable copy, one place in and out."""
+        array = _buffer(buf, what)
+        if root == self._rank and not array.flags.writeable:
+            return array.copy()
+        return array
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = ops.SUM, root: int = 0,  # noqa: N802
                timeout: Any = None) -> None:
@@ -190,7 +198,7 @@ class SealedComm(ObjectCalls):
         return SealedRequest(self, reply.ints[0], recv)
 
     def Ibcast(self, buf: Any, root: int = 0) -> SealedRequest:  # noqa: N802
-        array, root = _buffer(buf, "Ibcast buffer"), self._peer(root, "root")
+        array, root = self._bcast_buffer(buf, root, "Ibcast buffer"), self._peer(root, "root")
         reply = self._call(Call.IBCAST, (root,), (array,) if self._rank == root else (), (array,))
         return SealedRequest(self, reply.ints[0], array)
 
