@@ -381,3 +381,14 @@ def threads_at_once(comm, solution, rounds):
         thread.join()
     own.Free()
     return sorted(done.items()), wrong
+
+
+def large_allreduce(comm, solution, mib):
+    """An Allreduce of ``mib`` MiB of float64 a buffer, then a small one: the first and last
+    element of each sum."""
+    n = (mib << 20) // 8
+    total = np.empty(n)
+    comm.Allreduce(np.full(n, comm.Get_rank() + 1.0), total)
+    small = np.empty(4)
+    comm.Allreduce(np.ones(4), small)
+    return float(total[0]), float(total[-1]), float(small[0])

@@ -495,3 +495,13 @@ def test_threads_of_a_rank_call_at_once_as_they_would_in_mpi4py(backend: str) ->
         if rank == 1:
             expected["after rank 0"] = 1
         assert dict(done) == expected, (rank, done)
+
+
+def test_a_call_whose_buffers_take_80_mib_runs_as_it_does_unsealed() -> None:
+    """Sealed, the buffers cross through the first line's arena, half the rank's address space
+    (which both processes' limits leave out): 80 MiB in and out failed in its 64 MiB before
+    ("Allreduce's buffers need 80.0 MiB of the shared arena")."""
+    result = run(make_job("large_allreduce", [Task(ranks=2, args=(40,))], limits=Limits(address_space_mb=2048)),
+                 deadline_s=60)
+    assert result.ok, result.message
+    assert [o.value for o in result.task_outcomes(0)] == [(3.0, 3.0, 2.0)] * 2

@@ -15,6 +15,7 @@ import test_launcher as unsealed
 # passed sealed when this was written; the suite's time keeps these.)
 from test_launcher import (  # noqa: F401 - collected again here, sealed
     test_a_batch_runs_smaller_tasks_on_sub_communicators,
+    test_a_call_whose_buffers_take_80_mib_runs_as_it_does_unsealed,
     test_a_failing_rank_s_outcome_says_which_marks_its_task_had_set,
     test_a_learner_exception_names_the_file_and_line_and_ends_the_peers,
     test_a_learner_s_endless_error_message_is_cut_saying_how_much_was_left_out,

@@ -387,13 +387,13 @@ import os, resource, socket
 from distlab.runtime.seal.agent import AgentEnd
 from distlab.runtime.seal.lines import AgentLines
 
-first = AgentEnd.create(512 << 20)
+first = AgentEnd.create(64 << 20)
 lines = AgentLines.create(first)
 theirs = socket.socket(fileno=os.dup(lines.child_fd))
 lines.start(os.getpid(), serve=lambda end: None, refused=print)
 status = open("/proc/self/status").read()
 size_kib = int(status.split("VmSize:")[1].split()[0])
-room = (size_kib << 10) + (128 << 20)  # less than another arena's 512 MiB
+room = (size_kib << 10) + (32 << 20)  # less than another arena's 64 MiB
 resource.setrlimit(resource.RLIMIT_AS, (room, room))
 theirs.sendall(b"+")
 assert lines.answer()

@@ -14,11 +14,13 @@ class CpuLimitExceeded(BaseException):
     """Raised in the rank when it used up its CPU-time allowance (SIGXCPU)."""
 
 
-def apply(limits: Limits) -> None:
-    """Sets soft limits; the hard CPU limit sits a little above so SIGXCPU arrives first."""
+def apply(limits: Limits, mapped_mb: int = 0) -> None:
+    """Sets soft limits; the hard CPU limit sits a little above so SIGXCPU arrives first.
+    ``mapped_mb``: address space the harness mapped into this process for itself (the seal's
+    arena), which the limit leaves out, so that the code under it has the room it has unsealed."""
     mb = 1024 * 1024
     _cap_malloc_arenas()  # first: arenas made before it stay
-    _lower(resource.RLIMIT_AS, limits.address_space_mb * mb)
+    _lower(resource.RLIMIT_AS, (limits.address_space_mb + mapped_mb) * mb)
     _lower(resource.RLIMIT_FSIZE, limits.file_size_mb * mb)
     _lower(resource.RLIMIT_CPU, limits.cpu_seconds, hard_extra=5)
     # A write past the file-size limit then fails with EFBIG instead of killing the process.

@@ -36,7 +36,7 @@ from ..jobspec import (
 )
 from ..seal.agent import AgentEnd
 from ..seal.errors import LearnerGone
-from ..seal.lines import AgentLines
+from ..seal.lines import FURTHER_ARENA_BYTES, AgentLines
 from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure, clipped, worded
@@ -45,7 +45,6 @@ from .memory import MemoryWitness, descendants, held_bytes
 from .pause import paused
 from .views import for_rank
 
-ARENA_BYTES = 64 << 20  # pages are touched only as buffers use them (arena.py)
 # The launcher's and the engines' variables: without them the learner cannot join the job (nor
 # find the zygote that forks ranks, runtime/zygote/, which it could not reach anyway).
 _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR", "MASTER_PORT",
@@ -111,7 +110,7 @@ class LearnerProcess:
               ) -> LearnerProcess:
         """Makes the seal's channel and hands it, with the learner's spec, to ``seed`` (forked
         before this process read its job: learner_fork.py)."""
-        agent = AgentEnd.create(ARENA_BYTES)
+        agent = AgentEnd.create(first_arena_bytes(job.limits.address_space_mb))
         lines = AgentLines.create(agent)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
@@ -136,6 +135,12 @@ class LearnerProcess:
         if package != job.program_module:
             problem_package(Path(job.program_file).parent)  # its classes, for read_value
         return cls(agent, lines, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe)
+
+    @property
+    def arena_mb(self) -> int:
+        """The address space the first line's arena takes in each of the two processes: their
+        limits leave it out (rank/limits.py)."""
+        return -(-self._agent.arena.size >> 20)
 
     def cpus(self) -> tuple[int, ...]:
         """The CPUs the learner's code may run on, as the kernel holds them for its process (not
@@ -209,6 +214,14 @@ class LearnerProcess:
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()
+
+
+def first_arena_bytes(address_space_mb: int) -> int:
+    """The first line's data region: half the rank's address space, so that a call whose buffers
+    fit in its memory unsealed fits here too (an 80 MiB Allreduce failed sealed in 64 MiB); at
+    least FURTHER_ARENA_BYTES. Its pages are touched only as buffers use them (arena.py), and
+    both processes' limits leave its address space out."""
+    return max(FURTHER_ARENA_BYTES, (address_space_mb << 20) // 2)
 
 
 def kept_paths(job: Job) -> list[str]:

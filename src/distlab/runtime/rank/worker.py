@@ -152,7 +152,7 @@ def run_job(job_dir: Path, sealed: bool = False, joined_as: JoinedAs | None = No
         else:
             # The agent keeps the rank's limits too: it holds what the learner sends, receives and
             # parks, and without them a learner's code could fill the machine through it.
-            rank_limits.apply(job.limits)
+            rank_limits.apply(job.limits, mapped_mb=learner.arena_mb)
             run = learner.run_task
         cpus = learner.cpus if learner is not None else _own_cpus
         tasks = pickle.loads(job.tasks_blob)  # its cases are classes of the program's package

@@ -138,6 +138,12 @@ class Arena:
         arena again through /proc/self/fd) held memory no reading of its processes counts."""
         self._map.madvise(mmap.MADV_REMOVE, DATA, self.data_size)
 
+    def release_beyond(self, nbytes: int) -> None:
+        """Gives back the data region's pages past its first ``nbytes`` (a page multiple): what
+        a call larger than most used, which would otherwise stay resident in the memfd."""
+        if nbytes < self.data_size:
+            self._map.madvise(mmap.MADV_REMOVE, DATA + nbytes, self.data_size - nbytes)
+
     def data_held(self) -> int:
         """The bytes the arena holds beyond its control blocks (tmpfs counts a memfd's pages)."""
         return max(0, os.fstat(self.fd).st_blocks * 512 - DATA)

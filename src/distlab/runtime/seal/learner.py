@@ -37,6 +37,9 @@ from .wire import (
 )
 
 Arg = int | float | str | np.integer | np.floating
+# What the data region keeps resident between calls: the pages a larger call touched beyond it are
+# given back after it (a first line's region is half the rank's memory: rank/sealed.py).
+KEPT_RESIDENT = 64 << 20
 
 
 class LearnerEnd:
@@ -95,6 +98,8 @@ class LearnerEnd:
         if reply.status == OK:
             for array, place, nbytes in zip(outputs, out_places, reply.written):
                 self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
+        if any(p.offset + p.nbytes > KEPT_RESIDENT for p in (*in_places, *out_places)):
+            self.arena.release_beyond(KEPT_RESIDENT)
         # Taken: the data region owes this end nothing now, and the agent may clear it (at a
         # memory reading: AgentEnd.clear_data).
         self.arena.forget("reply")

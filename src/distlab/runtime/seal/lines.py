@@ -36,6 +36,9 @@ from .wire import Reply
 # Further lines at most: 8 calls of one learner in flight at once. Each costs the agent an arena's
 # address space (64 MiB, touched as used) and a thread's stack, under the rank's limits.
 MAX_FURTHER = 7
+# A further line's data region (the first's is sized by the rank's memory: rank/sealed.py). A
+# thread's call whose buffers need more fails naming both sizes (ArenaTooSmall).
+FURTHER_ARENA_BYTES = 64 << 20
 _ASK, _GIVEN, _REFUSED = b"+", b"+", b"-"
 
 
@@ -101,7 +104,7 @@ class LearnerLines:
             why = answer[1:].decode(errors="replace") or "it closed the opener"
             raise NoMoreLines(f"the agent opened no line for this thread's call: {why}")
         arena_fd, bell_fd = fds
-        return LearnerEnd.attach(arena_fd, self.first.arena.data_size, bell_fd, self.first.spin_s)
+        return LearnerEnd.attach(arena_fd, FURTHER_ARENA_BYTES, bell_fd, self.first.spin_s)
 
 
 # -- the agent's side --------------------------------------------------------------------------
@@ -191,7 +194,7 @@ class AgentLines:
         # room for another arena or thread stack, and the learner's thread hears so.
         go = threading.Event()
         try:
-            end = AgentEnd.create(self._first.arena.data_size, spin_s=self._first.spin_s)
+            end = AgentEnd.create(FURTHER_ARENA_BYTES, spin_s=self._first.spin_s)
         except (OSError, MemoryError) as exc:
             return self._send(_REFUSED + f"no room for another arena ({exc})".encode()[:200], [])
         try:
