@@ -329,3 +329,22 @@ def result_from_a_thread(comm):
     thread.join()
     comm.Barrier()
     return said
+
+
+def fork_and_fill(comm, children, mib):
+    """Starts ``children`` processes that each fill ``mib`` MiB, each within the rank's memory
+    limit and all of them together far past it; returns how each ended (0: it exited)."""
+    import time
+
+    pids = []
+    for _ in range(children):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                block = np.ones((mib << 20) // 8)
+                time.sleep(2)
+                del block
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    return [os.waitpid(pid, 0)[1] for pid in pids]

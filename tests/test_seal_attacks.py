@@ -30,7 +30,7 @@ from test_launcher import run
 
 import distlab
 from distlab.runtime.jobspec import Limits, Task, program_module_name
-from distlab.runtime.seal import syscalls
+from distlab.runtime.seal import memgroup, syscalls
 
 ATTACKS = Path(__file__).resolve().parent / "seal_attacks.py"
 REFERENCE = Path(__file__).resolve().parents[1] / "problems" / "03-ring-allreduce" / "reference.py"
@@ -119,6 +119,20 @@ def test_a_result_handed_in_on_a_thread_s_line_is_named_as_tampering() -> None:
     result = attack("result_from_a_thread")
     assert result.status == "error", result.message
     assert "tampered with the channel to its rank's agent: result on a thread's line" in result.message
+
+
+def test_a_learner_s_processes_are_bounded_together_not_only_each_alone() -> None:
+    # Eight children of 250 MiB each, every one within the rank's 512 MiB: 2 GiB in all, which
+    # only a memory cgroup per learner bounds (seal/memgroup.py). Before, all eight ran to the end.
+    if memgroup.available().startswith("no "):
+        pytest.skip(memgroup.available())
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("fork_and_fill", 8, 250))], ATTACKS,
+                                 limits=Limits(address_space_mb=512))
+    result = run(job, deadline_s=60)
+    assert result.status == "error", result.message
+    limit_mib = memgroup.learner_memory_bytes(512, 256 << 20, 7 * (64 << 20)) >> 20
+    assert (f"memory limit exceeded: its processes together passed the {limit_mib} MiB a learner's "
+            "processes may hold, and the kernel ended") in result.message, result.message
 
 
 def test_a_result_nested_past_what_python_can_recurse_is_named_as_tampering() -> None:

@@ -149,9 +149,11 @@ def _check_and_record(entry: Entry, path: Path, options: "Any", verbose: bool, o
 
     ws = Workspace()
     if verbose and options.seal:
+        from .runtime.seal import memgroup
         from .runtime.seal.sandbox import expected
 
-        console.print(escape(f"seal: the learner's code runs in {expected()}"), style="dim")
+        console.print(escape(f"seal: the learner's code runs in {expected()}; {memgroup.available()}"),
+                      style="dim")
     results = check_problem(entry, path, options, ConsoleReporter(console, verbose))
     results_io.write(results, ws.results_path(entry))
     if options.faults is not None:

@@ -36,7 +36,8 @@ from ..jobspec import (
 )
 from ..seal.agent import AgentEnd
 from ..seal.errors import LearnerGone
-from ..seal.lines import FURTHER_ARENA_BYTES, AgentLines
+from ..seal.lines import FURTHER_ARENA_BYTES, MAX_FURTHER, AgentLines
+from ..seal.memgroup import MemoryGroup, learner_memory_bytes
 from ..seal.service import FAILURE, Service
 from ..seal.values import UnsafeValue, read_failure, read_value
 from .failures import ReportedFailure, clipped, worded
@@ -54,8 +55,10 @@ _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR",
 
 class LearnerProcess:
     def __init__(self, agent: AgentEnd, lines: AgentLines, child: ForkedChild | subprocess.Popen[bytes],
-                 packages: tuple[str, ...], gone_note: Path, memory_probe: bool = False) -> None:
+                 packages: tuple[str, ...], gone_note: Path, memory_probe: bool = False,
+                 group: MemoryGroup | None = None) -> None:
         self._agent = agent
+        self._group = group  # the memory cgroup of all its processes, where one could be made
         self._child = child
         self._service = Service(agent)
         self._lines = lines  # the further lines its threads open, served by the same service
@@ -100,7 +103,7 @@ class LearnerProcess:
             # Seen on the first line, between calls: a thread's line may have been in one.
             gone = LearnerGone(self._lines.where(), gone.status)
         try:
-            self._gone_note.write_text(where_it_died(gone))
+            self._gone_note.write_text(where_it_died(gone) + self._out_of_memory())
             mirror_death(gone)
         finally:
             os._exit(1)  # a failure above must not leave the process alive, holding the lock
@@ -112,6 +115,7 @@ class LearnerProcess:
         before this process read its job: learner_fork.py)."""
         agent = AgentEnd.create(first_arena_bytes(job.limits.address_space_mb))
         lines = AgentLines.create(agent)
+        group = _memory_group(seed, job.limits.address_space_mb, agent.arena.data_size)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}
         env["TMPDIR"] = "/tmp"  # its own /tmp (sandbox.py), not the job folder's
         spec = {
@@ -134,7 +138,7 @@ class LearnerProcess:
         package = job.program_module.rpartition(".")[0] or job.program_module
         if package != job.program_module:
             problem_package(Path(job.program_file).parent)  # its classes, for read_value
-        return cls(agent, lines, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe)
+        return cls(agent, lines, child, (package,), learner_gone_path(job_dir, rank), job.memory_probe, group)
 
     @property
     def arena_mb(self) -> int:
@@ -183,6 +187,9 @@ class LearnerProcess:
         result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
         assert result is not None
         self._refuse_tampering(index)
+        if self._out_of_memory():  # one of its processes was ended, and the learner went on
+            raise ReportedFailure(RankError("memory", f"memory limit exceeded: {self._out_of_memory()[2:]}",
+                                            "", "", index))
         if result.kind == FAILURE:
             raise ReportedFailure(_failure(result.data, index))
         try:
@@ -198,6 +205,13 @@ class LearnerProcess:
                 "tampered", f"the solution tampered with the channel to its rank's agent: {reason}",
                 "", "", index))
 
+    def _out_of_memory(self) -> str:
+        """Words for the kernel's OOM kills in its memory group ("" where there were none)."""
+        if self._group is None or not self._group.oom_kills():
+            return ""
+        return (f"; its processes together passed the {self._group.limit_bytes >> 20} MiB a learner's "
+                f"processes may hold, and the kernel ended {self._group.oom_kills()} of them")
+
     def finish(self, timeout_s: float = 10.0) -> None:
         """Tells the learner the batch is done and reaps it (killed if it does not leave)."""
         self._finishing.set()
@@ -208,12 +222,30 @@ class LearnerProcess:
             self.kill()
         self._lines.close()
         self._agent.close()
+        if self._group is not None:
+            self._group.remove()
 
     def kill(self) -> None:
         self._finishing.set()
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()
+        if self._group is not None:
+            self._group.remove()
+
+
+def _memory_group(seed: LearnerSeed, address_space_mb: int, first_arena: int) -> MemoryGroup | None:
+    """Puts the seed (idle until it is planted, so nothing of it runs elsewhere first) in a memory
+    group of its own, where one can be made (seal/memgroup.py)."""
+    limit = learner_memory_bytes(address_space_mb, first_arena, MAX_FURTHER * FURTHER_ARENA_BYTES)
+    group = MemoryGroup.make(str(os.getpid()), limit)
+    if group is not None:
+        try:
+            group.add(seed.child.pid)
+        except OSError:
+            group.remove()
+            return None
+    return group
 
 
 def first_arena_bytes(address_space_mb: int) -> int:

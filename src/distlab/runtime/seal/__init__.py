@@ -16,6 +16,7 @@ in a sandbox. Each call crosses here.
 ``service.py``  the agent's side of a task: each request made on the real proxy
 ``values.py``   a task's result on its way out, read back with listed classes only
 ``sandbox.py``  what the learner process can see and do: namespaces, read-only files, no caps
+``memgroup.py`` a memory cgroup per learner: its processes bounded together
 ``syscalls.py`` its seccomp filter: no keyring, file locks or file watches shared with other ranks
 
 Figures (scripts/seal_handshake.py, this 2-core VM, under the heavy-run lock; medians): an empty
