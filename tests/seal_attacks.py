@@ -309,6 +309,23 @@ def ask_for_lines(comm, how_many):
     return given
 
 
+def flood_the_opener(comm, seconds):
+    """Asks for lines for ``seconds`` without end, never reading an answer; then calls as usual."""
+    import time
+
+    opener = comm._end._opener
+    opener.setblocking(False)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            opener.send(b"+" * 65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            break  # shut by the agent
+    comm.Barrier()
+
+
 def result_from_a_thread(comm):
     """Hands in a result from a thread, whose calls go on a line of their own: the task protocol is
     the first line's alone."""

@@ -115,6 +115,13 @@ def test_asking_for_more_lines_than_the_client_opens_is_named_as_tampering() -> 
             in result.message), result.message
 
 
+def test_a_learner_that_floods_the_opener_is_named_once_and_answered_no_more() -> None:
+    result = attack("flood_the_opener", 2.0)
+    assert result.status == "error", result.message
+    assert "tampered with the channel to its rank's agent: it asked for more than 7 further lines" \
+        in result.message, result.message
+
+
 def test_a_result_handed_in_on_a_thread_s_line_is_named_as_tampering() -> None:
     result = attack("result_from_a_thread")
     assert result.status == "error", result.message

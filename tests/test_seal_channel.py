@@ -411,3 +411,38 @@ def test_an_agent_with_no_room_for_another_line_refuses_it_saying_why() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("-no room for another arena ("), done.stdout
     assert done.stdout.rstrip().endswith(" 0 0"), done.stdout  # no descriptors, no line
+
+
+def test_an_opener_asked_past_its_lines_is_named_once_and_shut() -> None:
+    """A learner asks for further lines (seal/lines.py) past the number its client opens, here in
+    one write of a thousand asks: the agent opens seven, names the tampering once, and shuts the
+    opener instead of answering (and recording) every ask that follows."""
+    from distlab.runtime.seal.lines import MAX_FURTHER, AgentLines
+
+    first = AgentEnd.create(1 << 16)
+    lines = AgentLines.create(first)
+    theirs = socket.socket(fileno=os.dup(lines.child_fd))
+    refused: list[str] = []
+    served: list[AgentEnd] = []
+    lines.start(os.getpid(), served.append, refused.append)
+    try:
+        theirs.sendall(b"+" * 1000)
+        assert lines.answer() is False  # shut: the watcher stops looking at it
+        assert len(lines.further) == MAX_FURTHER and len(refused) == 1, refused
+        assert "asked for more than 7 further lines" in refused[0]
+        given = 0
+        while True:
+            answer, fds, _, _ = socket.recv_fds(theirs, 1, 2)
+            if not answer:
+                break  # the agent shut the opener
+            given += 1
+            for fd in fds:
+                os.close(fd)
+        assert given == MAX_FURTHER
+        with pytest.raises(OSError):
+            for _ in range(100):
+                theirs.send(b"+")
+    finally:
+        lines.close()
+        theirs.close()
+        first.close()

@@ -22,6 +22,7 @@ tampering, and is named so.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Callable, Sequence
@@ -185,11 +186,10 @@ class AgentLines:
         return bool(asked) and all(self._open_one() for _ in asked)
 
     def _open_one(self) -> bool:
-        """Opens a line and hands it over; False when the opener is gone."""
+        """Opens a line and hands it over; False when the opener is gone, or closed here."""
         if len(self.further) >= MAX_FURTHER:
-            self._refused(f"it asked for more than {MAX_FURTHER} further lines, which its own "
-                          f"client never opens")
-            return self._send(_REFUSED + b"no more lines", [])
+            return self._close_on(f"it asked for more than {MAX_FURTHER} further lines, which its "
+                                  f"own client never opens")
         # Made and started before it is handed over: a rank near its memory limit may have no
         # room for another arena or thread stack, and the learner's thread hears so.
         go = threading.Event()
@@ -222,10 +222,17 @@ class AgentLines:
             socket.send_fds(self._opener, [answer], fds, socket.MSG_DONTWAIT)
             return True
         except BlockingIOError:
-            self._refused("it asked for lines without reading the answers")
-            return True
+            return self._close_on("it asked for lines without reading the answers")
         except OSError:
             return False
+
+    def _close_on(self, tampering: str) -> bool:
+        """Names the tampering once and answers no more asks: a learner that kept asking would
+        otherwise keep its agent's watcher answering, and the reasons piling up."""
+        self._refused(tampering)
+        with contextlib.suppress(OSError):
+            self._opener.shutdown(socket.SHUT_RDWR)
+        return False
 
     def where(self) -> str:
         """Where the learner process is: in a call on its first line, else in one on a further
