@@ -122,6 +122,15 @@ def test_a_learner_that_floods_the_opener_is_named_once_and_answered_no_more() -
         in result.message, result.message
 
 
+def test_a_child_the_solution_forks_is_told_comm_is_its_rank_s() -> None:
+    # It inherits the lines, its main thread the first: its calls crossed its parent's there.
+    result = attack("call_from_a_forked_child")
+    assert result.ok, result.message
+    for outcome in result.task_outcomes(0):
+        assert outcome.value.startswith("RuntimeError: comm is its rank's: a process the solution "
+                                        "forked cannot call it"), outcome.value
+
+
 def test_a_result_handed_in_on_a_thread_s_line_is_named_as_tampering() -> None:
     result = attack("result_from_a_thread")
     assert result.status == "error", result.message

@@ -23,6 +23,7 @@ tampering, and is named so.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from typing import Callable, Sequence
@@ -63,9 +64,19 @@ class LearnerLines:
         self._changed = threading.Condition()
         # Without an opener (a channel made by hand) every thread shares the first line in turn.
         self._first_in_turn = threading.Lock()
+        # A child forked by the learner's code inherits the lines, and its main thread the first
+        # one: its calls would cross its parent's on them (and read to the agent as tampering).
+        self._forked = False
+        os.register_at_fork(after_in_child=self._in_a_forked_child)
+
+    def _in_a_forked_child(self) -> None:
+        self._forked = True
 
     def call(self, op: int, args: Sequence[Arg] = (), inputs: Sequence[np.ndarray] = (),
              outputs: Sequence[np.ndarray] = (), timeout: float | None = None, comm: int = 0) -> Reply:
+        if self._forked:
+            raise RuntimeError("comm is its rank's: a process the solution forked cannot call it "
+                               "(MPI's are not either); hand the child's results back to the rank")
         if self._opener is None:
             with self._first_in_turn:
                 return self.first.call(op, args, inputs, outputs, timeout, comm)
