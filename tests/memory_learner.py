@@ -51,6 +51,21 @@ def read_again(comm):
     comm.Barrier()
 
 
+def _arena_descriptors():
+    """This process's descriptors of the seal's arenas (memfds past 64 MiB), by number."""
+    import os
+
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:") and os.fstat(int(name)).st_size > 64 * MIB:
+            found.append(int(name))
+    return sorted(found)
+
+
 def hold_in_the_arena(comm):
     """24 MiB kept in the seal's arena (mapped again through /proc/self/fd), where the learner's
     processes hold nothing of it; then 24 MiB parked in the agent as a message to itself."""
@@ -58,15 +73,9 @@ def hold_in_the_arena(comm):
     import os
 
     comm.mark("start")
-    arena = None
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("/memfd:") and os.fstat(int(name)).st_size > 64 * MIB:
-            size = os.fstat(int(name)).st_size  # its last 24 MiB: the whole would pass the limit
-            arena = mmap.mmap(int(name), 24 * MIB, mmap.MAP_SHARED, offset=size - 24 * MIB)
+    fd = _arena_descriptors()[0]
+    size = os.fstat(fd).st_size  # its last 24 MiB: the whole would pass the limit
+    arena = mmap.mmap(fd, 24 * MIB, mmap.MAP_SHARED, offset=size - 24 * MIB)
     kept = np.frombuffer(arena, dtype=np.uint8)
     kept[:] = 7
     comm.mark("in arena")
@@ -98,14 +107,7 @@ def hold_in_a_thread_s_line(comm):
     thread = threading.Thread(target=comm.Barrier)  # a call off the main thread: a line of its own
     thread.start()
     thread.join()
-    arenas = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("/memfd:") and os.fstat(int(name)).st_size > 64 * MIB:
-            arenas.append(int(name))
+    arenas = _arena_descriptors()
     line = max(arenas)  # the first line's arena came with the process; the thread's came after
     arena = mmap.mmap(line, os.fstat(line).st_size, mmap.MAP_SHARED)
     kept = np.frombuffer(arena, dtype=np.uint8)[-24 * MIB:]

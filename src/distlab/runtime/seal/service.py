@@ -118,13 +118,8 @@ class Service:
                 agent.reply(request)
                 if request.ints[1]:
                     return TaskResult(request.ints[0], b"".join(self._parts))
-            elif comm is None:
-                agent.fail(request, RuntimeError(f"{request.name} outside a task"))
-            elif request.comm not in self._comms:
-                reason = f"{request.name} on communicator {request.comm}, which it does not hold"
-                self.tampered.append(agent.reject(request, reason).reason)
             else:
-                self._serve_call(self._comms[request.comm], request)
+                self._serve_call_of(agent, request)
 
     def serve_line(self, end: AgentEnd) -> None:
         """Serves a further line (lines.py) until the learner closes it or dies (the first
@@ -139,16 +134,22 @@ class Service:
                     continue
                 elif request.op in TASK_PROTOCOL:
                     self.tampered.append(end.reject(request, f"{request.name} on a thread's line").reason)
-                elif self._comm is None:
-                    end.fail(request, RuntimeError(f"{request.name} outside a task"))
-                elif request.comm not in self._comms:
-                    reason = f"{request.name} on communicator {request.comm}, which it does not hold"
-                    self.tampered.append(end.reject(request, reason).reason)
                 else:
-                    self._serve_call(self._comms[request.comm], request)
+                    self._serve_call_of(end, request)
         except SealError as exc:  # gone (told by the first line), or flooding this one
             if not isinstance(exc, LearnerGone):
                 self.tampered.append(str(exc))
+
+    def _serve_call_of(self, end: AgentEnd, request: Request) -> None:
+        """A call of the learner's code, on ``end``'s line: made on the communicator it names,
+        while a task runs; one on a communicator it does not hold is tampering."""
+        if self._comm is None:
+            end.fail(request, RuntimeError(f"{request.name} outside a task"))
+        elif request.comm not in self._comms:
+            reason = f"{request.name} on communicator {request.comm}, which it does not hold"
+            self.tampered.append(end.reject(request, reason).reason)
+        else:
+            self._serve_call(self._comms[request.comm], request)
 
     def _before_solution(self, request: Request) -> None:
         """Has the learner's memory read while it waits (its harness code sent this before it
