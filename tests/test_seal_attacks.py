@@ -314,6 +314,14 @@ def test_a_learner_process_that_dies_in_a_call_is_named_with_the_call(how: str, 
     assert "its learner process died in Recv" in result.message
 
 
+def _memory_group_words(prefix: list[str]) -> str:
+    """What -v says of the learner's memory group (seal/memgroup.py), asked under ``prefix``."""
+    asked = subprocess.run([*prefix, sys.executable, "-c", "from distlab.runtime.seal import memgroup; "
+                            "print(memgroup.available())"], capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 0, asked.stderr
+    return asked.stdout.strip()
+
+
 def _reference_02_leaving_a_child(tmp_path: Path) -> tuple[Path, str]:
     """Problem 02's reference, which also starts a sleeper in a session of its own at import; and
     the marker on the sleeper's command line."""
@@ -340,6 +348,7 @@ def test_root_without_cap_sys_admin_falls_back_to_user_and_pid_namespaces(tmp_pa
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, out[-3000:]
     assert "the learner's code runs in own user and PID namespaces only" in out, out[:2000]
+    assert _memory_group_words(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]) in out
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == [] and job_processes() == []
     assert not Path("/tmp/learner").exists()  # its working folder was the job's, gone with it
@@ -359,6 +368,7 @@ def test_root_of_a_user_namespace_without_nobody_keeps_the_mounts_as_uid_0(tmp_p
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 0, out[-3000:]
     assert "uid 0 of the harness's user namespace without capabilities (user nobody is not mapped" in out
+    assert _memory_group_words(["unshare", "-r"]) in out, out[:2000]  # as it holds there
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert survivors == [] and job_processes() == []
 

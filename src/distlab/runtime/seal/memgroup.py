@@ -29,7 +29,7 @@ PREFIX = "distlab-learner-"
 class MemoryGroup:
     def __init__(self, path: Path, v2: bool, limit_bytes: int) -> None:
         self.path = path
-        self._v2 = v2
+        self.v2 = v2
         self.limit_bytes = limit_bytes
 
     @classmethod
@@ -58,7 +58,7 @@ class MemoryGroup:
     def oom_kills(self) -> int:
         """How many of the group's processes the kernel's OOM killer ended (0 where the kernel
         does not count them)."""
-        name = "memory.events" if self._v2 else "memory.oom_control"
+        name = "memory.events" if self.v2 else "memory.oom_control"
         try:
             lines = (self.path / name).read_text().splitlines()
         except OSError:
@@ -81,12 +81,13 @@ class MemoryGroup:
 
 
 def available() -> str:
-    """Whether learners get a memory group here, in words for ``-v``."""
-    found = _controller()
-    if found is None:
+    """Whether learners get a memory group here, in words for ``-v``: one is made and removed."""
+    probe = MemoryGroup.make(f"{os.getpid()}-probe", 1 << 30)
+    if probe is None:
         return ("no memory cgroup (not root, or no memory controller to write): each learner "
                 "process is bounded alone")
-    return (f"its processes' memory bounded together (a cgroup {'v2' if found[1] else 'v1'} "
+    probe.remove()
+    return (f"its processes' memory bounded together (a cgroup {'v2' if probe.v2 else 'v1'} "
             f"memory group each)")
 
 
