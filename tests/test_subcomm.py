@@ -84,7 +84,9 @@ def test_each_misuse_is_named(seal: bool) -> None:
         assert answers["not a group"].startswith("TypeError: Create_group takes a Group")
         assert answers["free the task's"].startswith("ValueError: Free: the task's communicator")
         assert answers["use after free"].startswith("ValueError: this communicator (2 ranks) was freed")
-    assert "is not in the group; only the group's members call Create_group" in said[1]["not a member"]
+    # Worded alike sealed (the agent checks membership, and knows the world rank; its client said "(1)").
+    assert ("this rank (world rank 1) is not in the group; only the group's members call Create_group"
+            in said[1]["not a member"]), said[1]["not a member"]
 
 
 @pytest.mark.parametrize("seal", [True, False])
