@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from distlab.errors import UsageError
 from distlab.exam import bypasses, parse_duration
 from distlab.grading.console import ConsoleReporter
 from distlab.grading.results import CheckResult
+from distlab.runtime.seal import memgroup, sandbox
 
 REFERENCE = (PROBLEMS / "03-ring-allreduce" / "reference.py").read_text()
 
@@ -37,6 +39,9 @@ def test_an_exam_is_opened_submitted_and_graded_on_its_own_seed(tmp_path: Path) 
     assert results["schema"] == "distlab.exam/1"
     assert results["score"] == results["max_score"] == 12
     assert results["seal"] == "on" and results["tampered"] == ""
+    # What the seal held here, for the assessor: as root, nobody in its own namespaces, a memory group.
+    assert results["isolation"] == f"{sandbox.expected()}; {memgroup.available()}", results["isolation"]
+    assert html.escape(f"seal on: {results['isolation']}") in (folder / "report.html").read_text()
     problem = results["problems"][0]
     assert problem["seed"] == seed and problem["late"] is False and problem["bypass"] == []
     # Open MPI's own counters saw nothing the proxy did not carry.
@@ -229,7 +234,9 @@ def test_a_disguised_bypass_is_caught_by_mpi_counters_and_scores_zero(tmp_path: 
     # Unsealed, the candidate's code can reach MPI: Open MPI's own counters are the defence.
     graded = run_cli("exam", "--out", str(folder), "--submit", "--seal", "off", "--allow-unsealed")
     assert graded.returncode == 0, graded.stdout
-    problem = json.loads((folder / "results.json").read_text())["problems"][0]
+    results = json.loads((folder / "results.json").read_text())
+    assert results["seal"].startswith("off") and results["isolation"] == ""
+    problem = results["problems"][0]
     assert problem["bypass"] == [] and problem["late"] is False  # the scan saw nothing
     assert problem["below_proxy"]["flagged"] is True
     assert problem["below_proxy"]["world_collectives"]["operations"] > 0

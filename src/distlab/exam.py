@@ -178,6 +178,15 @@ def traffic_flag(below_proxy: dict[str, Any] | None) -> str:
     return f"bypassed the communicator: {below_proxy['sentence']}"
 
 
+def _isolation() -> str:
+    """What the seal held on this machine (it depends on root, the kernel and the cgroups), for the
+    assessor: an exam taken where the learner stays uid 0, or shares the filesystem, reads so."""
+    from .runtime.seal import memgroup
+    from .runtime.seal.sandbox import expected
+
+    return f"{expected()}; {memgroup.available()}"
+
+
 def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dict[str, Any]:
     """Grades the exam in ``folder``; ``seal`` False (the CLI's ``--seal off --allow-unsealed``)
     runs the candidate's code in the ranks themselves, where it could reach what grades it."""
@@ -231,6 +240,7 @@ def submit(bank: Bank, folder: Path, console: Console, seal: bool = True) -> dic
         "deadline": _iso(exam.deadline),
         "submitted_at": _iso(submitted_at),
         "seal": "on" if seal else "off (the candidate's code shared its process with the counters)",
+        "isolation": _isolation() if seal else "",
         "tampered": exam.tampered,
         "score": sum(d["score"] for d in documents),
         "max_score": sum(d["max_score"] for d in documents),
@@ -309,7 +319,9 @@ def assessor_page(summary: dict[str, Any]) -> str:
         "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:900px;margin:2em auto}</style>"
         f"</head><body><h1>Exam: {summary['score']}/{summary['max_score']}</h1>"
         f"<p>started {e(summary['started_at'])} · deadline {e(summary['deadline'])} · submitted "
-        f"{e(summary['submitted_at'])}</p>{''.join(rows)}</body></html>"
+        f"{e(summary['submitted_at'])}</p><p><small>seal {e(summary['seal'])}"
+        + (f": {e(summary['isolation'])}" if summary.get("isolation") else "")
+        + f"</small></p>{''.join(rows)}</body></html>"
     )
 
 
