@@ -194,7 +194,7 @@ def serve_tasks(lines: LearnerLines, spec: dict[str, Any]) -> None:
             steady_malloc()
             end.call(Call.BEFORE_SOLUTION)  # the agent reads what this process holds now
         solution = load_module(solution_path, "solution") if solution_path else None
-        rank_limits.apply(limits, mapped_mb=-(-end.arena.size >> 20))
+        rank_limits.apply(limits, mapped_mb=end.arena.size_mb)
     except BaseException as exc:  # noqa: BLE001 - reported as the rank's failure
         send_result(end, FAILURE, failure(exc, solution_path, 0, limits))
         return

@@ -144,7 +144,7 @@ class LearnerProcess:
     def arena_mb(self) -> int:
         """The address space the first line's arena takes in each of the two processes: their
         limits leave it out (rank/limits.py)."""
-        return -(-self._agent.arena.size >> 20)
+        return self._agent.arena.size_mb
 
     def cpus(self) -> tuple[int, ...]:
         """The CPUs the learner's code may run on, as the kernel holds them for its process (not
@@ -154,8 +154,7 @@ class LearnerProcess:
     def held_memory(self) -> int:
         """What the learner's processes hold (rank/memory.py)."""
         pids = self._learner_pids()
-        arenas = {os.fstat(end.arena.fd).st_ino for end in self._lines.every()}
-        return held_bytes(pids, arenas, scratch_of=pids[0])
+        return held_bytes(pids, {end.arena.inode for end in self._lines.every()}, scratch_of=pids[0])
 
     def _learner_pids(self) -> list[int]:
         """Its code's process first, every process that one started, and, in a PID namespace of
@@ -187,8 +186,9 @@ class LearnerProcess:
         result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
         assert result is not None
         self._refuse_tampering(index)
-        if self._out_of_memory():  # one of its processes was ended, and the learner went on
-            raise ReportedFailure(RankError("memory", f"memory limit exceeded: {self._out_of_memory()[2:]}",
+        out_of_memory = self._out_of_memory()
+        if out_of_memory:  # one of its processes was ended, and the learner went on
+            raise ReportedFailure(RankError("memory", f"memory limit exceeded: {out_of_memory[2:]}",
                                             "", "", index))
         if result.kind == FAILURE:
             raise ReportedFailure(_failure(result.data, index))
@@ -207,10 +207,12 @@ class LearnerProcess:
 
     def _out_of_memory(self) -> str:
         """Words for the kernel's OOM kills in its memory group ("" where there were none)."""
-        if self._group is None or not self._group.oom_kills():
+        kills = self._group.oom_kills() if self._group is not None else 0
+        if not kills:
             return ""
+        assert self._group is not None
         return (f"; its processes together passed the {self._group.limit_bytes >> 20} MiB a learner's "
-                f"processes may hold, and the kernel ended {self._group.oom_kills()} of them")
+                f"processes may hold, and the kernel ended {kills} of them")
 
     def finish(self, timeout_s: float = 10.0) -> None:
         """Tells the learner the batch is done and reaps it (killed if it does not leave)."""

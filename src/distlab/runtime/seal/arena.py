@@ -52,6 +52,8 @@ class Arena:
         self.fd = fd
         self.data_size = data_size
         self.size = DATA + data_size
+        self.size_mb = -(-self.size >> 20)  # the address space its mapping takes, in whole MiB
+        self.inode = os.fstat(fd).st_ino  # what a reading of the learner's memory skips
         self._map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
         # The call ids as ctypes views: one load or store each, for the doorbell's spin.

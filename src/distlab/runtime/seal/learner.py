@@ -75,7 +75,7 @@ class LearnerEnd:
         texts = [a for a in args if isinstance(a, str)]
         if len(texts) > 1 or len(ints) + len(floats) + len(texts) != len(args):
             raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
-        in_places, out_places = self._layout(op, inputs, outputs)
+        in_places, out_places, used = self._layout(op, inputs, outputs)
         for array, place in zip(inputs, in_places):
             self.arena.put(place.offset, array)
         self._call_id += 1
@@ -98,7 +98,7 @@ class LearnerEnd:
         if reply.status == OK:
             for array, place, nbytes in zip(outputs, out_places, reply.written):
                 self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
-        if any(p.offset + p.nbytes > KEPT_RESIDENT for p in (*in_places, *out_places)):
+        if used > KEPT_RESIDENT:
             self.arena.release_beyond(KEPT_RESIDENT)
         # Taken: the data region owes this end nothing now, and the agent may clear it (at a
         # memory reading: AgentEnd.clear_data).
@@ -115,7 +115,8 @@ class LearnerEnd:
         return self._bell.spin_s
 
     def _layout(self, op: int, inputs: Sequence[np.ndarray],
-                outputs: Sequence[np.ndarray]) -> tuple[tuple[Buffer, ...], tuple[Buffer, ...]]:
+                outputs: Sequence[np.ndarray]) -> tuple[tuple[Buffer, ...], tuple[Buffer, ...], int]:
+        """The inputs' and outputs' places in the data region, and the bytes of it they use."""
         at = end = 0
         places: dict[int, Buffer] = {}  # id(array) -> its place: an in-place call shares one
         laid: list[Buffer] = []
@@ -132,7 +133,7 @@ class LearnerEnd:
             sig = CALLS.get(op)
             raise ArenaTooSmall(f"{sig.name if sig else f'op {op}'}'s buffers", end,
                                 self.arena.data_size)
-        return tuple(laid[: len(inputs)]), tuple(laid[len(inputs) :])
+        return tuple(laid[: len(inputs)]), tuple(laid[len(inputs) :]), end
 
     def close(self) -> None:
         self._bell.close()
