@@ -168,7 +168,7 @@ class AgentLines:
     @property
     def child_fd(self) -> int:
         """The opener's descriptor that the learner process must inherit."""
-        assert self._child_opener is not None, "the child's end was closed by watch()"
+        assert self._child_opener is not None, "the child's end was closed by start()"
         return self._child_opener.fileno()
 
     def start(self, pid: int, serve: Callable[[AgentEnd], None], refused: Callable[[str], None]) -> None:
