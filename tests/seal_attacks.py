@@ -367,6 +367,25 @@ def fork_and_fill(comm, children, mib):
     return [os.waitpid(pid, 0)[1] for pid in pids]
 
 
+def fill_and_wait_on_children(comm, children, mib):
+    """As fork_and_fill, but the children hold their memory until they are ended, and the learner
+    waits for every one of them: one the kernel ended leaves it waiting on the others."""
+    import time
+
+    pids = []
+    for _ in range(children):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                block = np.ones((mib << 20) // 8)
+                while block.size:
+                    time.sleep(1)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    return [os.waitpid(pid, 0)[1] for pid in pids]
+
+
 def call_from_a_forked_child(comm):
     """A child forked by the solution calls comm (its parent's lines): what it is told."""
     read, write = os.pipe()

@@ -151,6 +151,22 @@ def test_a_learner_s_processes_are_bounded_together_not_only_each_alone() -> Non
             "processes may hold, and the kernel ended") in result.message, result.message
 
 
+def test_a_learner_left_waiting_on_a_child_the_kernel_ended_for_memory_is_named_at_once() -> None:
+    # The children hold their memory until ended, and the learner waits for them all: once the
+    # kernel has ended some, it waits on the rest for good. Before, the job ran to its deadline
+    # ("timeout"); its agent now ends the learner and names the group's kills.
+    if memgroup.available().startswith("no "):
+        pytest.skip(memgroup.available())
+    job = test_launcher.make_job("call_solution", [Task(ranks=1, args=("fill_and_wait_on_children", 8, 250))],
+                                 ATTACKS, limits=Limits(address_space_mb=512))
+    result = run(job, deadline_s=30)
+    assert result.status == "error", result.message
+    limit_mib = memgroup.learner_memory_bytes(512, 256 << 20, 7 * (64 << 20)) >> 20
+    assert (f"its processes together passed the {limit_mib} MiB a learner's processes may hold, and the "
+            "kernel ended") in result.message, result.message
+    assert "its agent then ended the learner" in result.message, result.message
+
+
 def test_a_result_nested_past_what_python_can_recurse_is_named_as_tampering() -> None:
     # The agent pickled it into the rank's outcome and crashed ("exited with status 1 before reporting").
     result = attack("forge_deep_result", 300_000)

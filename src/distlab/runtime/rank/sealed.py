@@ -46,6 +46,12 @@ from .memory import MemoryWitness, descendants, held_bytes
 from .pause import paused
 from .views import for_rank
 
+# How often the agent looks at the learner's memory group for the kernel's kills (a file read).
+OOM_LOOK_S = 0.25
+# How long the watcher leaves the main thread to report a learner it ended for memory (the main
+# thread may be in the engine on the learner's behalf: then the watcher names the death itself).
+MEMORY_REPORT_WAIT_S = 2.0
+
 # The launcher's and the engines' variables: without them the learner cannot join the job (nor
 # find the zygote that forks ranks, runtime/zygote/, which it could not reach anyway).
 _ENGINE_VARIABLES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MASTER_ADDR", "MASTER_PORT",
@@ -70,6 +76,7 @@ class LearnerProcess:
         if memory_probe:
             self._service.read_before_solution = self._read_before_solution
         self._finishing = threading.Event()
+        self._ended_for_memory = False  # by its agent, after the kernel ended one of its processes
         # Held by the first of the two threads that see the learner die (this watcher, the main
         # thread on a closed channel) until the process ends: the second must not truncate the
         # note the first wrote as the first exits (CI saw an empty note).
@@ -79,22 +86,39 @@ class LearnerProcess:
         threading.Thread(target=self._watch, args=(os.pidfd_open(child.pid),), daemon=True).start()
 
     def _watch(self, pidfd: int) -> None:
-        """Waits for the learner to end, answering meanwhile its threads' asks for lines."""
+        """Waits for the learner to end, answering meanwhile its threads' asks for lines, and
+        looking at its memory group's kills every OOM_LOOK_S."""
         watched: list[Any] = [pidfd, self._lines]
+        look = OOM_LOOK_S if self._group is not None else None
         while True:
             try:
-                if pidfd in select.select(watched, [], [])[0]:
-                    break
+                ready = select.select(watched, [], [], look)[0]
             except (ValueError, OSError):  # the opener was closed here (finish)
                 watched = [pidfd]
                 continue
-            if not self._lines.answer():
+            if pidfd in ready:
+                break
+            if not ready:
+                self._end_if_out_of_memory()
+            elif not self._lines.answer():
                 watched = [pidfd]  # the learner closed the opener: only its end is left to see
         if self._finishing.is_set():
             return
+        if self._ended_for_memory and self._finishing.wait(MEMORY_REPORT_WAIT_S):
+            return  # the main thread reported it (run_task), as at the end of a task
         status = self._agent.learner_status()
         if status and status != "exit status 0":
             self.died(LearnerGone(self._agent.where(), status))
+
+    def _end_if_out_of_memory(self) -> None:
+        """Ends the learner once the kernel has ended one of its processes for the group's bound.
+        That fails the task anyway (run_task); a learner left waiting on a process that is gone
+        (a pool's worker, a child's pipe) would otherwise be named only at the job's deadline."""
+        if self._ended_for_memory or self._finishing.is_set() or self._group is None:
+            return
+        if self._group.oom_kills():
+            self._ended_for_memory = True
+            self._child.kill()  # its waiter: the namespace's processes die with it
 
     def died(self, gone: LearnerGone) -> None:
         """Ends the agent as the learner process ended, saying where it was (the supervisor reads it)."""
@@ -183,13 +207,16 @@ class LearnerProcess:
         self.memory.before_solution = self.held_memory()
 
     def run_task(self, comm: Comm, index: int, task: Any) -> Any:
-        result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
+        try:
+            result = self._service.run_task(comm, index, pickle.dumps((for_rank(task.args, comm.rank), task.kwargs)))
+        except LearnerGone:
+            if self._ended_for_memory:
+                raise self._memory_exceeded(index) from None
+            raise
         assert result is not None
         self._refuse_tampering(index)
-        out_of_memory = self._out_of_memory()
-        if out_of_memory:  # one of its processes was ended, and the learner went on
-            raise ReportedFailure(RankError("memory", f"memory limit exceeded: {out_of_memory[2:]}",
-                                            "", "", index))
+        if self._out_of_memory():  # one of its processes was ended, and the learner went on
+            raise self._memory_exceeded(index)
         if result.kind == FAILURE:
             raise ReportedFailure(_failure(result.data, index))
         try:
@@ -204,6 +231,11 @@ class LearnerProcess:
             raise ReportedFailure(RankError(
                 "tampered", f"the solution tampered with the channel to its rank's agent: {reason}",
                 "", "", index))
+
+    def _memory_exceeded(self, index: int) -> ReportedFailure:
+        ended = ", and its agent then ended the learner" if self._ended_for_memory else ""
+        return ReportedFailure(RankError("memory", f"memory limit exceeded: {self._out_of_memory()[2:]}{ended}",
+                                         "", "", index))
 
     def _out_of_memory(self) -> str:
         """Words for the kernel's OOM kills in its memory group ("" where there were none)."""
