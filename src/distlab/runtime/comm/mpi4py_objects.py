@@ -25,7 +25,8 @@ def _mpi_ready() -> bool:
 
 
 def is_mpi_datatype(datatype: Any) -> bool:
-    return type(datatype).__module__.startswith("mpi4py") and hasattr(datatype, "tocode")
+    """mpi4py's datatype, or a subclass of it (a predefined one in a sealed learner: below)."""
+    return hasattr(datatype, "tocode") and any(k.__module__.startswith("mpi4py") for k in type(datatype).__mro__)
 
 
 def datatype_size(datatype: Any) -> int:

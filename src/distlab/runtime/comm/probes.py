@@ -63,7 +63,7 @@ class Probes:
         self._slot.running()
         self.stats.count_call("Probe", 0)
         assert found is not None  # a blocking probe returns a message
-        _fill_status(status, *found, probed=True)
+        _fill_status(status, *found)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
         """True, with ``status`` filled, if a message from ``source`` with ``tag`` can be received
@@ -73,7 +73,7 @@ class Probes:
         found = self._engine.probe(source, tag, block=False)
         self.stats.count_call("Iprobe", 0)
         if found is not None:
-            _fill_status(status, *found, probed=True)
+            _fill_status(status, *found)
         return found is not None
 
     def _probe_until(self, source: int, tag: int, limit: float,

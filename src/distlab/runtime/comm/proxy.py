@@ -313,7 +313,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
                 self._ctx, src, tag, nbytes, got_src, got_tag, wall0, time.perf_counter()
             )
         if status is not None:
-            _fill_status(status, got_source, got_tag, array.size, itemsize=array.itemsize)
+            _fill_status(status, got_source, got_tag, arrived)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array = _buffer(buf, "Isend buffer")
@@ -436,7 +436,7 @@ class Comm(Declarations, MessageFaultsApplied, TimedCalls, Collectives, Gathers,
                 world[matched[0]], matched[1], wall0, time.perf_counter(),
             )
         if status is not None:
-            _fill_status(status, matched[0], matched[1], recv_array.size, itemsize=recv_array.itemsize)
+            _fill_status(status, matched[0], matched[1], arrived)
 
 
 def _tag(tag: Any) -> int:

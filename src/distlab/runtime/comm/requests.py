@@ -48,8 +48,9 @@ class Status:
     def __init__(self) -> None:
         self.source = ANY_SOURCE
         self.tag = ANY_TAG
-        self.count = 0
-        self.nbytes: int | None = None  # set by Probe/Iprobe, which know bytes, not elements
+        # The matched message's bytes: what arrived (MPI's count), or on gloo, which does not say,
+        # the receive buffer's size; a probe's message.
+        self.nbytes = 0
 
     def Get_source(self) -> int:  # noqa: N802
         return self.source
@@ -58,26 +59,25 @@ class Status:
         return self.tag
 
     def Get_count(self, datatype: Any = None) -> int:  # noqa: N802
-        """Elements received; after a probe, the message's bytes over ``datatype``'s size (an
-        mpi4py datatype such as MPI.DOUBLE, or a NumPy dtype), or its bytes without one."""
-        if self.nbytes is None:
-            return self.count
-        if datatype is None:
-            return self.nbytes
-        return self.nbytes // datatype_size(datatype)
+        """The message's elements of ``datatype`` (an mpi4py datatype such as MPI.DOUBLE, or a
+        NumPy dtype); its bytes without one, as mpi4py's default (MPI.BYTE)."""
+        return self.nbytes if datatype is None else self.nbytes // datatype_size(datatype)
+
+    @property
+    def count(self) -> int:
+        """mpi4py's property: ``Get_count()``, in bytes."""
+        return self.nbytes
 
     Get_elements = Get_count  # noqa: N815 - mpi4py's name; the same for a predefined datatype
 
 
-def _fill_status(status: Any, source: int, tag: int, count: int, probed: bool = False,
-                 itemsize: int = 1) -> None:
-    """Fills the learner's status (distlab's or mpi4py's): ``count`` elements received, each
-    ``itemsize`` bytes, or, for a probe (``probed``), the message's bytes."""
+def _fill_status(status: Any, source: int, tag: int, nbytes: int) -> None:
+    """Fills the learner's status (distlab's or mpi4py's) with the matched message: its source,
+    tag and bytes (``Get_count(MPI.DOUBLE)`` divides them; mpi4py's default datatype is bytes)."""
     if status is None:
         return
     if isinstance(status, Status):
-        status.source, status.tag, status.count = source, tag, count
-        status.nbytes = count if probed else None
+        status.source, status.tag, status.nbytes = source, tag, nbytes
         return
     # An mpi4py MPI.Status passed by learner code (unsealed: MPI is initialized in this process).
     from mpi4py import MPI
@@ -85,7 +85,7 @@ def _fill_status(status: Any, source: int, tag: int, count: int, probed: bool = 
     status.Set_source(source)
     status.Set_tag(tag)
     # Its Get_count(datatype) reads the bytes over the datatype's size (it read 0 before).
-    status.Set_elements(MPI.BYTE, count if probed else count * itemsize)
+    status.Set_elements(MPI.BYTE, nbytes)
 
 
 def peer_rank(peer: Any, what: str, size: int, wildcard: bool = False) -> int:
@@ -172,6 +172,7 @@ class Request:
         self._trace_id = trace_id
         self._completed = False
         self._matched = (-1, -1)
+        self._received = nbytes  # a receive's: what arrived, once it completed
         # For a nonblocking collective: its op ("Allreduce"), and the virtual time it was posted.
         self._collective = collective
         self._posted_at = 0.0
@@ -214,7 +215,7 @@ class Request:
             self._finish(source, tag)
             comm._record_wait((self,), wall0)
             comm._advance((self,))
-        _fill_status(status, *self._matched, self._nbytes)
+        _fill_status(status, *self._matched, self._received)
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802
         if not self._completed and self._inner.test():
@@ -224,7 +225,7 @@ class Request:
             self._comm._record_wait((self,), wall0)
             self._comm._advance((self,))
         if self._completed:
-            _fill_status(status, *self._matched, self._nbytes)
+            _fill_status(status, *self._matched, self._received)
         return self._completed
 
     # mpi4py's lowercase forms, which course code uses on buffer requests too: wait() returns
@@ -248,7 +249,8 @@ class Request:
             return
         if self._is_recv:
             self._matched = (source, tag)
-            self._comm._count_arrived(self._comm._world(source), arrived_bytes(self._inner, self._nbytes))
+            self._received = arrived_bytes(self._inner, self._nbytes)
+            self._comm._count_arrived(self._comm._world(source), self._received)
             if self._comm._clock is not None:
                 self.arrival = self._comm._clock.receive_stamp(source, tag)
 
@@ -317,7 +319,7 @@ class Request:
         comm._slot.running()
         comm._record_wait((request,), wall0)
         comm._advance((request,))
-        _fill_status(status, *request._matched, request._nbytes)
+        _fill_status(status, *request._matched, request._received)
         return index
 
     @staticmethod

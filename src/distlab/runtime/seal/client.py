@@ -154,12 +154,12 @@ class SealedComm(ObjectCalls):
               timeout: Any = None) -> None:
         reply = self._call(Call.PROBE, (self._peer(source, "source", True), _tag(tag, True)),
                            timeout=timeout)
-        _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2], probed=True)
+        _fill_status(status, reply.ints[0], reply.ints[1], reply.ints[2])
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:  # noqa: N802
         reply = self._call(Call.IPROBE, (self._peer(source, "source", True), _tag(tag, True)))
         if reply.ints[0]:
-            _fill_status(status, reply.ints[1], reply.ints[2], reply.ints[3], probed=True)
+            _fill_status(status, reply.ints[1], reply.ints[2], reply.ints[3])
         return bool(reply.ints[0])
 
     # -- collectives ------------------------------------------------------------------------

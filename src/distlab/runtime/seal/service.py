@@ -220,24 +220,24 @@ class Service:
     def _recv(self, comm: Comm, request: Request) -> None:
         (buf,), status = self._outputs(request), Status()
         comm.Recv(buf, request.ints[0], request.ints[1], status)
-        self._agent.reply(request, ints=(status.source, status.tag, status.count), outputs=(buf,))
+        self._agent.reply(request, ints=(status.source, status.tag, status.nbytes), outputs=(buf,))
 
     def _sendrecv(self, comm: Comm, request: Request) -> None:
         dest, sendtag, source, recvtag = request.ints
         (buf,), status = self._outputs(request), Status()
         comm.Sendrecv(request.inputs[0], dest, sendtag, buf, source, recvtag, status)
-        self._agent.reply(request, ints=(status.source, status.tag, status.count), outputs=(buf,))
+        self._agent.reply(request, ints=(status.source, status.tag, status.nbytes), outputs=(buf,))
 
     def _probe(self, comm: Comm, request: Request) -> None:
         status = Status()
         comm.Probe(request.ints[0], request.ints[1], status)
-        self._agent.reply(request, ints=(status.source, status.tag, status.Get_count()))
+        self._agent.reply(request, ints=(status.source, status.tag, status.nbytes))
 
     def _iprobe(self, comm: Comm, request: Request) -> None:
         status = Status()
         found = comm.Iprobe(request.ints[0], request.ints[1], status)
         self._agent.reply(request, ints=(int(found), status.source, status.tag,
-                                         status.Get_count() if found else 0))
+                                         status.nbytes if found else 0))
 
     def _keep(self, handle: ProxyRequest, buffer: np.ndarray | None) -> int:
         number = next(self._handle_numbers)
@@ -283,7 +283,7 @@ class Service:
         status = Status()
         handle.Wait(status)
         del self._handles[request.ints[0]]
-        self._agent.reply(request, ints=(status.source, status.tag, status.count),
+        self._agent.reply(request, ints=(status.source, status.tag, status.nbytes),
                           outputs=(buf,) if buf is not None and request.outputs else ())
 
     def _test(self, comm: Comm, request: Request) -> None:
@@ -293,7 +293,7 @@ class Service:
         if done:
             del self._handles[request.ints[0]]
         out = (buf,) if done and buf is not None and request.outputs else ()
-        self._agent.reply(request, ints=(int(done), status.source, status.tag, status.count),
+        self._agent.reply(request, ints=(int(done), status.source, status.tag, status.nbytes),
                           outputs=out)
 
     def _waitall(self, comm: Comm, request: Request) -> None:
@@ -314,7 +314,7 @@ class Service:
         del self._handles[request.ints[index]]
         # Only the completed request's buffer is written: the others' places stay untouched.
         outputs = [buf if buf is done else None for _, buf in pairs if buf is not None]
-        self._agent.reply(request, ints=(index, status.source, status.tag, status.count),
+        self._agent.reply(request, ints=(index, status.source, status.tag, status.nbytes),
                           outputs=outputs)
 
     def _testall(self, comm: Comm, request: Request) -> None:
