@@ -267,7 +267,8 @@ def what_uid_0_could_write(comm):
 
 def read_where_users_write(comm, path):
     """What the learner finds at ``path`` (a file left where users may write) and in /home."""
-    return {"file": _refused(lambda: open(path).read()), "/home": _listing("/home")}
+    return {"file": _refused(lambda: open(path).read()), "/home": _listing("/home"),
+            "/sys/fs/cgroup": _listing("/sys/fs/cgroup")}
 
 
 def forge_endless_result(comm, parts):

@@ -181,7 +181,7 @@ REAL_BUG = {
 ALTERNATIVES = ["alt_isend.py", "alt_torch_compatible.py", "alt_returns_buf.py", "alt_barrier.py"]
 # Attacks on the seal itself, checked sealed in tests/test_seal_attacks.py: unsealed, where the learner
 # shares the rank's process, nothing stops the channels they use, so they have no row here.
-SEALED_ONLY = {"covert_keyring.py", "covert_locks.py"}
+SEALED_ONLY = {"covert_keyring.py", "covert_locks.py", "covert_cgroup.py"}
 # The diagnoses of issue 11 item 5 that fired on other bugs' evidence: each only on its own fixture.
 SPECIFIC = {"never reduced": "not_divisible.py", "allgather phase": "no_allgather.py", "in place": "returns_copy.py",
             "a few ulps": "float32_reduce.py", "on a copy of buf": "flatten_copy.py"}

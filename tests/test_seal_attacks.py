@@ -274,17 +274,21 @@ def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary
         assert seen["F_SETFD"] == seen["F_DUPFD"] == "allowed" and seen["F_GETFL"] is seen["read"] is True, seen
 
 
-@pytest.mark.parametrize("name", ["covert_keyring.py", "covert_locks.py"])
-def test_a_covert_channel_between_ranks_outside_the_communicator_is_closed(name: str) -> None:
+@pytest.mark.parametrize("name, refused", [("covert_keyring.py", "PermissionError"),
+                                           ("covert_locks.py", "PermissionError"),
+                                           ("covert_cgroup.py", "FileNotFoundError")])
+def test_a_covert_channel_between_ranks_outside_the_communicator_is_closed(name: str, refused: str) -> None:
     """An outside tester passed problem 03 with 12/12 while sending only zeros over comm: the data
-    crossed between the sandboxed ranks through uid nobody's user keyring, or as the offsets of
-    read locks on the solution file, which every rank shares (tests/fixtures/03/). Refused now
-    (runtime/seal/syscalls.py), the attack fails on its first small case, and nothing is left."""
+    crossed between the sandboxed ranks through uid nobody's user keyring, as the offsets of read
+    locks on the solution file, which every rank shares, or as the tmpfs pages a rank held, read
+    in its memory cgroup's memory.stat by its peer, whose group lies beside it (tests/fixtures/03/).
+    Refused now (runtime/seal/syscalls.py; sandbox.py empties /sys/fs/cgroup), the attack fails on
+    its first small case, and nothing is left."""
     run = run_check("03", "--solution", str(FIXTURES / "03" / name), "--seal", "on", seed=4242, timeout=150)
     assert_clean(run)
     assert run.rc == 1 and run.results is not None, run.out  # failed, and graded: no harness crash
     assert run.results["score"] < run.results["max_score"], run.out
-    assert "PermissionError" in run.messages(), run.out
+    assert refused in run.messages(), run.out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the learner runs as nobody only under root")
@@ -609,10 +613,15 @@ def test_a_learner_left_uid_0_can_write_neither_the_kernel_s_settings_nor_a_disk
     assert seen["dev"] == ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
 
 
-def test_what_users_may_write_is_emptied_for_the_learner() -> None:
-    """/var/tmp, /run/lock and /home, which an exam's candidate could write after the deadline for
-    a solution submitted before it to read (an outside tester's notes file): empty to the learner."""
-    note = Path(tempfile.mkdtemp(dir="/var/tmp")) / "notes.txt"
+@pytest.mark.parametrize("top", ["/var/tmp", "/srv", "/mnt", "/opt"])
+def test_what_users_may_write_is_emptied_for_the_learner(top: str) -> None:
+    """Every folder at the top of the filesystem but the system's (/var, /home, /run, /srv, /opt,
+    /mnt...), which an exam's candidate could write after the deadline for a solution submitted
+    before it to read (an outside tester's notes file in /var/tmp; another's stub ran code it
+    wrote after the deadline): empty to the learner, and so are the memory cgroups."""
+    if not os.path.isdir(top):
+        pytest.skip(f"no {top} here")
+    note = Path(tempfile.mkdtemp(dir=top)) / "notes.txt"
     try:
         note.parent.chmod(0o755)
         note.write_text("data written where users may write")
@@ -622,4 +631,4 @@ def test_what_users_may_write_is_emptied_for_the_learner() -> None:
         shutil.rmtree(note.parent)
     assert result.ok, result.message
     seen = result.task_outcomes(0)[0].value
-    assert seen == {"file": "FileNotFoundError", "/home": []}, seen
+    assert seen == {"file": "FileNotFoundError", "/home": [], "/sys/fs/cgroup": []}, seen

@@ -296,8 +296,22 @@ def kept_paths(job: Job) -> list[str]:
     and every folder on the import path (the learner process starts with this process's), and
     the interpreter itself, which a learner's subprocess (a data loader's workers) starts again."""
     wanted = [job.solution_file, str(Path(job.program_file).parent), sys.prefix, *sys.path,
-              os.path.dirname(os.path.realpath(sys.executable))]
+              os.path.dirname(os.path.realpath(sys.executable)), *_library_folders()]
     return [p for p in dict.fromkeys(wanted) if p and os.path.exists(p)]
+
+
+def _library_folders() -> list[str]:
+    """The folders of the shared libraries this process has loaded (the learner loads the same:
+    the interpreter's, MPI's, NumPy's), wherever they lie: the sandbox empties every folder at
+    the top of the filesystem but the system's, and binds these back."""
+    folders: dict[str, None] = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if ".so" in path and path.startswith("/") and not path.startswith(("/dev/", "/proc/")):
+                folders[os.path.dirname(path)] = None
+    return list(folders)
 
 
 def hidden_paths(job: Job, job_dir: Path) -> list[str]:

@@ -6,7 +6,9 @@ the learner):
 ``isolate(hidden)``  (the waiter, still root) new mount, PID, network and IPC namespaces; every
                      mount read-only; a fresh, empty, writable tmpfs on /tmp (``scratch_mb``:
                      a quarter of the rank's address space, at most 1 GiB), /var/tmp and
-                     /dev/shm (64 MiB each), an empty one on /home and /run/lock (what users may write), a /dev
+                     /dev/shm (64 MiB each), an empty one on every folder at the top of the
+                     filesystem but the system's (``user_folders``: what users may write) and on
+                     /sys/fs/cgroup (``HOST_STATE``), a /dev
                      of the devices a program opens only (the job
                      folders, Open MPI's session sockets and shared memory, other ranks' files
                      are all under them, or in ``hidden``, each covered by an empty tmpfs or
@@ -162,6 +164,26 @@ def scratch_mb(address_space_mb: int) -> int:
 
 SMALL_SCRATCH_MB = 64  # /var/tmp and /dev/shm, which programs use for small things
 
+# The folders at the top of the filesystem that hold the system (root's to write); every other
+# one is emptied for the learner (``user_folders``), and what it needs there is bound back.
+SYSTEM_FOLDERS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc",
+                            "sys", "tmp"})
+# Host state that every learner of the machine could read alike: the memory cgroups, each
+# learner's beside its peers' (an outside tester passed numbers between ranks through the
+# tmpfs pages a learner held, read in a sibling group's memory.stat within milliseconds).
+HOST_STATE = ("/sys/fs/cgroup",)
+
+
+def user_folders() -> list[str]:
+    """Every folder at the top of the filesystem but the system's own (/home, /var, /run, /srv,
+    /opt, /mnt, a checkout's /work...): what the candidate's account could write lies there, and
+    a solution submitted before an exam's deadline must not read code written there after it
+    (an outside tester's stub ran, at grading, a file it wrote after the deadline in a folder
+    its account could write). Links (/bin -> usr/bin) are left: a mount over one lands on its
+    target."""
+    return sorted(f"/{entry.name}" for entry in os.scandir("/")
+                  if entry.is_dir(follow_symlinks=False) and entry.name not in SYSTEM_FOLDERS)
+
 
 def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int) -> str:
     """Namespaces and mounts for the learner to come (module docstring); returns which hold.
@@ -185,13 +207,12 @@ def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int) -> str:
     finally:
         os.close(root)
     scratches = tuple(p for p in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(p) or p == "/dev/shm")
-    # What users may write (/home, /run/lock): emptied, so that nothing written there after an
-    # exam's deadline is read by code submitted before it.
-    emptied = tuple(p for p in ("/home", "/run/lock") if os.path.isdir(p))
+    emptied = (*user_folders(), *(p for p in HOST_STATE if os.path.isdir(p)))
     kept = [os.path.realpath(p) for p in kept if os.path.exists(p)]
     # /root and the like, which the learner as nobody could not enter (under /tmp the fresh tmpfs
     # makes them anew, open).
-    closed = [c for c in closed_folders(kept) if not any(c.startswith(s + "/") for s in (*scratches, *emptied))]
+    closed = [c for c in closed_folders(kept)
+              if not any(c == e or c.startswith(e + "/") for e in (*scratches, *emptied))]
     covers = (*scratches, *emptied, *closed)
     covered = sorted({p for p in kept if any(p.startswith(c + "/") for c in covers)})
     # A folder inside another kept one comes with it (bound last, it would be bound over).
@@ -202,11 +223,12 @@ def isolate(hidden: Sequence[str], kept: Sequence[str], tmp_mb: int) -> str:
     # Opened before the covering mounts, bound back from the descriptor afterwards.
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in covered]
     _minimal_dev()
-    for scratch in scratches:
-        size = tmp_mb if scratch == "/tmp" else SMALL_SCRATCH_MB
-        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
     for folder in (*emptied, *closed):  # root's own, 0755: the learner may pass, not write
         _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    for scratch in scratches:  # /var/tmp inside an emptied /var: its mount point made anew
+        os.makedirs(scratch, exist_ok=True)
+        size = tmp_mb if scratch == "/tmp" else SMALL_SCRATCH_MB
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
     for path, fd in keep_fds:
         _bind(f"/proc/self/fd/{fd}", path)
         os.close(fd)
