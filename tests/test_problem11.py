@@ -90,6 +90,8 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
                                                          "the harness's allreduce did not run as written"]),
     "forged_frames.py": ("best_ring returns every rank once", ["RuntimeError: no case"]),
     "forged_two_rank_ring.py": ("the ring's slowest hop", ["rank 0's best_ring returned [0, 1], not every rank 0..7 once"]),
+    # An outside tester's: the ring as floats 0.0..7.0 crashed the check ("the check itself crashed").
+    "forged_float_ring.py": ("best_ring returns every rank once", ["[0.0, 1.0,", "float where ranks are ints"]),
 }
 
 NAMES_ITS_BUG = {
@@ -101,6 +103,7 @@ NAMES_ITS_BUG = {
     "did not run as written": "forged_fake_sum.py",
     "RuntimeError: no case": "forged_frames.py",
     "returned [0, 1], not every rank": "forged_two_rank_ring.py",
+    "where ranks are ints": "forged_float_ring.py",
 }
 
 

@@ -12,6 +12,11 @@ GBPS = 8 / 1e9  # bytes per second to Gb/s
 
 
 def not_a_ring(case: Case, rank: int, ring: list[int]) -> str | None:
+    # Ints only: the rank program runs in the learner's process, which could hand back 0.0..7.0
+    # (equal to 0..7, and no index into the machine's tables).
+    others = sorted({type(r).__name__ for r in ring if type(r) is not int})
+    if others:
+        return f"{case.label()}: rank {rank}'s best_ring returned {ring}: {', '.join(others)} where ranks are ints"
     if sorted(ring) == list(range(P)):
         return None
     return f"{case.label()}: rank {rank}'s best_ring returned {ring}, not every rank 0..{P - 1} once"
