@@ -31,6 +31,12 @@ def send_send_deadlock(comm, solution, n):
     return buf.sum()
 
 
+def shared_memory_segments(comm, solution):
+    """What the job's folder for Open MPI's shared-memory segments holds once ranks have talked."""
+    comm.Barrier()
+    return sorted(os.listdir(os.environ["OMPI_MCA_btl_sm_backing_directory"]))
+
+
 def recv_from_finished(comm, solution):
     """Rank 0 waits for a message that rank 1 never sends; rank 1 just returns."""
     if comm.Get_rank() == 0:

@@ -400,23 +400,32 @@ def test_a_failed_job_leaves_no_files_and_a_dead_supervisor_s_folder_is_swept(
 
     from distlab.runtime.supervisor import leftovers
 
-    private = tmp_path / "tmp"
+    private, shm = tmp_path / "tmp", tmp_path / "shm"
     private.mkdir()
+    shm.mkdir()
     monkeypatch.setenv("TMPDIR", str(private))
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     monkeypatch.setattr(leftovers, "_swept", False)
+    monkeypatch.setattr(leftovers, "SHARED_MEMORY", shm)  # /dev/shm, as the supervisor uses it
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    orphan = private / "distlab-job-orphan"
-    orphan.mkdir()
-    (orphan / leftovers.OWNER_FILE).write_text(dead.stdout.strip())  # a supervisor SIGKILLed
-    alive = private / "distlab-job-alive"
-    alive.mkdir()
-    (alive / leftovers.OWNER_FILE).write_text(str(__import__("os").getpid()))
-    # A job that deadlocks is ended by SIGKILL: Open MPI never removes its session folder then.
+    for root in (private, shm):
+        orphan = root / "distlab-job-orphan"
+        orphan.mkdir()
+        (orphan / leftovers.OWNER_FILE).write_text(dead.stdout.strip())  # a supervisor SIGKILLed
+        alive = root / "distlab-job-alive"
+        alive.mkdir()
+        (alive / leftovers.OWNER_FILE).write_text(str(__import__("os").getpid()))
+    # Open MPI's shared-memory segments (16 MiB a rank) lie in a folder of the job's...
+    talked = run(make_job("shared_memory_segments", [Task(ranks=2)]), deadline_s=20)
+    assert talked.status == "ok", talked.message
+    assert all(any(name.startswith("sm_segment.") for name in o.tasks[0].value) for o in talked.outcomes.values())
+    # ... and a job that deadlocks is ended by SIGKILL: Open MPI then removes neither its session
+    # folder nor its segments (5,000 of them had piled up in /dev/shm).
     result = run(make_job("send_send_deadlock", [Task(ranks=2, args=(1 << 20,))]), deadline_s=20)
     assert result.status == "deadlock", result.message
-    assert sorted(p.name for p in private.iterdir()) == ["distlab-job-alive"]
+    for root in (private, shm):
+        assert sorted(p.name for p in root.iterdir()) == ["distlab-job-alive"], root
 
 
 def test_each_rank_is_handed_its_own_view_of_an_argument_that_cuts_itself() -> None:

@@ -37,7 +37,7 @@ from ..jobspec import JOB_FILE, Job, RankOutcome, outcome_path, write_pickle_ato
 from . import mpi_monitoring
 from .deaths import Deaths
 from .judge import Observation, judge, should_restart
-from .leftovers import claim, new_job_dir
+from .leftovers import claim, new_job_dir, remove_shared_memory_dir
 from .newcomers import Newcomers
 from .process_faults import FaultState, apply_due_faults, process_faults
 from .processes import rank_pids
@@ -215,5 +215,6 @@ def _collect_outcomes(job_dir: Path, world: int, outcomes: dict[int, RankOutcome
 
 
 def _cleanup(job_dir: Path, keep_dir: Path | None) -> None:
+    remove_shared_memory_dir(job_dir)  # the ranks' segments: of no use once they are gone
     if keep_dir is None:
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -27,7 +27,7 @@ from ..jobspec import (
 from ..zygote import wire as zygote_wire
 from ..zygote.client import STAND_IN, ForkedRank, Zygote, preload_for, zygote_for
 from . import mpi_monitoring
-from .leftovers import TMP_FOLDER
+from .leftovers import TMP_FOLDER, shared_memory_dir
 from .processes import kill_session
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ def start_ranks(job: Job, job_dir: Path, attempt: int = 0) -> Processes:
             env["OMPI_MCA_btl"] = "self,tcp"
         env[ATTEMPT_ENV] = str(attempt)
         env.update(scratch)
+        segments = shared_memory_dir(job_dir)
+        if segments is not None:  # removed with the job, however its ranks end (leftovers.py)
+            env["OMPI_MCA_btl_sm_backing_directory"] = str(segments)
         if zygote is not None:
             env[zygote_wire.ZYGOTE_ENV] = zygote.address
         if job.survivors:  # what a newcomer's spawn runs (rank/survival.py)
