@@ -343,6 +343,9 @@ BUGGY: dict[str, tuple[list[str], list[str]]] = {
     "forged_solo_allgather.py": ([STATE], ["never sent its updated shard of the weights"]),
     "forged_global_whole_moments.py": ([STATE], ["keeps nothing whole-size between steps",
                                                  "as much as plain Adam's whole m and v"]),
+    # An outside tester's: the program's calculator answering lists, then nothing; both crashed the check.
+    "forged_calculator_lists.py": ([CALC], ["saw a list, not a number"]),
+    "forged_no_answers.py": ([CALC], ["handed back 0 values for", "one value per case expected"]),
 }
 
 # Each diagnosis that names a cause, and the fixtures whose bug it is: silent on every other one.
@@ -360,6 +363,8 @@ NAMES_ITS_BUG = {
     "kept from the import of your file": {"stash_at_import.py"},
     "raised StopIteration": {"forged_calculator.py"},
     "never sent its updated shard": {"forged_unsharded_mmap.py", "forged_solo_allgather.py"},
+    "not a number": {"forged_calculator_lists.py"},
+    "one value per case expected": {"forged_no_answers.py"},
 }
 
 

@@ -429,6 +429,9 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     "forged_token_bytes.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
                               ["too few bytes to have carried its rows and their gradients", "it sent server 0 8 bytes"],
                               []),
+    # An outside tester's: run_case swapped to hand back no value for a batch of cases; every check crashed.
+    "forged_short_batch.py": ([TRAIN, DUPS, BYTES, COST, MODEL],
+                              ["rank 0's program handed back 0 values for 3 cases, one value per case expected"], []),
 }
 
 # Each diagnosis that names a cause, and the fixture whose bug it is: silent on every other one.
@@ -444,6 +447,7 @@ NAMES_ITS_BUG = {
     "rows after training has shape": "forged_row_shape.py",
     "your own marks may have other names": "forged_own_mark.py",
     "too few bytes to have carried its rows": "forged_token_bytes.py",
+    "one value per case expected": "forged_short_batch.py",
 }
 
 

@@ -343,7 +343,10 @@ def calculator_problems(questions: list[Memory], answers: list[Any]) -> list[str
         if isinstance(a, str):
             return [a]
         want = zero_gb(q.params, q.ranks, q.stage)
-        if not np.isfinite(a) or abs(a / want - 1) > GB_RTOL:
+        if not isinstance(a, (int, float, np.integer, np.floating)) or isinstance(a, bool):
+            # The rank program runs in the solution's process: a list once crashed this check.
+            wrong.append(f"{q.label()}: expected {want:.4g} GB, saw a {type(a).__name__}, not a number")
+        elif not np.isfinite(a) or abs(a / want - 1) > GB_RTOL:
             wrong.append(f"{q.label()}: expected {want:.4g} GB, saw {a:.4g}" + calculator_cause(q, a))
     return wrong
 
