@@ -364,6 +364,8 @@ BUGGY: dict[str, tuple[str, list[str]]] = {
                                                       "call for call and byte for byte"]),
     # Read the fault plan off run_variant's frame: a rank holds only its Part, so it names nothing.
     "forged_fault_plan.py": ("diagnose() names exactly the stragglers", ["expected stragglers", "was not named"]),
+    # An outside tester's: a trace nested 100,000 deep, which crashed the check (RecursionError).
+    "forged_deep_trace.py": ("the Chrome trace", ["not JSON a viewer loads", "nested deeper than a parser goes"]),
 }
 
 
@@ -379,6 +381,7 @@ NAMES_ITS_BUG = {
     "extra communication calls during training: keep the numbers": "chatty_probes.py",
     "your pings are all zero": "forged_fault_plan.py",
     "the unprobed run was not the harness's": "forged_twin_pays.py",
+    "nested deeper than a parser goes": "forged_deep_trace.py",
 }
 
 

@@ -179,8 +179,9 @@ def trace_has_a_track_per_rank(t: CheckContext, hidden_runs: list[HiddenRun]) ->
                    f"{case.rank0.trace_error} (use plain floats and ints)")
         try:
             trace = json.loads(case.rank0.trace_json or "null")
-        except ValueError as exc:  # run_variant writes it with json.dumps: only a forged result fails here
-            t.fail(f"{v.label()}: the trace that came back is not JSON: {exc}")
+        except (ValueError, RecursionError) as exc:  # run_variant wrote it, in the solution's process
+            why = exc if isinstance(exc, ValueError) else "nested deeper than a parser goes"
+            t.fail(f"{v.label()}: the trace that came back is not JSON a viewer loads: {why}")
         problems = validate_chrome_trace(trace)
         if problems:
             t.fail(f"{v.label()}: expected a trace in the Chrome trace event format; "
