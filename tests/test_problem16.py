@@ -227,6 +227,8 @@ BUGGY: dict[str, tuple[set[str], str]] = {
     # An outside tester's forgeries, 11/11 sealed before the wire check counted every call, harness step by step.
     "forged_hidemark.py": ({WIRE}, "your own marks ['hidden'] do not end a step"),
     "forged_alltoall.py": ({WIRE}, "every byte a rank sends counts, whatever the call"),
+    # Half the model kept after the last step (an outside tester's): the weight check crashed on the shapes.
+    "short_weights.py": ({SKIP, WEIGHTS}, "every rank keeps the whole model after the Allgather"),
 }
 
 

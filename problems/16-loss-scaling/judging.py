@@ -50,9 +50,22 @@ def bad_return(case: Case, values: list[Any]) -> str | None:
     return None
 
 
+def shape_problem(case: Case, values: list[Any]) -> str | None:
+    """The first rank's weights after a step that are not an array of the model's shape: the
+    program runs in the solution's process, and half a model once crashed the weight check."""
+    for step in range(case.steps):
+        for rank, v in enumerate(values):
+            got = v.weights[step]
+            if not isinstance(got, np.ndarray) or got.shape != (PARAMS,):
+                seen = f"shape {got.shape}" if isinstance(got, np.ndarray) else f"a {type(got).__name__}"
+                return (f"{case.label()}: after step {step} rank {rank}'s weights are {seen}, the model's "
+                        f"({PARAMS},): every rank keeps the whole model after the Allgather")
+    return None
+
+
 def skip_problem(case: Case, trace: Trace, values: list[Any]) -> str | None:
     """The first step where a rank's skip differs from another rank's or from the trace."""
-    if problem := bad_return(case, values):
+    if problem := bad_return(case, values) or shape_problem(case, values):
         return problem
     caught_before = False  # an earlier overflow that every rank skipped
     for step in range(case.steps):
@@ -136,6 +149,8 @@ def weight_error(got: np.ndarray, want: np.ndarray, path: np.ndarray) -> float:
 
 def weight_problem(case: Case, trace: Trace, values: list[Any]) -> tuple[str | None, float]:
     """Every rank's weights after every step against the trace's (and against rank 0's)."""
+    if problem := shape_problem(case, values):
+        return problem, np.inf
     worst = 0.0
     for step in range(case.steps):
         for rank, v in enumerate(values):
