@@ -325,7 +325,7 @@ def _plans_equal(a: Any, b: Any) -> bool:
 @pytest.fixture(scope="module")
 def checked() -> CheckRuns:
     return CheckRuns("04", seed=SEED, timeout=180,
-                     together=fixture_runs("04", [*sorted(BUGGY), *ALTERNATIVES]))
+                     together=fixture_runs("04", [*sorted(BUGGY), *ALTERNATIVES, *sorted(COMBINED)]))
 
 
 ALTERNATIVES = ["alt_point_to_point.py", "alt_block_collectives.py"]  # correct, and unlike the reference
@@ -365,8 +365,8 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     "fp16_as_float32.py": (
         ["float32 went on the wire; cast the buffer to float16 before the allreduce"],
-        ["FP16"],
-        ["compressor", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "trained AUC"],
+        ["FP16", "trained AUC"],
+        ["compressor", "1-bit allreduce", "top-k", "1-bit Adam: warmup"],
     ),
     "fp16_overflow.py": (
         ["values near 30000 on every rank", "passes 65504", "divide by p before casting"],
@@ -384,8 +384,8 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     # The outside tester's attack: the 1-bit allreduce's bytes hidden after a mark of its own (Task.marks).
     "forged_own_mark.py": (
         ["your own mark(s) 'x' do not end the harness's phases", "every byte from one harness mark to the next counts"],
-        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
-        ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
+        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link", "trained AUC"],
+        ["compressor", "FP16", "top-k", "1-bit Adam: warmup"],
     ),
     # The outside tester's attacks: a buggy solution's float32 moved by Alltoall, then every rank's inputs
     # gathered by it and the 1-bit exchange simulated locally, with counted dummies of the honest sizes. Alltoall
@@ -393,14 +393,14 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     "forged_uncounted_alltoall.py": (
         ["it is the exact mean, nothing was compressed", "as much as the dense float32 allreduce; send only the k pairs",
          "only the 1-bit momentum may travel once the variance is frozen"],
-        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "1-bit Adam's volume", "on the 1 Gb/s link"],
-        ["compressor", "trained AUC"],
+        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam: warmup", "1-bit Adam's volume", "on the 1 Gb/s link", "trained AUC"],
+        ["compressor"],
     ),
     "forged_local_simulation.py": (
         ["as much as float32: is anything compressed on the wire?", "send only the k pairs",
          "only the 1-bit momentum may travel once the variance is frozen"],
-        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam's volume", "on the 1 Gb/s link"],
-        ["compressor", "1-bit Adam: warmup", "trained AUC"],
+        ["FP16", "1-bit allreduce", "top-k", "1-bit Adam's volume", "on the 1 Gb/s link", "trained AUC"],
+        ["compressor", "1-bit Adam: warmup"],
     ),
     # Compressed on a first call only (the one the checks once read), float32 gathered on the second and the
     # exchange played out on every rank: exact 1-bit and top-k results, 20/20 before every call was read.
@@ -415,8 +415,8 @@ BUGGY: dict[str, tuple[list[str], list[str], list[str]]] = {
     "forged_tag_payload.py": (
         ["an allgather of every rank's whole compressed vector sends (p-1) n/8 bytes", "envelope",
          "only the 1-bit momentum may travel once the variance is frozen"],
-        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link"],
-        ["compressor", "FP16", "top-k", "1-bit Adam: warmup", "trained AUC"],
+        ["1-bit allreduce", "1-bit Adam's volume", "on the 1 Gb/s link", "trained AUC"],
+        ["compressor", "FP16", "top-k", "1-bit Adam: warmup"],
     ),
     # The outside tester's attack: plain Adam, the harness's own marks held back and set mid-step (their order).
     "forged_held_marks.py": (
@@ -444,12 +444,15 @@ REAL_BUG = {
     "forged_tag_payload.py": "an allgather of every rank's whole compressed vector",
     "forged_dense_second_call.py": "call 1 of 2 stayed within it",
 }
+# Fixtures made of several rows' bugs at once (each row's phrase fires on them), each with a test of
+# its own below.
+COMBINED = {"forged_plain_adam.py"}
 
 
 def test_every_buggy_fixture_has_a_row() -> None:
     names = {path.stem + ".py" for path in (FIXTURES / "04").iterdir()
              if path.suffix in (".py", ".diff") and not path.stem.startswith("alt_")}
-    assert names == set(REAL_BUG) == set(BUGGY)
+    assert names - COMBINED == set(REAL_BUG) == set(BUGGY)
     assert all(phrase in " ".join(BUGGY[name][0]) for name, phrase in REAL_BUG.items())
 
 
@@ -467,6 +470,18 @@ def test_buggy_solution_fails_with_its_symptom(name: str, checked: Callable[...,
     for check_name in passing:
         assert run.status(check_name) == "passed", (check_name, run.out)
     assert f"distlab check 04 --seed {SEED}" in run.flat  # the replay hint
+
+
+@pytest.mark.slow
+def test_float32_training_under_both_names_earns_no_auc(checked: Callable[..., Checked]) -> None:
+    # An outside tester's: the starter with fp16_allreduce on float32 and OneBitAdam as plain Adam
+    # earned the trained-AUC check (3/20, the starter 0/20): it graded the weights only.
+    run = checked("--solution", str(fixture_solution("04", "forged_plain_adam.py")))
+    assert_clean(run)
+    assert run.status("trained AUC") == "failed", run.out
+    assert_output_has(run, ["more than float16's", "the AUC is graded for training where its gradients travel as "
+                            "float16", "after the warmup its momentum travels as signs"])
+    assert run.results is not None and run.results["score"] == 0, run.out
 
 
 @pytest.mark.slow

@@ -198,6 +198,8 @@ def trained_auc(t: CheckContext, everything: Run) -> None:
             t.fail(f"rank {rank} returned {type(result).__name__}, not the harness's weights of both runs: was "
                    "run_training replaced?")
     t.say(f"a {N_PARAMS}-parameter click model: {case.label()}")
+    if uncompressed := judging.uncompressed_training(training.task, case):
+        t.fail("; ".join(uncompressed))
     baseline = held_out_auc(case.seed, judging.simulate_fp32_training(case.seed, case.p, case.steps))
     untrained = held_out_auc(case.seed, cases.init_params(case.seed))
     for what, key, limit in (("FP16", "fp16", cases.AUC_FP16), ("1-bit Adam", "onebit", cases.AUC_ONEBIT)):

@@ -508,6 +508,30 @@ def training_fed(t: CheckContext, case: cases.TrainCase, task: Any) -> None:
             unfed(t, f"{what_of(how)} ({case.label()})", rank, got, floor, needs)
 
 
+def uncompressed_training(task: Any, case: cases.TrainCase) -> list[str]:
+    """What went on the wire uncompressed in the two training runs, a sentence per run: a step of
+    FP16's over half of float32's ring bytes, or one of 1-bit Adam's after its warmup over the
+    1-bit allreduce's bound. The AUC is graded for what compressed training reaches: float32 Adam
+    under both names reached it with ten lines of the starter (an outside tester's 3/20)."""
+    p, n = case.p, cases.N_PARAMS
+    if p == 1:
+        return []
+    limits = {"fp16": (fp32_ring_bytes(n, p) / 2 * (1 + cases.FP16_TOLERANCE), 0, "float16's",
+                       "its gradients travel as float16"),
+              "onebit": (onebit_bytes_bound(n, p), case.warmup, "the 1-bit allreduce's",
+                         "after the warmup its momentum travels as signs")}
+    found = []
+    for how, (most, first, whose, rule) in limits.items():
+        over = next(((rank, step, nbytes) for rank in range(p)
+                     for step, counts in enumerate(task.phases(rank, how))
+                     if step >= first and (nbytes := wire_bytes(counts, p)) > most), None)
+        if over is not None:
+            rank, step, nbytes = over
+            found.append(f"{what_of(how)} ({case.label()}): rank {rank} sent {nbytes:.0f} bytes in step {step + 1}, "
+                         f"more than {whose} {most:.0f}: the AUC is graded for training where {rule}")
+    return found
+
+
 def what_of(how: str) -> str:
     return {"fp16": "FP16", "onebit": "1-bit Adam"}[how]
 
