@@ -4,7 +4,8 @@ One launch of real ranks on a modelled 1 Gb/s link runs everything. The codec al
 reducer on 4 and a hidden 2 or 3 ranks, against a simulation computed here, and its bytes on the wire (the
 task's counts of each call's phase, envelopes included: cases.wire_bytes) against float32's; 1-bit Adam step
 by step on known gradients, one worker slowed down; a click-through-rate model trained on 4 ranks, FP16 and
-1-bit Adam: the held-out AUC against float32 Adam simulated here, and the volume sent; last, the 1-bit
+1-bit Adam: the held-out AUC against float32 Adam simulated here (graded for training whose every step
+went compressed), and the volume sent; last, the 1-bit
 allreduce of 4 MiB within 5% of its alpha-beta bound, and within the 1-bit allreduce's bytes.
 """
 
