@@ -13,10 +13,12 @@ from ..jobspec import Job
 
 
 def kept_paths(job: Job) -> list[str]:
-    """What the learner process needs to read where the sandbox covers it (its fresh /tmp over a
-    checkout or a virtual environment there, an empty tmpfs over /root): its solution, the problem's folder, the interpreter's prefix
-    and every folder on the import path (the learner process starts with this process's), and
-    the interpreter itself, which a learner's subprocess (a data loader's workers) starts again."""
+    """What the learner process needs to read where the sandbox covers it (an empty tmpfs over
+    every folder at the top of the filesystem but the system's, its fresh /tmp over a checkout
+    there): its solution, the problem's folder, the interpreter's prefix and every folder on the
+    import path (the learner process starts with this process's), the folders of the libraries
+    loaded here, and the interpreter itself, which a learner's subprocess (a data loader's
+    workers) starts again."""
     wanted = [job.solution_file, str(Path(job.program_file).parent), sys.prefix, *sys.path,
               os.path.dirname(os.path.realpath(sys.executable)), *_library_folders()]
     return [p for p in dict.fromkeys(wanted) if p and os.path.exists(p)]
