@@ -202,6 +202,27 @@ def test_a_result_is_rebuilt_up_to_a_depth_no_problem_reaches_and_refused_beyond
         read_value(pickle.dumps({"k": nested}), ())
 
 
+@dataclasses.dataclass
+class Answer:
+    """A problem's value, whose fields the agent reads too."""
+
+    start: int
+
+
+def test_a_result_holding_an_int_wider_than_any_value_of_the_harness_is_refused() -> None:
+    # An outside tester's 10**5000 (a shard's start on 01, a plan's degree on 05, a report's key on
+    # 08...) and 10**400 (a loss on 15) crashed those checks where they print it or make a float.
+    import pickle
+
+    from distlab.runtime.seal.values import MAX_INT_BITS, IntTooLarge, read_value
+
+    widest = 2**MAX_INT_BITS - 1  # a 256-bit digest fits, with room
+    assert read_value(pickle.dumps([widest, -widest, {"k": (1, widest)}]), ()) == [widest, -widest, {"k": (1, widest)}]
+    for forged in (10**5000, [1, (2, {"loss": 10**400})], {10**200: 1}, Answer(10**5000)):
+        with pytest.raises(IntTooLarge, match="wider than the 512"):
+            read_value(pickle.dumps(forged), (__name__,))
+
+
 def test_a_reply_the_learner_forges_for_itself_is_a_call_the_agent_never_counted() -> None:
     # The learner trusts its agent's replies, and a forged one fools only itself: the counters
     # the checks read are the agent's, which saw a Barrier and no Allreduce.

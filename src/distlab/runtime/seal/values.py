@@ -65,6 +65,22 @@ class NestedTooDeep(UnsafeValue):
         self.name = f"containers nested more than {MAX_DEPTH} deep"
 
 
+class IntTooLarge(UnsafeValue):
+    """The result holds an int wider than ``MAX_INT_BITS``."""
+
+    def __init__(self, bits: int) -> None:
+        Exception.__init__(
+            self, f"the rank program's result holds an int of {bits} bits, wider than the {MAX_INT_BITS} of any "
+            "value the harness reads (checks print ints and make floats of them: Python prints none past 4300 "
+            "digits, and makes no float past 1024 bits)")
+        self.name = f"an int of {bits} bits"
+
+
+# No program hands back an int wider than a 256-bit digest; checks print ints and turn them into
+# floats, and an outside tester's 10**5000 (or 10**400) crashed seven problems' checks there.
+MAX_INT_BITS = 512
+
+
 # The unpickler builds nesting of any depth without recursing, but the agent then pickles the
 # value into the rank's outcome, and checks compare and print it, all recursively: a result of
 # 300,000 nested lists, forged into the channel, crashed its agent there ("exited with status 1
@@ -76,7 +92,9 @@ _CONTAINERS = (dict, list, tuple, set, frozenset, deque)
 
 def _within_depth(value: Any) -> None:
     """Raises NestedTooDeep if ``value`` holds containers (or objects' attributes) more than
-    MAX_DEPTH deep; iterative, each object once (a pickle may make cycles)."""
+    MAX_DEPTH deep, IntTooLarge if it holds an int wider than MAX_INT_BITS; iterative, each object
+    once (a pickle may make cycles)."""
+    _narrow(value)
     stack, seen = [(value, 0)], set()
     while stack:
         item, depth = stack.pop()
@@ -94,11 +112,17 @@ def _within_depth(value: Any) -> None:
             children = children.values()
         for child in children:
             if type(child) in _LEAVES:
+                _narrow(child)
                 continue
             if isinstance(child, _CONTAINERS) or hasattr(child, "__dict__"):
                 if depth + 1 > MAX_DEPTH:
                     raise NestedTooDeep()
                 stack.append((child, depth + 1))
+
+
+def _narrow(value: Any) -> None:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise IntTooLarge(value.bit_length())
 
 
 # Listed callables that make something of a size their arguments say (bytearray(3 << 30), a list of
