@@ -185,6 +185,9 @@ def test_first_mismatch_locates_the_first_wrong_element() -> None:
     assert first_mismatch(ints + 1, ints, rtol=0.5, atol=2) is not None  # integers compare exactly
     shape = first_mismatch(np.zeros(3), np.zeros(4))
     assert shape is not None and shape.describe() == "holds (3,) elements, expected (4,)"
+    # Strings where numbers are due (a solution's rank program hands back what it likes): all wrong.
+    words = first_mismatch(np.array(["x"] * 8), want, rtol=1e-9)
+    assert words is not None and words.wrong == 8 and words.describe().startswith("element 0: expected 0.0, saw 'x'")
 
 
 def test_sealed_checks_give_the_verdicts_of_unsealed_ones(bank: Path, tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def predictions_match(t: CheckContext, formulas: Run) -> None:
         verdict = judge_prediction(case, got)
         if verdict:
             want = judging.formula(case.algorithm, case.p, case.n, case.alpha, case.beta)
-            wrong.append((math.inf if isinstance(got, programs.Raised) or want == 0 else abs(got / want - 1),
+            wrong.append((math.inf if isinstance(got, programs.Raised) or want == 0 or not judging.is_number(got) else abs(got / want - 1),
                           verdict))
     if wrong:
         off, verdict = max(wrong, key=lambda w: w[0])
@@ -209,6 +209,8 @@ def ring_prediction_holds(t: CheckContext, cluster: Cluster, on_cluster: Run,
         head = f"Allreduce of {fmt_bytes(nbytes)} ({'latency' if k == 0 else 'bandwidth'}-bound) on p = {p}"
         if isinstance(got, programs.Raised):
             t.fail(f"{head}: {got.text}")
+        if not judging.is_number(got):
+            t.fail(f"{head}: predict returned a {type(got).__name__}, expected a finite number of seconds")
         t.say(f"{head}: predicted {fmt_s(got)}, virtual {fmt_s(measured)} ({got / measured:.3f}x)")
         if k == 1 and t.clock == "virtual":
             t.performance(measured, judging.ring_replay_time(cluster.links, p, nbytes), ring.task)

@@ -4,6 +4,7 @@ The textbook costs (formula, fastest, crossover) are here too: the expected answ
 sandbox hides from the learner process (cases.py, which the rank program imports, is readable)."""
 
 import math
+import numbers
 from typing import Any
 
 from . import cases
@@ -64,15 +65,36 @@ def ring_replay_time(links: list[Link], p: int, nbytes: int) -> float:
 
 
 def close(got: float, want: float, rtol: float) -> bool:
-    return abs(got - want) <= rtol * abs(want)
+    return is_number(got) and abs(got - want) <= rtol * abs(want)
 
 
 def link_name(r: int, p: int) -> str:
     return f"link {r} -> {(r + 1) % p}"
 
 
+def is_number(x: Any) -> bool:
+    """A finite real number, as the program's values should be: they come from the solution's
+    process, where strings in their place once crashed two checks."""
+    try:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:  # an int past a float's range
+        return False
+
+
+def usable(fit: Any) -> Fitted:
+    """``fit`` as the program makes it, or a Fitted whose problem says what came back instead."""
+    if type(fit).__name__ != "Fitted":
+        return Fitted(0.0, 0.0, f"came back as a {type(fit).__name__}")
+    if not isinstance(fit.problem, str) or not (fit.problem or (is_number(fit.alpha) and is_number(fit.beta))):
+        return Fitted(0.0, 0.0, "came back with an alpha and a beta that are not two finite numbers")
+    return fit
+
+
 def fit_error(fit: Fitted, link: Link) -> float:
     """How far off the worse of alpha and beta is, relative to the hidden link."""
+    fit = usable(fit)
+    if fit.problem:
+        return float("inf")
     return max(abs(fit.alpha / link[0] - 1), abs(fit.beta / link[1] - 1))
 
 
@@ -115,6 +137,9 @@ def pair_collectives(measured: Any, r: int, p: int) -> dict[str, int]:
 
 def repeats(fit: Fitted, again: Fitted) -> bool:
     """Whether two fits of one link agree as two runs on the exact virtual clock do."""
+    fit, again = usable(fit), usable(again)
+    if fit.problem or again.problem:
+        return False
     return close(again.alpha, fit.alpha, 1e-9) and close(again.beta, fit.beta, 1e-9)
 
 
@@ -125,6 +150,7 @@ def judge_link(r: int, p: int, fit: Fitted, links: list[Link], exchange: tuple[i
     ``again``: its fit of the same link in a second run on the same quiet cluster."""
     alpha, beta = links[r]
     head = f"rank {r}, {link_name(r, p)}"
+    fit, again = usable(fit), (usable(again) if again is not None else None)
     if fit.problem:
         return f"{head}: measure {fit.problem}"
     base = (f"{head}: expected alpha = {fmt_s(alpha)} and beta = {fmt_beta(beta)} (within 5%); "
@@ -180,6 +206,8 @@ def judge_prediction(case: Case, got: Any) -> str | None:
     head = f"predict for {case.label()}"
     if isinstance(got, Raised):
         return f"{head}: {got.text}"
+    if not is_number(got):
+        return f"{head}: returned a {type(got).__name__}, expected a finite number of seconds"
     if close(got, want, cases.FORMULA_RTOL) or (want == 0 and abs(got) < 1e-300):
         return None
     shown_want, shown_got = fmt_s(want), fmt_s(got)

@@ -53,6 +53,13 @@ def diagnose(result: grading.CaseRun) -> str | None:
     """None when every rank holds the reduction, else the first symptom, named from every rank's
     values (a reduction never spread) or one rank's (with the messages it sent, the proxy's count)."""
     case, want, task = result.case, result.case.expected(), result.task
+    for rank, value in enumerate(result.values):  # the program ran in the solution's process
+        if not (type(value) is CaseResult and isinstance(value.buf, np.ndarray) and value.buf.dtype.kind in "biuf"
+                and isinstance(value.returned, str)):
+            numbers = type(value) is CaseResult and isinstance(value.buf, np.ndarray)
+            seen = f"a buffer of {value.buf.dtype}" if numbers else f"a {type(value).__name__}"
+            return (f"{case.label()}: rank {rank}'s program handed back {seen} where it hands back its buffer of "
+                    "numbers: was run_cases replaced?")
     if spread_missing(case, result.values, want):
         return (f"{case.label()}: every element is right on some rank but not on all, and the wrong ones are "
                 "partial reductions: the reduce-scatter ran but the allgather phase is missing or wrong")

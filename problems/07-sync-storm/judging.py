@@ -297,7 +297,8 @@ def buffers_seen(result: CaseRun) -> Buffers:
 
 
 def notes_agree(calls: list, sizes: list[int], by_dtype: dict[str, int]) -> bool:
-    if not all(isinstance(c, tuple) and len(c) == 2 and c[0] in by_dtype and is_int(c[1]) for c in calls):
+    if not all(isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str) and c[0] in by_dtype and is_int(c[1])
+               for c in calls):  # a list as the dtype's name once crashed the membership test
         return False
     if [int(n) for _, n in calls] != sizes or any(n % np.dtype(d).itemsize for d, n in calls):
         return False

@@ -408,10 +408,11 @@ def reads_of(run: Any) -> list[Read]:
 def answer_problem(run: Any) -> str | None:
     """What the server returned, when it is not a model of the right length."""
     got = run.values[0]
-    if isinstance(got, np.ndarray):
+    if isinstance(got, np.ndarray) and got.shape == (cases.FEATURES,) and got.dtype.kind == "f":
         return None
-    return (f"{run.case.label()}: the server returned {got}, expected the final model "
-            f"({cases.FEATURES} weights)")
+    seen = f"an array of shape {got.shape} and {got.dtype}" if isinstance(got, np.ndarray) else repr(got)[:80]
+    return (f"{run.case.label()}: the server returned {seen}, expected the final model "
+            f"({cases.FEATURES} float weights)")
 
 
 TIMING = "with s = 0 a read at clock c must wait until every worker has pushed c gradients"

@@ -71,6 +71,8 @@ def same_weights(t: CheckContext, one_launch: Run) -> None:
 def sharded_state(t: CheckContext, one_launch: Run) -> None:
     for index, run in enumerate(one_launch.cases(Training)):
         case, values = run.case, list(run.values)
+        if problem := judging.evidence_problem(run):
+            t.fail(f"{case.label()}: {problem}")
         for rank, value in enumerate(values):
             if isinstance(value.state, str):
                 t.fail(f"{case.label()}: rank {rank}: {value.state}")

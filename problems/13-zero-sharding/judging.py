@@ -250,8 +250,22 @@ def kept_between_steps(case: Training, held: HeldMemory) -> int:
     return max(held.peak_to("kept", k) for k in range(case.steps)) - held.at("footprint")
 
 
+def evidence_problem(run: Any) -> str | None:
+    """None when every rank handed back the program's evidence (a Trained with a float32 weight
+    vector of the model's size): the program runs in the solution's process, and a string in its
+    place once crashed the checks that read it."""
+    for rank, value in enumerate(run.values):
+        weights = getattr(value, "weights", None)
+        if type(value).__name__ != "Trained" or not isinstance(weights, np.ndarray) or weights.shape != (run.case.size,):
+            return (f"rank {rank}'s program handed back a {type(value).__name__}, not its weights "
+                    f"and optimizer state after training: was train replaced?")
+    return None
+
+
 def run_weights_problem(run: Any) -> str | None:
     """weights_problem of a training run (a CaseRun): its ranks' weights against plain Adam's."""
+    if problem := evidence_problem(run):
+        return problem
     shards = [owned(v.state, run.case.size) if isinstance(v.state, dict) else None for v in run.values]
     return weights_problem(run.case, [v.weights for v in run.values], shards)
 

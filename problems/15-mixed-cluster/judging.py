@@ -71,7 +71,9 @@ def _split_or_none(value: Any, p: int) -> bool:
 
 
 def _placement_or_none(value: Any, layers: tuple) -> bool:
-    return value is None or (isinstance(value, dict) and all(value.get(n) in ("accelerator", "host") for n, _ in layers))
+    # isinstance first: an array's `in` asks for its truth value, which crashed this once.
+    return value is None or (isinstance(value, dict) and all(isinstance(value.get(n), str)
+                                                             and value.get(n) in ("accelerator", "host") for n, _ in layers))
 
 
 def _error_or_none(value: Any) -> bool:

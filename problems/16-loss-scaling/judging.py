@@ -42,6 +42,8 @@ def cause(case: Case, trace: Trace, step: int) -> str:
 
 
 def bad_return(case: Case, values: list[Any]) -> str | None:
+    if problem := evidence_problem(case, values):
+        return problem
     for rank, steps in enumerate(values):
         for step, done in enumerate(steps.applied):
             if not isinstance(done, bool):
@@ -50,12 +52,17 @@ def bad_return(case: Case, values: list[Any]) -> str | None:
     return None
 
 
-def shape_problem(case: Case, values: list[Any]) -> str | None:
-    """The first rank's weights after a step that are not an array of the model's shape: the
-    program runs in the solution's process, and half a model once crashed the weight check."""
-    for step in range(case.steps):
-        for rank, v in enumerate(values):
-            got = v.weights[step]
+def evidence_problem(case: Case, values: list[Any]) -> str | None:
+    """None when every rank handed back the program's record (a Steps of one entry per step, each
+    weight vector of the model's shape), else the first rank's that is not: the program runs in the
+    solution's process, and a string, or half a model, once crashed the checks that read it."""
+    fields = ("applied", "scales", "weights", "losses", "asked")
+    for rank, v in enumerate(values):
+        if type(v).__name__ != "Steps" or not all(isinstance(getattr(v, f, None), (list, tuple))
+                                                    and len(getattr(v, f)) == case.steps for f in fields):
+            return (f"{case.label()}: rank {rank}'s program handed back a {type(v).__name__}, not its record of "
+                    f"{case.steps} steps: was run_training replaced?")
+        for step, got in enumerate(v.weights):
             if not isinstance(got, np.ndarray) or got.shape != (PARAMS,):
                 seen = f"shape {got.shape}" if isinstance(got, np.ndarray) else f"a {type(got).__name__}"
                 return (f"{case.label()}: after step {step} rank {rank}'s weights are {seen}, the model's "
@@ -65,7 +72,7 @@ def shape_problem(case: Case, values: list[Any]) -> str | None:
 
 def skip_problem(case: Case, trace: Trace, values: list[Any]) -> str | None:
     """The first step where a rank's skip differs from another rank's or from the trace."""
-    if problem := bad_return(case, values) or shape_problem(case, values):
+    if problem := bad_return(case, values):
         return problem
     caught_before = False  # an earlier overflow that every rank skipped
     for step in range(case.steps):
@@ -149,7 +156,7 @@ def weight_error(got: np.ndarray, want: np.ndarray, path: np.ndarray) -> float:
 
 def weight_problem(case: Case, trace: Trace, values: list[Any]) -> tuple[str | None, float]:
     """Every rank's weights after every step against the trace's (and against rank 0's)."""
-    if problem := shape_problem(case, values):
+    if problem := evidence_problem(case, values):
         return problem, np.inf
     worst = 0.0
     for step in range(case.steps):
@@ -206,6 +213,8 @@ def weight_cause(case: Case, trace: Trace, values: list[Any], step: int) -> str:
 
 def losses_problem(case: Case, values: list[Any]) -> str | None:
     """A step whose batch loss the harness never computed: model.gradients() was not called."""
+    if problem := evidence_problem(case, values):
+        return problem
     for rank, v in enumerate(values):
         if missing := [s for s, asked in enumerate(v.asked) if not asked]:
             return (f"{case.label()}: rank {rank} never called model.gradients() at step {missing[0]}: call it once "

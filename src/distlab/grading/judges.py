@@ -16,14 +16,18 @@ import numpy as np
 
 def agreement(got: Any, want: Any, *, rtol: float = 0.0, atol: float = 0.0) -> np.ndarray:
     """Element-wise agreement of two arrays: exact for integers (and where both tolerances are 0),
-    ``np.isclose`` otherwise; all False when the shapes differ."""
+    ``np.isclose`` otherwise; all False when the shapes differ, or when ``got`` holds no numbers
+    where ``want`` does (an outside tester's array of strings crashed np.isclose in a check)."""
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
+    if got.shape != want.shape or (want.dtype.kind in _NUMBERS and got.dtype.kind not in _NUMBERS):
         return np.zeros(want.shape, dtype=bool)
     exact = (rtol == 0 and atol == 0) or (want.dtype.kind in "iub" and got.dtype.kind in "iub")
     if exact:
         return np.asarray(got == want)
     return np.isclose(got, want, rtol=rtol, atol=atol)
+
+
+_NUMBERS = "biufc"  # NumPy's kinds of numbers: bool, int, unsigned, float, complex
 
 
 @dataclass(frozen=True)
