@@ -54,6 +54,14 @@ def run_cli(
 # own jobs (not those of another test run on the same machine).
 TEST_TAG = f"DISTLAB_TEST_TAG=pytest-{os.getpid()}"
 os.environ["DISTLAB_TEST_TAG"] = TEST_TAG.split("=", 1)[1]
+# Open MPI's shared-memory segments of the MPI the tests start themselves (an mpi4py imported in a
+# test's process, a plain mpiexec), in a folder of the session's that goes with it: a process that
+# ends without MPI_Finalize (a pytest-xdist worker does) left one in /dev/shm per run. Jobs get one
+# of their own (runtime/supervisor/leftovers.py); the workers inherit the session's.
+if "OMPI_MCA_btl_sm_backing_directory" not in os.environ:
+    _SEGMENTS = tempfile.mkdtemp(prefix="distlab-test-shm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    atexit.register(shutil.rmtree, _SEGMENTS, ignore_errors=True)
+    os.environ["OMPI_MCA_btl_sm_backing_directory"] = _SEGMENTS
 # The exams the tests open are signed with a key of the test session's, not the account's.
 _EXAM_KEY_FOLDER = tempfile.mkdtemp(prefix="distlab-exam-key-")
 atexit.register(shutil.rmtree, _EXAM_KEY_FOLDER, ignore_errors=True)
