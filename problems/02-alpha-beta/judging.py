@@ -83,7 +83,7 @@ def is_number(x: Any) -> bool:
 
 def usable(fit: Any) -> Fitted:
     """``fit`` as the program makes it, or a Fitted whose problem says what came back instead."""
-    if type(fit).__name__ != "Fitted":
+    if type(fit) is not Fitted:
         return Fitted(0.0, 0.0, f"came back as a {type(fit).__name__}")
     if not isinstance(fit.problem, str) or not (fit.problem or (is_number(fit.alpha) and is_number(fit.beta))):
         return Fitted(0.0, 0.0, "came back with an alpha and a beta that are not two finite numbers")

@@ -21,6 +21,7 @@ from .cases import (
     Memory,
     Training,
 )
+from .programs import Trained
 
 
 # The calculator's answers: here, where the learner's process cannot call them (cases.py is read there).
@@ -256,7 +257,7 @@ def evidence_problem(run: Any) -> str | None:
     place once crashed the checks that read it."""
     for rank, value in enumerate(run.values):
         weights = getattr(value, "weights", None)
-        if type(value).__name__ != "Trained" or not isinstance(weights, np.ndarray) or weights.shape != (run.case.size,):
+        if type(value) is not Trained or not isinstance(weights, np.ndarray) or weights.shape != (run.case.size,):
             return (f"rank {rank}'s program handed back a {type(value).__name__}, not its weights "
                     f"and optimizer state after training: was train replaced?")
     return None

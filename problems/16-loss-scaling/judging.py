@@ -22,6 +22,7 @@ from .cases import (
     policy_scales,
     trace,
 )
+from .programs import Steps
 
 WEIGHT_TOLERANCE = 0.02  # of each weight's path (the sum of its updates' sizes); see tests/test_problem16.py
 WIRE_SLACK = 16  # bytes a step may reduce beyond the float16 gradient: the overflow flag (one or two numbers)
@@ -58,7 +59,7 @@ def evidence_problem(case: Case, values: list[Any]) -> str | None:
     solution's process, and a string, or half a model, once crashed the checks that read it."""
     fields = ("applied", "scales", "weights", "losses", "asked")
     for rank, v in enumerate(values):
-        if type(v).__name__ != "Steps" or not all(isinstance(getattr(v, f, None), (list, tuple))
+        if type(v) is not Steps or not all(isinstance(getattr(v, f, None), (list, tuple))
                                                     and len(getattr(v, f)) == case.steps for f in fields):
             return (f"{case.label()}: rank {rank}'s program handed back a {type(v).__name__}, not its record of "
                     f"{case.steps} steps: was run_training replaced?")
