@@ -142,7 +142,8 @@ class AgentEnd:
             self._answer(call_id, Reply(REJECTED, text=str(e)))
             return Rejected(call_id, str(e))
         self._last_seen = call_id
-        inputs = tuple(self.arena.take(b.offset, b.dtype, b.shape) for b in decoded.inputs)
+        take = self.arena.take
+        inputs = tuple([take(b.offset, b.dtype, b.shape) for b in decoded.inputs])
         self.in_call = decoded.name
         return Request(call_id, decoded.op, decoded.name, decoded.ints, decoded.floats,
                        decoded.text, inputs, decoded.outputs, decoded.inputs, decoded.comm)
@@ -161,9 +162,13 @@ class AgentEnd:
         with self._guard:
             written = []
             for array, place in zip(outputs, request.outputs):
-                if array is not None:
-                    self.arena.put(place.offset, np.ascontiguousarray(array))
-                written.append(0 if array is None else array.nbytes)
+                if array is None:
+                    written.append(0)
+                    continue
+                if not array.flags.c_contiguous:
+                    array = np.ascontiguousarray(array)
+                self.arena.put(place.offset, array)
+                written.append(array.nbytes)
             self._answer(request.call_id, Reply(OK, tuple(ints), tuple(floats), tuple(written)))
 
     def reject(self, request: Request, reason: str) -> Rejected:

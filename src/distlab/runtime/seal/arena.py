@@ -55,7 +55,7 @@ class Arena:
         self.size_mb = -(-self.size >> 20)  # the address space its mapping takes, in whole MiB
         self.inode = os.fstat(fd).st_ino  # what a reading of the learner's memory skips
         self._map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self._view = memoryview(self._map)
         # The call ids as ctypes views: one load or store each, for the doorbell's spin.
         self._ids = {
             name: ctypes.c_uint64.from_buffer(self._map, at) for name, at in _BLOCK_AT.items()
@@ -95,6 +95,12 @@ class Arena:
         at = _BLOCK_AT[block]
         return self._map[at : at + CONTROL]
 
+    def view_block(self, block: Block) -> memoryview:
+        """The block in place, uncopied: for the learner's end, which trusts what its agent
+        wrote there (the agent reads the learner's blocks only as copies)."""
+        at = _BLOCK_AT[block]
+        return self._view[at : at + CONTROL]
+
     def write_block(self, block: Block, call_id: int, framed: bytes) -> None:
         """Writes what follows the call id (wire.framed), then the call id: a reader that sees
         the id sees the rest."""
@@ -119,20 +125,22 @@ class Arena:
 
     def put(self, offset: int, array: np.ndarray) -> None:
         """Copies a C-contiguous array into the data region at ``offset``."""
-        span = self._span(offset, array.nbytes)
-        self._bytes[span] = array.reshape(-1).view(np.uint8)
+        # The mapping takes the array's buffer as plain bytes: a quarter of the time of a NumPy
+        # copy through a uint8 view, for the small arrays most calls carry.
+        self._map[self._span(offset, array.nbytes)] = array.data
 
     def take(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """A copy (aligned, owned by the caller) of the array at ``offset``."""
         nbytes = math.prod(shape) * dtype.itemsize  # math.prod: np.prod costs 100 times more
-        raw = self._bytes[self._span(offset, nbytes)]
-        return raw.view(dtype).reshape(shape).copy()
+        span = self._span(offset, nbytes)
+        return np.frombuffer(self._map, dtype, nbytes // dtype.itemsize, span.start).reshape(shape).copy()
 
     def take_into(self, offset: int, nbytes: int, target: np.ndarray) -> None:
         """Copies the first ``nbytes`` at ``offset`` over the start of ``target`` (a receive
         that got less than its buffer holds leaves the rest as it was)."""
-        flat = target.reshape(-1).view(np.uint8)
-        flat[:nbytes] = self._bytes[self._span(offset, nbytes)]
+        span = self._span(offset, nbytes)
+        if nbytes:  # a view of an empty array cannot be cast to bytes
+            target.data.cast("B")[:nbytes] = self._view[span]
 
     def clear_data(self) -> None:
         """Gives the data region's pages back (its bytes read as zeros after): between calls it
@@ -154,6 +162,6 @@ class Arena:
         """Unmaps the arena and closes this end's descriptor."""
         # The views export the mapping's buffer: mmap refuses to close while they live.
         self._ids.clear()
-        del self._bytes
+        self._view.release()
         self._map.close()
         os.close(self.fd)

@@ -24,7 +24,7 @@ from .calls import CALLS
 from .doorbell import Doorbell, Woke
 from .errors import AgentGone, ArenaTooSmall, CallFailed, CallRejected
 from .wire import (
-    DTYPE_CODE,
+    DTYPE_CODE_OF,
     FAILED,
     MAX_NDIM,
     OK,
@@ -70,18 +70,17 @@ class LearnerEnd:
         """One call through the agent, on the learner's communicator ``comm``. ``args``: ints
         (ranks, tags, codes), floats and at most one text, each kind in order. Outputs are
         filled in place."""
-        ints = tuple(int(a) for a in args if isinstance(a, (int, np.integer)))
-        floats = tuple(float(a) for a in args if isinstance(a, (float, np.floating)))
-        texts = [a for a in args if isinstance(a, str)]
-        if len(texts) > 1 or len(ints) + len(floats) + len(texts) != len(args):
-            raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
-        in_places, out_places, used = self._layout(op, inputs, outputs)
-        for array, place in zip(inputs, in_places):
-            self.arena.put(place.offset, array)
+        ints, floats, text = _sorted(args)
+        if inputs or outputs:
+            in_places, out_places, used = self._layout(op, inputs, outputs)
+            for array, place in zip(inputs, in_places):
+                self.arena.put(place.offset, array)
+        else:
+            in_places = out_places = ()
+            used = 0
         self._call_id += 1
         call_id = self._call_id
-        body = encode_request(call_id, op, ints, floats, in_places, out_places,
-                              texts[0] if texts else "", comm)
+        body = encode_request(call_id, op, ints, floats, in_places, out_places, text, comm)
         self.arena.write_block("request", call_id, framed(body))
         try:
             # A full socket (ring() False) needs no retry: the agent has bytes to read, and
@@ -89,12 +88,12 @@ class LearnerEnd:
             self._bell.ring()
         except ConnectionError:
             raise AgentGone("the agent closed the channel") from None
-        woke = self._bell.wait(lambda: self.arena.block_id("reply") == call_id, timeout)
+        woke = self._bell.wait(self._replied, timeout)
         if woke is Woke.TIMEOUT:
             raise TimeoutError(f"no reply from the agent within {timeout} s")
         if woke is not Woke.READY:
             raise AgentGone("the agent closed the channel")
-        reply = decode_reply(self.arena.read_block("reply"))
+        reply = decode_reply(self.arena.view_block("reply"))
         if reply.status == OK:
             for array, place, nbytes in zip(outputs, out_places, reply.written):
                 self.arena.take_into(place.offset, min(nbytes, place.nbytes), array)
@@ -110,6 +109,10 @@ class LearnerEnd:
             raise CallFailed(kind, message)
         return reply
 
+    def _replied(self) -> bool:
+        """Whether the reply block holds the answer to the call in flight."""
+        return self.arena.block_id("reply") == self._call_id
+
     @property
     def spin_s(self) -> float:
         return self._bell.spin_s
@@ -124,7 +127,7 @@ class LearnerEnd:
             _check_array(array, output=i >= len(inputs))
             place = places.get(id(array))
             if place is None:
-                place = Buffer(at, array.nbytes, array.dtype, tuple(array.shape))
+                place = Buffer(at, array.nbytes, array.dtype, array.shape)
                 places[id(array)] = place
                 end = at + array.nbytes
                 at += -(-array.nbytes // ALIGN) * ALIGN
@@ -140,10 +143,35 @@ class LearnerEnd:
         self.arena.close()
 
 
+def _sorted(args: Sequence[Arg]) -> tuple[tuple[int, ...], tuple[float, ...], str]:
+    """A call's arguments by kind, each kind in order: ints, floats and the text."""
+    ints: list[int] = []
+    floats: list[float] = []
+    texts: list[str] = []
+    for arg in args:
+        kind = type(arg)  # the exact types first: they are what the client passes
+        if kind is int:
+            ints.append(arg)  # type: ignore[arg-type]
+        elif kind is float:
+            floats.append(arg)  # type: ignore[arg-type]
+        elif isinstance(arg, (int, np.integer)):
+            ints.append(int(arg))
+        elif isinstance(arg, (float, np.floating)):
+            floats.append(float(arg))
+        elif isinstance(arg, str):
+            texts.append(arg)
+        else:
+            texts = ["", ""]  # not an argument a call takes: refused below
+            break
+    if len(texts) > 1:
+        raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
+    return tuple(ints), tuple(floats), texts[0] if texts else ""
+
+
 def _check_array(array: np.ndarray, output: bool) -> None:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"a buffer must be a NumPy array, not {type(array).__name__}")
-    if array.dtype.str not in DTYPE_CODE:
+    if array.dtype not in DTYPE_CODE_OF:
         raise TypeError(f"a buffer of dtype {array.dtype} cannot cross the seal "
                         f"(numbers in native little-endian order only)")
     if not array.flags.c_contiguous:

@@ -122,17 +122,23 @@ class LearnerLines:
 # -- the agent's side --------------------------------------------------------------------------
 
 
+class _Serving(threading.local):
+    # A class attribute: a thread that set none reads it without the AttributeError that
+    # getattr's default costs on every reply.
+    end: AgentEnd | None = None
+
+
 class Switch:
     """The end a handler answers on: the line its request came on. A further line's thread says
     which (``serving``); every other thread answers on the first."""
 
     def __init__(self, first: AgentEnd) -> None:
         self._first = first
-        self._local = threading.local()
+        self._local = _Serving()
 
     @property
     def end(self) -> AgentEnd:
-        return getattr(self._local, "end", self._first)
+        return self._local.end or self._first
 
     def serving(self, end: AgentEnd) -> None:
         self._local.end = end

@@ -209,6 +209,8 @@ class Service:
     def _outputs(self, request: Request) -> list[np.ndarray]:
         """An array per output place: the input laid at the same place (an in-place call), or a
         new one of the place's dtype and shape."""
+        if not request.inputs:  # most calls: nothing to share
+            return [np.empty(p.shape, p.dtype) for p in request.outputs]
         same = {p: a for p, a in zip(request.input_places, request.inputs) if p.nbytes}
         return [same[p] if p in same else np.empty(p.shape, p.dtype) for p in request.outputs]
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 
@@ -48,7 +48,7 @@ _BUF = struct.Struct("<qqBB")  # offset, bytes, dtype code, ndim
 _REPLY = struct.Struct("<BBBBH")  # status, #ints, #floats, #written, #text bytes
 # Compiled once per count: a format built per call costs more than the unpacking it does.
 _QS = tuple(struct.Struct(f"<{n}q") for n in range(MAX_INTS + 1))
-_DS = tuple(struct.Struct(f"<{n}d") for n in range(MAX_FLOATS + 1))
+_BUFS = tuple(struct.Struct(f"{_BUF.format}{n}q") for n in range(MAX_NDIM + 1))  # with the dims
 
 # The dtypes a buffer may have, by code: numbers in native little-endian order only (no objects,
 # no structured or byte-swapped types). Code 0 is never valid.
@@ -56,6 +56,9 @@ DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
     "b1", "<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16",
 ))
 DTYPE_CODE: dict[str, int] = {d.str: code for code, d in enumerate(DTYPES, start=1)}
+# The same, keyed by the dtype itself: a lookup costs a third of reading ``dtype.str``. Equal
+# dtypes hash alike (int64 as "l" or "q"); a byte-swapped or structured one is absent.
+DTYPE_CODE_OF: dict[np.dtype, int] = {d: code for code, d in enumerate(DTYPES, start=1)}
 
 OK, REJECTED, FAILED = 0, 1, 2
 
@@ -83,6 +86,17 @@ class Signature:
     outputs: range = range(0, 1)
     text: int = 0  # the longest text, in bytes; 0: none
     timed: bool = False
+    # Derived once (the decoder runs on every call): the most ints a request may carry, and
+    # each int's (lo, hi) in order, as long as the most.
+    most_ints: int = field(init=False, repr=False, compare=False)
+    bounds: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fixed = len(self.ints)
+        most = fixed + (MAX_INTS - fixed if self.more is not None else 0)
+        extra = () if self.more is None else ((self.more.lo, self.more.hi),) * (most - fixed)
+        object.__setattr__(self, "most_ints", most)
+        object.__setattr__(self, "bounds", tuple((arg.lo, arg.hi) for arg in self.ints) + extra)
 
 
 class Buffer(NamedTuple):
@@ -117,22 +131,37 @@ def encode_request(call_id: int, op: int, ints: tuple[int, ...], floats: tuple[f
                    inputs: tuple[Buffer, ...], outputs: tuple[Buffer, ...], text: str,
                    comm: int = 0) -> bytes:
     """The body of a request block (the learner's end; the call id is written by the arena)."""
-    raw_text = text.encode()
-    if (len(ints) > MAX_INTS or len(floats) > MAX_FLOATS or len(raw_text) > MAX_TEXT
-            or len(inputs) + len(outputs) > MAX_BUFFERS):
+    raw_text = text.encode() if text else b""
+    n_ints, n_floats, n_buffers = len(ints), len(floats), len(inputs) + len(outputs)
+    if (n_ints > MAX_INTS or n_floats > MAX_FLOATS or len(raw_text) > MAX_TEXT
+            or n_buffers > MAX_BUFFERS):
         raise ValueError(
             f"a call carries at most {MAX_INTS} ints, {MAX_FLOATS} floats, {MAX_BUFFERS} buffers "
-            f"and {MAX_TEXT} bytes of text; this one {len(ints)}, {len(floats)}, "
-            f"{len(inputs) + len(outputs)} and {len(raw_text)}"
+            f"and {MAX_TEXT} bytes of text; this one {n_ints}, {n_floats}, "
+            f"{n_buffers} and {len(raw_text)}"
         )
-    parts = [_HEAD.pack(MAGIC, op, comm, len(ints), len(floats), len(inputs), len(outputs),
-                        len(raw_text)),
-             _QS[len(ints)].pack(*ints), _DS[len(floats)].pack(*floats)]
+    head = _head_struct(n_ints, n_floats).pack(MAGIC, op, comm, n_ints, n_floats, len(inputs),
+                                               len(outputs), len(raw_text), *ints, *floats)
+    if not n_buffers:
+        return head + raw_text
+    parts = [head]
     for buf in inputs + outputs:
-        parts.append(_BUF.pack(buf.offset, buf.nbytes, DTYPE_CODE[buf.dtype.str], len(buf.shape)))
-        parts.append(_QS[len(buf.shape)].pack(*buf.shape))
+        shape = buf.shape
+        parts.append(_BUFS[len(shape)].pack(buf.offset, buf.nbytes, DTYPE_CODE_OF[buf.dtype],
+                                            len(shape), *shape))
     parts.append(raw_text)
     return b"".join(parts)
+
+
+_HEADS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _head_struct(n_ints: int, n_floats: int) -> struct.Struct:
+    """The header and the numbers as one struct, made once per pair of counts."""
+    made = _HEADS.get((n_ints, n_floats))
+    if made is None:
+        made = _HEADS[n_ints, n_floats] = struct.Struct(f"{_HEAD.format}{n_ints}q{n_floats}d")
+    return made
 
 
 def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
@@ -160,12 +189,12 @@ def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
     if need > end:
         raise BadRequest(f"{sig.name}: the body has {length} bytes, its counts need "
                          f"{need - _BLOCK.size} or more")
-    ints = _QS[n_ints].unpack_from(block, at)
-    at += 8 * n_ints
-    floats = _DS[n_floats].unpack_from(block, at)
-    at += 8 * n_floats
-    if ints:
-        _check_ints(sig, ints)
+    numbers = _numbers_struct(n_ints, n_floats).unpack_from(block, at)
+    ints, floats = numbers[:n_ints], numbers[n_ints:]
+    at += 8 * (n_ints + n_floats)
+    for value, (lo, hi) in zip(ints, sig.bounds):
+        if not lo <= value <= hi:
+            _bad_int(sig, ints)
     for i, value in enumerate(floats):
         if not (math.isfinite(value) and value >= 0):
             raise BadRequest(f"{sig.name}: float {i} is {value}, must be finite and >= 0")
@@ -189,8 +218,7 @@ def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
 def _check_counts(sig: Signature, n_ints: int, n_floats: int, n_in: int, n_out: int,
                   n_text: int) -> None:
     fixed = len(sig.ints)
-    most = fixed + (MAX_INTS - fixed if sig.more is not None else 0)
-    if not fixed <= n_ints <= most:
+    if not fixed <= n_ints <= sig.most_ints:
         raise BadRequest(f"{sig.name} takes {fixed}{'+' if sig.more else ''} ints, not {n_ints}")
     if n_floats != sig.floats and not (sig.timed and n_floats == sig.floats + 1):
         also = f" (or {sig.floats + 1}, with a timeout)" if sig.timed else ""
@@ -206,12 +234,24 @@ def _counts(allowed: range) -> str:
     return str(allowed.start) if len(allowed) == 1 else f"{allowed.start}-{allowed.stop - 1}"
 
 
-def _check_ints(sig: Signature, ints: tuple[int, ...]) -> None:
+def _bad_int(sig: Signature, ints: tuple[int, ...]) -> NoReturn:
+    """Raises for the first int outside its bounds (the caller saw one is)."""
     for i, value in enumerate(ints):
         arg = sig.ints[i] if i < len(sig.ints) else sig.more
         assert arg is not None  # _check_counts admitted no more ints than the signature has
         if not arg.lo <= value <= arg.hi:
             raise BadRequest(f"{sig.name}: {arg.name} is {value}, must be in [{arg.lo}, {arg.hi}]")
+    raise AssertionError("no int is out of bounds")
+
+
+_NUMBERS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _numbers_struct(n_ints: int, n_floats: int) -> struct.Struct:
+    made = _NUMBERS.get((n_ints, n_floats))
+    if made is None:
+        made = _NUMBERS[n_ints, n_floats] = struct.Struct(f"<{n_ints}q{n_floats}d")
+    return made
 
 
 def _decode_buffer(op: str, i: int, block: bytes, at: int, end: int,
@@ -240,8 +280,9 @@ def _decode_buffer(op: str, i: int, block: bytes, at: int, end: int,
         raise BadRequest(f"{op}: buffer {i} is {shape} x {dtype.itemsize} bytes ({dtype}), "
                          f"but claims {nbytes} bytes")
     # An empty buffer's other dims could still be any size (0 x 2**62: zero bytes), which NumPy
-    # refuses to shape: none may be larger than the data region.
-    if math.prod(d for d in shape if d) * dtype.itemsize > max(data_size, dtype.itemsize):
+    # refuses to shape: none may be larger than the data region. (A buffer of bytes lies in the
+    # region, checked above, and so do its dims.)
+    if not nbytes and math.prod(d for d in shape if d) * dtype.itemsize > max(data_size, dtype.itemsize):
         raise BadRequest(f"{op}: buffer {i} has shape {shape}, larger than the data region "
                          f"({data_size} bytes) in its other dimensions")
     return Buffer(offset, nbytes, dtype, shape), at
@@ -260,25 +301,39 @@ class Reply(NamedTuple):
 
 
 def encode_reply(reply: Reply) -> bytes:
-    raw = reply.text.encode()
-    room = CONTROL - _BLOCK.size - _REPLY.size - 8 * (len(reply.ints) + len(reply.floats)
-                                                     + len(reply.written))
-    if len(raw) > room:  # a long error message is cut (at a character boundary), not refused
-        raw = raw[:room].decode("utf-8", "ignore").encode()
-    head = _REPLY.pack(reply.status, len(reply.ints), len(reply.floats), len(reply.written), len(raw))
-    n = f"<{len(reply.ints)}q{len(reply.floats)}d{len(reply.written)}q"
-    return head + struct.pack(n, *reply.ints, *reply.floats, *reply.written) + raw
+    raw = reply.text.encode() if reply.text else b""
+    ints, floats, written = reply.ints, reply.floats, reply.written
+    if raw:
+        room = CONTROL - _BLOCK.size - _REPLY.size - 8 * (len(ints) + len(floats) + len(written))
+        if len(raw) > room:  # a long error message is cut (at a character boundary), not refused
+            raw = raw[:room].decode("utf-8", "ignore").encode()
+    layout = _reply_struct(len(ints), len(floats), len(written))
+    return layout.pack(reply.status, len(ints), len(floats), len(written), len(raw), *ints,
+                       *floats, *written) + raw
 
 
-def decode_reply(block: bytes) -> Reply:
-    at = _BLOCK.size
-    status, n_ints, n_floats, n_written, n_text = _REPLY.unpack_from(block, at)
-    at += _REPLY.size
-    values = struct.unpack_from(f"<{n_ints}q{n_floats}d{n_written}q", block, at)
-    at += 8 * len(values)
-    text = block[at : at + n_text].decode("utf-8", "replace")
+def decode_reply(block: bytes | memoryview) -> Reply:
+    """A reply from a copy of its block, or (the learner's end, which trusts its agent and
+    reads each reply once) from a view of it in the arena."""
+    status, n_ints, n_floats, n_written, n_text = _REPLY.unpack_from(block, _BLOCK.size)
+    layout = _reply_struct(n_ints, n_floats, n_written)
+    values = layout.unpack_from(block, _BLOCK.size)[5:]
+    at = _BLOCK.size + layout.size
+    text = bytes(block[at : at + n_text]).decode("utf-8", "replace") if n_text else ""
     return Reply(status, values[:n_ints], values[n_ints : n_ints + n_floats],
                  values[n_ints + n_floats :], text)
+
+
+_REPLIES: dict[tuple[int, int, int], struct.Struct] = {}
+
+
+def _reply_struct(n_ints: int, n_floats: int, n_written: int) -> struct.Struct:
+    """A reply's head and numbers as one struct, made once per counts."""
+    made = _REPLIES.get((n_ints, n_floats, n_written))
+    if made is None:
+        made = struct.Struct(f"{_REPLY.format}{n_ints}q{n_floats}d{n_written}q")
+        _REPLIES[n_ints, n_floats, n_written] = made
+    return made
 
 
 def framed(body: bytes) -> bytes:
