@@ -174,18 +174,44 @@ def exit_between(seal: LearnerEnd, _: str) -> None:
 
 def close_end(seal: LearnerEnd, _: str) -> None:
     seal.call(Call.BARRIER)
-    seal._bell.sock.close()
+    seal._bell.close()
     time.sleep(30)  # alive, with the channel closed: the test ends it
 
 
 def orphan_holds(seal: LearnerEnd, _: str) -> None:
-    """Starts a process that inherits the socket, then dies: no EOF reaches the agent."""
+    """Starts a process that inherits the doorbell's pipes, then dies: no EOF reaches the agent."""
     seal.call(Call.NOW)
     pid = os.fork()
     if pid == 0:
         time.sleep(5)
         os._exit(0)
     say(orphan=pid)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def steal_rings(seal: LearnerEnd, _: str) -> None:
+    """Opens a second read end of the pipe it rings on (through /proc), takes back the ring of
+    a request it wrote, and dies leaving a child that holds the pipe: the agent, which may have
+    seen the pipe readable, must not then block in a read."""
+    thief = os.open(f"/proc/self/fd/{seal._bell.write_fd}", os.O_RDONLY | os.O_NONBLOCK)
+    seal.call(Call.NOW)
+    seal._call_id += 1
+    seal.arena.write_block("request", seal._call_id, framed(encode_request(
+        seal._call_id, Call.BARRIER, (), (), (), (), "")))
+    seal._bell.ring()
+    stolen = 0
+    for _ in range(1000):  # the agent may read it first
+        try:
+            stolen += len(os.read(thief, 64))
+        except BlockingIOError:
+            time.sleep(0.0001)
+        if stolen:
+            break
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    say(orphan=pid, stolen=stolen)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -198,7 +224,9 @@ def flood(seal: LearnerEnd, _: str) -> None:
     for call_id in range(1, 1_000_000):
         seal.arena.write_block("request", call_id, body)
         try:
-            seal._bell.sock.send(b"!")  # never reads a reply
+            os.write(seal._bell.write_fd, b"!")  # never reads a reply
+        except BlockingIOError:
+            time.sleep(0.001)  # its own pipe is full: the agent reads it soon
         except OSError:
             return
 
@@ -233,7 +261,7 @@ def nobody(handle: str, _: str) -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (roundtrip, many, forged, scribble, die, exit_between,
-                                     close_end, orphan_holds, silent, flood, shrink)}
+                                     close_end, orphan_holds, steal_rings, silent, flood, shrink)}
 
 if __name__ == "__main__":
     scenario, handle, arg = sys.argv[1], sys.argv[2], (sys.argv[3:] or [""])[0]

@@ -40,7 +40,7 @@ from distlab.runtime.seal import (
 )
 from distlab.runtime.seal.arena import CONTROL, Arena
 from distlab.runtime.seal.calls import CALLS
-from distlab.runtime.seal.doorbell import Doorbell
+from distlab.runtime.seal.doorbell import SPIN_S, Doorbell, spin_for
 from distlab.runtime.seal.wire import Buffer, decode_request, encode_request, framed
 
 pytestmark = pytest.mark.timeout(60)
@@ -168,6 +168,13 @@ def test_thousands_of_calls_leave_no_rings_behind(learner: Callable[..., Learner
     assert child.line() == {"done": True}
 
 
+def test_the_ends_spin_only_where_every_process_of_the_job_has_a_cpu() -> None:
+    """Past the CPUs, a spinner would take the CPU that the end it waits for needs."""
+    cpus = len(os.sched_getaffinity(0))
+    assert spin_for(cpus) == SPIN_S > 0
+    assert spin_for(cpus + 1) == 0.0
+
+
 def test_forged_requests_get_a_rejection_and_a_pickle_is_never_unpickled(
         learner: Callable[..., Learner], tmp_path: Path) -> None:
     target, canary = tmp_path / "pwned", tmp_path / "canary"
@@ -248,8 +255,8 @@ def test_a_learner_that_exits_between_calls_or_closes_its_end(learner: Callable[
     assert gone.value.closed and str(gone.value).endswith("closed its end of the channel after Barrier")
 
 
-def test_a_learner_whose_child_holds_the_socket_is_still_seen_dead(learner: Callable[..., Learner]) -> None:
-    """No EOF comes (the orphan holds the socket open): the pidfd tells."""
+def test_a_learner_whose_child_holds_the_pipes_is_still_seen_dead(learner: Callable[..., Learner]) -> None:
+    """No EOF comes (the orphan holds the pipe open): the pidfd tells."""
     child = learner("orphan_holds")
     answer(child.agent, child.request())
     orphan = int(str(child.line()["orphan"]))
@@ -257,6 +264,24 @@ def test_a_learner_whose_child_holds_the_socket_is_still_seen_dead(learner: Call
         t0 = time.monotonic()
         with pytest.raises(LearnerGone, match="died after now .killed by SIGKILL."):
             child.serve()
+        assert time.monotonic() - t0 < 2
+    finally:
+        os.kill(orphan, 9)
+
+
+def test_a_learner_that_takes_back_its_rings_cannot_hold_its_agent_in_a_read(
+        learner: Callable[..., Learner]) -> None:
+    """A pipe's read end can be opened again through /proc: the agent's reads never block, so
+    bytes taken from under it send it back to polling, where the learner's death shows."""
+    child = learner("steal_rings")
+    answer(child.agent, child.request())
+    said = child.line()
+    orphan = int(str(said["orphan"]))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LearnerGone, match=r"died (in|after) (Barrier|now) .killed by SIGKILL."):
+            while True:  # the Barrier is answered if the agent read its ring first
+                answer(child.agent, child.request())
         assert time.monotonic() - t0 < 2
     finally:
         os.kill(orphan, 9)
@@ -299,8 +324,9 @@ def test_a_learner_running_as_nobody_uses_the_inherited_arena(learner: Callable[
 
 def test_buffers_larger_than_the_arena_fail_naming_both_sizes() -> None:
     agent = AgentEnd.create(4096)
-    sock = socket.socket(fileno=os.dup(agent.child_fds[1]))
-    seal = LearnerEnd(Arena.attach(os.dup(agent.arena.fd), 4096), Doorbell(sock))
+    _, read_fd, write_fd = agent.child_fds
+    seal = LearnerEnd(Arena.attach(os.dup(agent.arena.fd), 4096),
+                      Doorbell(os.dup(read_fd), os.dup(write_fd), plain_reads=True))
     with pytest.raises(ArenaTooSmall, match=r"Allreduce's buffers need 8032 bytes .* holds 4096 "):
         seal.call(Call.ALLREDUCE, (0,), inputs=(np.zeros(1000, np.float32),),
                   outputs=(np.zeros(1000, np.float32),))

@@ -37,7 +37,10 @@ from typing import Any, NoReturn, Sequence
 
 NO_FORK_ENV = "DISTLAB_NO_ZYGOTE"  # the zygote's switch (runtime/zygote/client.py) turns this off too
 LEARNER_PROCESS_NAME = b"distlab-learner"  # its /proc/PID/comm: forked, its cmdline is the rank's
-FDS = ("arena", "bell", "lines", "stack", "log")  # the descriptors a seed is sent, in this order
+# The descriptors a seed is sent, in this order: the seal's arena and the doorbell's two pipes
+# (the one the learner reads, the one it rings on), the opener of further lines, the stack file
+# and the rank's log.
+FDS = ("arena", "bell_read", "bell_write", "lines", "stack", "log")
 SPEC_LIMIT = 1 << 20
 _PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
 
@@ -162,7 +165,7 @@ def _grow(control: socket.socket, parent: int, forked: bool) -> NoReturn:
         # The seal's client: the zygote has imported it where it forks.
         from .learner_main import run
 
-        run(spec, fd["arena"], fd["bell"], fd["lines"], fd["stack"])
+        run(spec, fd["arena"], (fd["bell_read"], fd["bell_write"]), fd["lines"], fd["stack"])
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -213,10 +213,11 @@ def serve_tasks(lines: LearnerLines, spec: dict[str, Any]) -> None:
             return
 
 
-def run(spec: dict[str, Any], arena_fd: int, bell_fd: int, lines_fd: int, stack_fd: int) -> NoReturn:
+def run(spec: dict[str, Any], arena_fd: int, bell: tuple[int, int], lines_fd: int,
+        stack_fd: int) -> NoReturn:
     die_with_parent(int(spec["agent_pid"]))
     # First: a sandbox that cannot be made is said through it.
-    end = LearnerEnd.attach(arena_fd, int(spec["arena_size"]), bell_fd, float(spec["spin_s"]))
+    end = LearnerEnd.attach(arena_fd, int(spec["arena_size"]), bell, float(spec["spin_s"]))
     try:
         enter_sandbox(spec["hidden"], spec["kept"], spec["shared_tmp_folder"], Limits(*spec["limits"]))
     except sandbox.SandboxError as exc:

@@ -33,6 +33,7 @@ from ..jobspec import (
     problem_package,
 )
 from ..seal.agent import AgentEnd
+from ..seal.doorbell import spin_for
 from ..seal.errors import LearnerGone
 from ..seal.lines import FURTHER_ARENA_BYTES, MAX_FURTHER, AgentLines
 from ..seal.memgroup import MemoryGroup, learner_memory_bytes
@@ -136,7 +137,10 @@ class LearnerProcess:
               ) -> LearnerProcess:
         """Makes the seal's channel and hands it, with the learner's spec, to ``seed`` (forked
         before this process read its job: learner_fork.py)."""
-        agent = AgentEnd.create(first_arena_bytes(job.limits.address_space_mb))
+        # Each rank is an agent and a learner: the two spin before they sleep where every
+        # process of the job has a CPU to itself (doorbell.py).
+        agent = AgentEnd.create(first_arena_bytes(job.limits.address_space_mb),
+                                spin_s=spin_for(2 * job.world_size))
         lines = AgentLines.create(agent)
         group = _memory_group(seed, job.limits.address_space_mb, agent.arena.data_size)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_VARIABLES)}

@@ -8,7 +8,7 @@ in a sandbox. Each call crosses here.
 ``arena.py``    one shared memory region per rank (a sealed memfd, inherited by the child)
 ``wire.py``     the request encoding the agent validates field by field; never a pickle
 ``calls.py``    the op codes and what each request may carry
-``doorbell.py`` the handshake: a Unix socketpair, one byte per request and per reply
+``doorbell.py`` the handshake: a pipe each way, one byte per request and per reply
 ``agent.py``    ``AgentEnd``: serve one validated request, reply with output buffers
 ``learner.py``  ``LearnerEnd``: call(op, args, inputs, outputs), outputs filled in place
 ``lines.py``    a line (an arena and a doorbell) per thread's call in flight, opened on demand

@@ -2,7 +2,7 @@
 
 Call order (the agent is the parent; the learner process its child)::
 
-    agent = AgentEnd.create(data_size)            # the arena and the socketpair
+    agent = AgentEnd.create(data_size)            # the arena and the two pipes
     child = subprocess.Popen([..., agent.handle()], pass_fds=agent.child_fds)
     agent.watch(child.pid)                        # a pidfd, and the child's fds closed here
     while True:
@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import threading
 from typing import NamedTuple, Sequence
 
@@ -74,11 +73,11 @@ class Rejected(NamedTuple):
 
 
 class AgentEnd:
-    def __init__(self, arena: Arena, bell: Doorbell, child_sock: socket.socket,
+    def __init__(self, arena: Arena, bell: Doorbell, child_bell: tuple[int, int],
                  table: dict[int, Signature]) -> None:
         self.arena = arena
         self._bell = bell
-        self._child_sock: socket.socket | None = child_sock
+        self._child_bell: tuple[int, int] | None = child_bell  # (read, write), until watch()
         self._table = table
         self._last_seen = 0  # the highest call id looked at, valid or not
         self._pid: int | None = None
@@ -93,13 +92,14 @@ class AgentEnd:
                spin_s: float = 0.0) -> AgentEnd:
         arena = Arena.create(data_size)
         mine, theirs = Doorbell.pair()
-        return cls(arena, Doorbell(mine, spin_s=spin_s), theirs, CALLS if table is None else table)
+        return cls(arena, Doorbell(*mine, spin_s=spin_s), theirs, CALLS if table is None else table)
 
     @property
-    def child_fds(self) -> tuple[int, int]:
-        """The descriptors the learner process must inherit (``pass_fds``)."""
-        assert self._child_sock is not None, "the child's end was closed by watch()"
-        return (self.arena.fd, self._child_sock.fileno())
+    def child_fds(self) -> tuple[int, int, int]:
+        """The descriptors the learner process must inherit (``pass_fds``): the arena, and the
+        pipes its end reads and rings on."""
+        assert self._child_bell is not None, "the child's end was closed by watch()"
+        return (self.arena.fd, *self._child_bell)
 
     @property
     def spin_s(self) -> float:
@@ -107,17 +107,22 @@ class AgentEnd:
 
     def handle(self) -> str:
         """What the learner process needs to open its end: ``LearnerEnd.open(handle)``."""
-        arena_fd, sock_fd = self.child_fds
-        return f"arena={arena_fd},size={self.arena.data_size},bell={sock_fd},spin={self._bell.spin_s}"
+        arena_fd, read_fd, write_fd = self.child_fds
+        return (f"arena={arena_fd},size={self.arena.data_size},bell={read_fd}:{write_fd},"
+                f"spin={self._bell.spin_s}")
 
     def watch(self, pid: int) -> None:
         """Follows the learner process ``pid`` and closes this process's copy of its end (else
-        its death would leave the socket open here, and no EOF)."""
+        its death would leave its pipe open here, and no EOF)."""
         self._pid = pid
         self._bell.watch(os.pidfd_open(pid))
-        if self._child_sock is not None:
-            self._child_sock.close()
-            self._child_sock = None
+        self._close_child_bell()
+
+    def _close_child_bell(self) -> None:
+        if self._child_bell is not None:
+            for fd in self._child_bell:
+                os.close(fd)
+            self._child_bell = None
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -272,6 +277,5 @@ class AgentEnd:
 
     def close(self) -> None:
         self._bell.close()
-        if self._child_sock is not None:
-            self._child_sock.close()
+        self._close_child_bell()
         self.arena.close()

@@ -14,7 +14,6 @@ many bytes as the agent wrote. It raises ``CallRejected`` (the agent refused the
 
 from __future__ import annotations
 
-import socket
 from typing import Sequence
 
 import numpy as np
@@ -53,16 +52,18 @@ class LearnerEnd:
         """Opens the end described by ``AgentEnd.handle()``, from the inherited descriptors."""
         try:
             fields = dict(part.split("=", 1) for part in handle.split(","))
-            arena_fd, size, bell_fd = int(fields["arena"]), int(fields["size"]), int(fields["bell"])
+            arena_fd, size = int(fields["arena"]), int(fields["size"])
+            read_fd, write_fd = (int(fd) for fd in fields["bell"].split(":"))
             spin_s = float(fields.get("spin", "0"))
         except (KeyError, ValueError):
             raise ValueError(f"not a seal handle: {handle!r}") from None
-        return cls.attach(arena_fd, size, bell_fd, spin_s)
+        return cls.attach(arena_fd, size, (read_fd, write_fd), spin_s)
 
     @classmethod
-    def attach(cls, arena_fd: int, size: int, bell_fd: int, spin_s: float = 0.0) -> LearnerEnd:
-        """Opens the end from its descriptors (received, or inherited at these numbers)."""
-        return cls(Arena.attach(arena_fd, size), Doorbell(socket.socket(fileno=bell_fd), spin_s=spin_s))
+    def attach(cls, arena_fd: int, size: int, bell: tuple[int, int], spin_s: float = 0.0) -> LearnerEnd:
+        """Opens the end from its descriptors (received, or inherited at these numbers): the
+        arena's, and the doorbell's pipes (the one it reads, the one it rings on)."""
+        return cls(Arena.attach(arena_fd, size), Doorbell(*bell, spin_s=spin_s, plain_reads=True))
 
     def call(self, op: int, args: Sequence[Arg] = (), inputs: Sequence[np.ndarray] = (),
              outputs: Sequence[np.ndarray] = (), timeout: float | None = None,

@@ -107,16 +107,16 @@ class LearnerLines:
         assert self._opener is not None
         try:
             self._opener.sendall(_ASK)
-            answer, fds, _, _ = socket.recv_fds(self._opener, 256, 2)
+            answer, fds, _, _ = socket.recv_fds(self._opener, 256, 3)
         except OSError as exc:
             raise NoMoreLines(f"the agent opened no line for this thread's call ({exc})") from None
-        if answer != _GIVEN or len(fds) != 2:
+        if answer != _GIVEN or len(fds) != 3:
             for fd in fds:
                 socket.close(fd)
             why = answer[1:].decode(errors="replace") or "it closed the opener"
             raise NoMoreLines(f"the agent opened no line for this thread's call: {why}")
-        arena_fd, bell_fd = fds
-        return LearnerEnd.attach(arena_fd, FURTHER_ARENA_BYTES, bell_fd, self.first.spin_s)
+        arena_fd, read_fd, write_fd = fds
+        return LearnerEnd.attach(arena_fd, FURTHER_ARENA_BYTES, (read_fd, write_fd), self.first.spin_s)
 
 
 # -- the agent's side --------------------------------------------------------------------------

@@ -20,8 +20,8 @@ shared memory and message queues (shmget, msgget) and memfd_create are refused t
 learner's IPC namespace is its own, but a segment it does not map, a queue, or a memfd whose
 descriptor it sent into a socket's queue (an outside tester kept 48 MiB there) holds memory that
 the memory probe (runtime/rank/memory.py), reading the learner's mappings, descriptors and files,
-would not count. So are new sockets (socket, socketpair): the learner's one socket, its channel to
-its agent, is made by the agent; an outside tester kept 18 MiB of optimizer state queued in
+would not count. So are new sockets (socket, socketpair): the learner's one socket, the opener of
+its further lines to its agent, is made by the agent; an outside tester kept 18 MiB of optimizer state queued in
 socketpairs of its own (8 MiB a socket, as many as its descriptors), and pipes' descriptors in
 flight in a socket's queue, where no process holds them (the network namespace is empty anyway).
 
