@@ -87,17 +87,22 @@ def test_check_03_is_timed_sealed_and_unsealed_each_said_explicitly() -> None:
     assert timed == (2.0, 5.0)  # each the median of its three runs
 
 
-def test_the_seal_s_message_cost_is_measured_sealed_and_unsealed() -> None:
-    from distlab.bench.seal_cost import SealTimings, per_message_s
+def test_the_seal_s_call_and_message_costs_are_measured_sealed_and_unsealed() -> None:
+    from distlab.bench.seal_cost import Pair, SealTimings, per_call_s, per_message_s
     from distlab.bench.suite import seal_figures
 
-    plain, sealed = per_message_s(8, 20, seal=False), per_message_s(8, 20, seal=True)
-    assert _is_positive_number(plain) and _is_positive_number(sealed)
-    rows = seal_figures(SealTimings(sealed, plain, 2 * sealed, 2 * plain, 3.0, 2.0))
-    assert [r.name for r in rows] == ["sealed message 8 B", "sealed message 1 MiB",
-                                      "check 03 reference, sealed"]
-    assert rows[0].judged == (sealed - plain) * 1e6 and rows[0].limit == 30.0
-    assert rows[2].judged == 1.5 and rows[2].met is True  # 3.0 s sealed against 2.0 s: the limit
+    call = Pair(per_call_s(8, 20, seal=True), per_call_s(8, 20, seal=False))
+    message = Pair(per_message_s(8, 20, seal=True), per_message_s(8, 20, seal=False))
+    assert all(_is_positive_number(s) for s in (*call.__dict__.values(), *message.__dict__.values()))
+    rows = seal_figures(SealTimings(call, Pair(2 * call.sealed_s, 2 * call.plain_s), message,
+                                    Pair(2 * message.sealed_s, 2 * message.plain_s), Pair(3.0, 2.0)))
+    assert [r.name for r in rows] == [
+        "sealed call 8 B (Sendrecv to itself)", "sealed call 1 MiB (Sendrecv to itself)",
+        "sealed message 8 B (ping-pong, 2 ranks)", "sealed message 1 MiB (ping-pong, 2 ranks)",
+        "check 03 reference, sealed"]
+    assert rows[0].judged == (call.sealed_s - call.plain_s) * 1e6 and rows[0].limit == 30.0
+    assert rows[2].judged == (message.sealed_s - message.plain_s) * 1e6 and rows[2].limit is None
+    assert rows[4].judged == 1.5 and rows[4].met is True  # 3.0 s sealed against 2.0 s: the limit
 
 
 def test_a_peer_death_and_the_store_are_timed_against_baselines_of_the_same_run() -> None:

@@ -1,6 +1,6 @@
-"""The rank programs of the benchmarks: the seal's ping-pong between ranks 0 and 1, timed in the
-process that makes the calls (the learner process when sealed, the rank when not), and the
-launch benchmark's barrier."""
+"""The rank programs of the benchmarks: the seal's call of a rank to itself and ping-pong between
+ranks 0 and 1, timed in the process that makes the calls (the learner process when sealed, the
+rank when not), and the launch benchmark's barrier."""
 
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ def pingpong(comm: Any, solution: Any, nbytes: int, rounds: int) -> float:
             comm.Send(buf, dest=peer)
         times.append(time.perf_counter() - start)
     return float(np.median(times[5:])) / 2
+
+
+def selfcall(comm: Any, solution: Any, nbytes: int, rounds: int) -> float:
+    """Seconds per Sendrecv of ``nbytes`` from a rank to itself, the median of ``rounds``: one
+    call's crossing, with no peer to wait for."""
+    send = np.zeros(max(nbytes, 1), dtype=np.uint8)
+    recv = np.empty_like(send)
+    rank = comm.Get_rank()
+    times = []
+    for _ in range(rounds + 5):  # five to warm up
+        start = time.perf_counter()
+        comm.Sendrecv(send, rank, 0, recv, rank, 0)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[5:]))
 
 
 def barrier(comm: Any, solution: Any) -> None:
