@@ -178,6 +178,17 @@ def close_end(seal: LearnerEnd, _: str) -> None:
     time.sleep(30)  # alive, with the channel closed: the test ends it
 
 
+def deaf(seal: LearnerEnd, _: str) -> None:
+    """Closes only the pipe its replies come on, then asks for a call: the agent's ring meets a
+    pipe with no reader (EPIPE, where SIGPIPE would end a process that does not ignore it)."""
+    os.close(seal._bell.read_fd)
+    seal._call_id += 1
+    seal.arena.write_block("request", seal._call_id, framed(encode_request(
+        seal._call_id, Call.BARRIER, (), (), (), (), "")))
+    seal._bell.ring()
+    time.sleep(30)  # alive: the test ends it
+
+
 def orphan_holds(seal: LearnerEnd, _: str) -> None:
     """Starts a process that inherits the doorbell's pipes, then dies: no EOF reaches the agent."""
     seal.call(Call.NOW)
@@ -261,7 +272,8 @@ def nobody(handle: str, _: str) -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (roundtrip, many, forged, scribble, die, exit_between,
-                                     close_end, orphan_holds, steal_rings, silent, flood, shrink)}
+                                     close_end, deaf, orphan_holds, steal_rings, silent, flood,
+                                     shrink)}
 
 if __name__ == "__main__":
     scenario, handle, arg = sys.argv[1], sys.argv[2], (sys.argv[3:] or [""])[0]

@@ -253,6 +253,11 @@ def test_a_learner_that_exits_between_calls_or_closes_its_end(learner: Callable[
     with pytest.raises(LearnerGone) as gone:
         closes.serve()
     assert gone.value.closed and str(gone.value).endswith("closed its end of the channel after Barrier")
+    deaf = learner("deaf")  # its reply pipe closed, its request pipe open
+    request = deaf.request()
+    with pytest.raises(LearnerGone) as gone:
+        deaf.agent.reply(request)
+    assert gone.value.closed and str(gone.value).endswith("closed its end of the channel in Barrier")
 
 
 def test_a_learner_whose_child_holds_the_pipes_is_still_seen_dead(learner: Callable[..., Learner]) -> None:

@@ -137,6 +137,9 @@ class LearnerProcess:
               ) -> LearnerProcess:
         """Makes the seal's channel and hands it, with the learner's spec, to ``seed`` (forked
         before this process read its job: learner_fork.py)."""
+        # A ring into a pipe whose reader the learner closed must fail (EPIPE, and the learner
+        # named), not end the agent: Python ignores SIGPIPE from its start, said here as well.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         # Each rank is an agent and a learner: the two spin before they sleep where every
         # process of the job has a CPU to itself (doorbell.py).
         agent = AgentEnd.create(first_arena_bytes(job.limits.address_space_mb),
