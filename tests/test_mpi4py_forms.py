@@ -100,6 +100,11 @@ def buffers(comm, MPI):
                   status=paired)
     out["short_sendrecv"] = [paired.Get_count(MPI.DOUBLE), paired.Get_count()]
     out["datatypes"] = [MPI.DOUBLE.Get_size(), MPI.INT.size, MPI.FLOAT.Get_name(), MPI.FLOAT.Get_extent()]
+    dup = MPI.DOUBLE.Dup().Commit()  # a derived datatype that needs no MPI to describe
+    shared = np.arange(3.0) if r == 0 else np.zeros(3)
+    comm.Bcast([shared, dup], root=0)
+    out["dup"] = [shared.tolist(), dup.Get_size(), dup.Get_name(), dup.Get_extent()]
+    dup.Free()
     return out
 '''
 
@@ -148,6 +153,22 @@ def test_the_object_calls_run_on_gloo_too(tmp_path: Path) -> None:
         answers["allreduce_max"] = None  # needs MPI.MAX, which the gloo ranks do not import
     for seal in (False, True):
         assert _on_proxy(tmp_path, "objects", "gloo", seal) == plain, "sealed" if seal else "unsealed"
+
+
+@pytest.mark.parametrize("seal", [False, True])
+def test_a_contiguous_datatype_is_described_and_refused_the_same_sealed_or_not(
+        tmp_path: Path, seal: bool) -> None:
+    """Sealed, MPI's Create_contiguous would end the learner process (no MPI there): it is
+    described without it, and a buffer spec with it meets the same item-size check."""
+    solution = tmp_path / "contiguous.py"
+    solution.write_text("import numpy as np\nfrom mpi4py import MPI\n\n\ndef work(comm):\n"
+                        "    t = MPI.DOUBLE.Create_contiguous(3).Commit()\n"
+                        "    comm.Bcast([np.zeros(6), 2, t], root=0)\n")
+    done = run(Program(PROGRAMS, "call_solution", solution), [Task(ranks=2, case="work").for_ranks()],
+               run_options("mpi", seal=seal))
+    assert not done.ok
+    assert "the array holds float64 (8 bytes each) but the datatype is  (24 bytes)" in \
+        done.result.message, done.result.message
 
 
 @pytest.mark.parametrize("seal", [False, True])
