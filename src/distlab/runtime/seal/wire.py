@@ -27,6 +27,7 @@ Replies go the other way, to a learner that trusts its agent; they use the same 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass, field
@@ -140,8 +141,8 @@ def encode_request(call_id: int, op: int, ints: tuple[int, ...], floats: tuple[f
             f"and {MAX_TEXT} bytes of text; this one {n_ints}, {n_floats}, "
             f"{n_buffers} and {len(raw_text)}"
         )
-    head = _head_struct(n_ints, n_floats).pack(MAGIC, op, comm, n_ints, n_floats, len(inputs),
-                                               len(outputs), len(raw_text), *ints, *floats)
+    head = _packing(f"{_HEAD.format}{n_ints}q{n_floats}d").pack(
+        MAGIC, op, comm, n_ints, n_floats, len(inputs), len(outputs), len(raw_text), *ints, *floats)
     if not n_buffers:
         return head + raw_text
     parts = [head]
@@ -153,15 +154,11 @@ def encode_request(call_id: int, op: int, ints: tuple[int, ...], floats: tuple[f
     return b"".join(parts)
 
 
-_HEADS: dict[tuple[int, int], struct.Struct] = {}
-
-
-def _head_struct(n_ints: int, n_floats: int) -> struct.Struct:
-    """The header and the numbers as one struct, made once per pair of counts."""
-    made = _HEADS.get((n_ints, n_floats))
-    if made is None:
-        made = _HEADS[n_ints, n_floats] = struct.Struct(f"{_HEAD.format}{n_ints}q{n_floats}d")
-    return made
+@functools.cache
+def _packing(layout: str) -> struct.Struct:
+    """A struct per layout, made once: building one per call costs more than the packing it does.
+    The agent asks only for counts it has checked against their caps, so there are few."""
+    return struct.Struct(layout)
 
 
 def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
@@ -189,7 +186,7 @@ def decode_request(block: bytes, table: dict[int, Signature], data_size: int,
     if need > end:
         raise BadRequest(f"{sig.name}: the body has {length} bytes, its counts need "
                          f"{need - _BLOCK.size} or more")
-    numbers = _numbers_struct(n_ints, n_floats).unpack_from(block, at)
+    numbers = _packing(f"<{n_ints}q{n_floats}d").unpack_from(block, at)
     ints, floats = numbers[:n_ints], numbers[n_ints:]
     at += 8 * (n_ints + n_floats)
     for value, (lo, hi) in zip(ints, sig.bounds):
@@ -242,16 +239,6 @@ def _bad_int(sig: Signature, ints: tuple[int, ...]) -> NoReturn:
         if not arg.lo <= value <= arg.hi:
             raise BadRequest(f"{sig.name}: {arg.name} is {value}, must be in [{arg.lo}, {arg.hi}]")
     raise AssertionError("no int is out of bounds")
-
-
-_NUMBERS: dict[tuple[int, int], struct.Struct] = {}
-
-
-def _numbers_struct(n_ints: int, n_floats: int) -> struct.Struct:
-    made = _NUMBERS.get((n_ints, n_floats))
-    if made is None:
-        made = _NUMBERS[n_ints, n_floats] = struct.Struct(f"<{n_ints}q{n_floats}d")
-    return made
 
 
 def _decode_buffer(op: str, i: int, block: bytes, at: int, end: int,
@@ -307,7 +294,7 @@ def encode_reply(reply: Reply) -> bytes:
         room = CONTROL - _BLOCK.size - _REPLY.size - 8 * (len(ints) + len(floats) + len(written))
         if len(raw) > room:  # a long error message is cut (at a character boundary), not refused
             raw = raw[:room].decode("utf-8", "ignore").encode()
-    layout = _reply_struct(len(ints), len(floats), len(written))
+    layout = _packing(f"{_REPLY.format}{len(ints)}q{len(floats)}d{len(written)}q")
     return layout.pack(reply.status, len(ints), len(floats), len(written), len(raw), *ints,
                        *floats, *written) + raw
 
@@ -316,24 +303,12 @@ def decode_reply(block: bytes | memoryview) -> Reply:
     """A reply from a copy of its block, or (the learner's end, which trusts its agent and
     reads each reply once) from a view of it in the arena."""
     status, n_ints, n_floats, n_written, n_text = _REPLY.unpack_from(block, _BLOCK.size)
-    layout = _reply_struct(n_ints, n_floats, n_written)
+    layout = _packing(f"{_REPLY.format}{n_ints}q{n_floats}d{n_written}q")
     values = layout.unpack_from(block, _BLOCK.size)[5:]
     at = _BLOCK.size + layout.size
     text = bytes(block[at : at + n_text]).decode("utf-8", "replace") if n_text else ""
     return Reply(status, values[:n_ints], values[n_ints : n_ints + n_floats],
                  values[n_ints + n_floats :], text)
-
-
-_REPLIES: dict[tuple[int, int, int], struct.Struct] = {}
-
-
-def _reply_struct(n_ints: int, n_floats: int, n_written: int) -> struct.Struct:
-    """A reply's head and numbers as one struct, made once per counts."""
-    made = _REPLIES.get((n_ints, n_floats, n_written))
-    if made is None:
-        made = struct.Struct(f"{_REPLY.format}{n_ints}q{n_floats}d{n_written}q")
-        _REPLIES[n_ints, n_floats, n_written] = made
-    return made
 
 
 def framed(body: bytes) -> bytes:
