@@ -83,6 +83,40 @@ def search_memory(comm, first_half, second_half):
     return {"found": found, "regions": regions}
 
 
+def hold_the_ring_pipe(comm):
+    """An outside tester's attack on the doorbell (doorbell.py): grow the pipe it rings on, leave
+    a stray byte in it (the agent's next poll says readable), and splice into it from a socket
+    that never gets data, which holds the pipe's lock, shared with the agent's end, while it
+    waits: the agent then slept in the kernel in its read until the job's deadline. What the
+    splice answered, and the Barrier after it, which the agent must serve."""
+    import fcntl
+    import threading
+
+    lines = comm._end
+    answered = []
+    if comm.Get_rank() == 0:
+        write_fd = lines.first._bell.write_fd
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 8192)
+        os.set_blocking(write_fd, True)
+        os.set_blocking(lines._opener.fileno(), True)
+        os.write(write_fd, b"!")
+
+        def hold():
+            try:
+                os.splice(lines._opener.fileno(), write_fd, 1)
+                answered.append("spliced")
+            except OSError as exc:
+                answered.append(type(exc).__name__)
+
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        holder.join(2)
+    comm.Barrier()
+    if comm.Get_rank():
+        return "not asked"
+    return answered[0] if answered else "still in splice"
+
+
 def forge_request(comm):
     """Writes a request into the arena behind the client's back, then calls as usual."""
     end = comm._end.first  # the main thread's line
@@ -234,6 +268,7 @@ def shared_kernel_objects(comm):
         return "allowed"
 
     fd = os.open(__file__, os.O_RDONLY)
+    pipe_read, pipe_write = os.pipe()
     lock = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, 1 << 40, 1, 0)
     return {
         "add_key": syscall(248, b"user", b"distlab-probe", b"x", 1, process_keyring),
@@ -248,6 +283,14 @@ def shared_kernel_objects(comm):
         "memfd_create": call(lambda: os.close(os.memfd_create("distlab-probe"))),
         "socketpair": call(lambda: [s.close() for s in __import__("socket").socketpair()]),
         "socket": call(lambda: __import__("socket").socket().close()),
+        # Each could wait holding a pipe's lock, which the agent shares (doorbell.py):
+        "splice": call(lambda: os.splice(fd, pipe_write, 1)),
+        "tee": syscall(276, pipe_read, pipe_write, 1, 0),
+        "vmsplice": syscall(278, pipe_write, 0, 0, 0),
+        "sendfile": call(lambda: os.sendfile(pipe_write, fd, 0, 1)),
+        "io_uring_setup": syscall(425, 8, ctypes.create_string_buffer(120)),
+        "userfaultfd": syscall(323, 1),  # UFFD_USER_MODE_ONLY: what an unprivileged process may ask
+        "copyfile": call(lambda: __import__("shutil").copyfile(__file__, "/tmp/copied.py")),
         "F_GETFL": fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
         "F_SETFD": call(lambda: fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)),
         "F_DUPFD": call(lambda: os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, 100))),

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -290,9 +291,22 @@ def test_the_learner_cannot_share_the_keyring_locks_or_file_watches_and_ordinary
     for outcome in result.task_outcomes(0):
         seen = outcome.value
         refused = ("add_key", "keyctl", "F_SETLK", "F_GETLK", "flock", "inotify_init1", "fanotify_init",
-                   "shmget", "msgget", "memfd_create", "socket", "socketpair")
+                   "shmget", "msgget", "memfd_create", "socket", "socketpair",
+                   "splice", "tee", "vmsplice", "sendfile", "io_uring_setup", "userfaultfd")
         assert {name: seen[name] for name in refused} == dict.fromkeys(refused, "EPERM"), seen
+        assert seen["copyfile"] == "allowed", seen  # shutil falls back from sendfile
         assert seen["F_SETFD"] == seen["F_DUPFD"] == "allowed" and seen["F_GETFL"] is seen["read"] is True, seen
+
+
+def test_a_learner_cannot_hold_the_lock_of_the_pipe_its_agent_reads() -> None:
+    """A pipe's ends share one lock, which the agent takes in each read: a splice that waits
+    while holding it left the agent asleep in the kernel to the deadline (an outside tester's
+    attack). splice and the calls like it are refused: the Barrier after it is served at once."""
+    t0 = time.monotonic()
+    result = attack("hold_the_ring_pipe")
+    assert result.ok, result.message
+    assert [o.value for o in result.task_outcomes(0)] == ["PermissionError", "not asked"]
+    assert time.monotonic() - t0 < 20
 
 
 @pytest.mark.parametrize("name, refused", [("covert_keyring.py", "PermissionError"),

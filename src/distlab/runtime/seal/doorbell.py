@@ -5,9 +5,14 @@ end, which then looks at the block's call id. Why pipes, and why two:
 
 * each end of a pipe is its own open file, so the learner can neither read the agent's bytes nor
   change the agent's descriptor flags (an eventfd pair is one shared file: a learner could clear
-  its O_NONBLOCK, or fill its counter, and hang the agent in a write). It can open another read
-  end of the pipe it rings on (/proc/self/fd/N): the agent's reads never block, so bytes taken
-  from under it only send it back to polling;
+  its O_NONBLOCK, or fill its counter, and hang the agent in a write). Where it could open
+  another read end of the pipe it rings on (/proc/self/fd/N: refused to nobody, the pipes being
+  root's), bytes taken from under the agent only send it back to polling: its reads are
+  O_NONBLOCK. What the ends do share is the pipe: its size (a learner may grow it) and its lock,
+  which every read and write takes, uninterruptibly. A call that waits while holding it (splice
+  from an idle socket: an outside tester's attack, which left the agent asleep in its read until
+  the job's deadline) is refused by the learner's seccomp filter, with tee, vmsplice, sendfile,
+  io_uring and userfaultfd (syscalls.py);
 * when the learner process dies or closes its end, the agent reads EOF; it also polls a pidfd of
   the learner, which tells even if a grandchild still holds the pipe open;
 * the agent writes without blocking: a learner that never reads its replies fills its pipe (one
@@ -116,10 +121,11 @@ class Doorbell:
         self._unread = 0  # rings of blocks seen without reading them (wait)
         # A ring never blocks: a full pipe means the other end does not read (ring() False).
         os.set_blocking(write_fd, False)
-        # The agent's reads never block either: its learner can open another read end of the
-        # same pipe (/proc/self/fd/N of its write end, opened for reading) and take the bytes
-        # between the agent's poll and its read; the agent then polls again, still watching the
-        # learner's pidfd. Each end's flags are its own: the learner cannot change these.
+        # The agent's reads are O_NONBLOCK too: a learner that could open another read end of
+        # the same pipe (/proc/self/fd/N of its write end, where the pipe is its own user's)
+        # could take the bytes between the agent's poll and its read; the agent then polls
+        # again, still watching the learner's pidfd. Each end's flags are its own: the learner
+        # cannot change these (the pipe's lock it could hold: syscalls.py refuses the calls).
         os.set_blocking(read_fd, plain_reads)
         self._shut = None if plain_reads else os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._poller: select.poll | None = None  # made at the first wait that polls

@@ -25,6 +25,15 @@ its further lines to its agent, is made by the agent; an outside tester kept 18 
 socketpairs of its own (8 MiB a socket, as many as its descriptors), and pipes' descriptors in
 flight in a socket's queue, where no process holds them (the network namespace is empty anyway).
 
+The doorbell's pipes (doorbell.py): a pipe's two ends share one lock, which the agent takes in
+its every read and ring (uninterruptibly, whatever its descriptor's flags). ``splice`` from an
+idle socket into the pipe the learner rings on held it for good: an outside tester left its
+rank's agent asleep in the kernel until the job's deadline, the rank said to be "still
+computing". So the calls that can wait while they hold a pipe's lock are refused: splice, tee,
+vmsplice and sendfile (which splices), io_uring (whose workers make those calls where no filter
+sees them) and userfaultfd (a page fault of a pipe's read or write that waits for the learner).
+Python's own copies fall back without them (shutil.copyfile tries sendfile first).
+
 How. ``install`` runs last in the learner's privilege drop, after no_new_privs (which lets a
 process without capabilities install a filter; it is kept by every thread and process the learner
 starts, and cannot be removed). The learner is a fresh fork there, with one thread, so
@@ -49,20 +58,26 @@ PR_SET_SECCOMP covers all of it. The program is classic BPF on ``struct seccomp_
     14  jeq #memfd_create (319), deny
     15  jeq #socket (41), deny
     16  jeq #socketpair (53), deny
-    17  jeq #fcntl (72), 0, allow
-    18  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
+    17  jeq #splice (275), deny
+    18  jeq #tee (276), deny
+    19  jeq #vmsplice (278), deny
+    20  jeq #sendfile (40), deny
+    21  jeq #io_uring_setup (425), deny
+    22  jeq #userfaultfd (323), deny
+    23  jeq #fcntl (72), 0, allow
+    24  ld  [24]                       A = args[1], fcntl's cmd: its low half, all the kernel
                                        reads of it (an unsigned int)
-    19  jeq #F_GETLK (5), deny
-    20  jeq #F_SETLK (6), deny
-    21  jeq #F_SETLKW (7), deny
-    22  jeq #F_OFD_GETLK (36), deny
-    23  jeq #F_OFD_SETLK (37), deny
-    24  jeq #F_OFD_SETLKW (38), deny
-    25  jeq #F_SETLEASE (1024), deny
-    26  jeq #F_GETLEASE (1025), deny
-    27  jeq #F_NOTIFY (1026), deny
-    28  allow: ret #SECCOMP_RET_ALLOW
-    29  deny:  ret #SECCOMP_RET_ERRNO | EPERM
+    25  jeq #F_GETLK (5), deny
+    26  jeq #F_SETLK (6), deny
+    27  jeq #F_SETLKW (7), deny
+    28  jeq #F_OFD_GETLK (36), deny
+    29  jeq #F_OFD_SETLK (37), deny
+    30  jeq #F_OFD_SETLKW (38), deny
+    31  jeq #F_SETLEASE (1024), deny
+    32  jeq #F_GETLEASE (1025), deny
+    33  jeq #F_NOTIFY (1026), deny
+    34  allow: ret #SECCOMP_RET_ALLOW
+    35  deny:  ret #SECCOMP_RET_ERRNO | EPERM
 
 (``listing()`` prints the program as built, in this form.) Elsewhere than x86_64 (the sandbox's
 numbers are x86_64's) or on a kernel without seccomp, nothing is installed, and ``DESCRIPTION``,
@@ -81,7 +96,10 @@ from pathlib import Path
 # x86_64 system call numbers (asm/unistd_64.h); refused outright.
 REFUSED_CALLS = {"add_key": 248, "request_key": 249, "keyctl": 250, "flock": 73, "inotify_init": 253,
                  "inotify_init1": 294, "inotify_add_watch": 254, "fanotify_init": 300,
-                 "shmget": 29, "msgget": 68, "memfd_create": 319, "socket": 41, "socketpair": 53}
+                 "shmget": 29, "msgget": 68, "memfd_create": 319, "socket": 41, "socketpair": 53,
+                 # Each can wait while it holds a pipe's lock, which the agent's end shares:
+                 "splice": 275, "tee": 276, "vmsplice": 278, "sendfile": 40,
+                 "io_uring_setup": 425, "userfaultfd": 323}
 SYS_FCNTL = 72
 # fcntl commands refused: locks, OFD locks, leases, dnotify. Others (F_GETFL, F_SETFD, F_DUPFD,
 # F_ADD_SEALS...) stay allowed.
@@ -98,7 +116,8 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SUPPORTED = platform.machine() == "x86_64" and sys.maxsize > 2**32
 DESCRIPTION = ("no keyring, file locks, leases or file-change notifications (a seccomp filter "
                "refuses them: ranks could share data through them), nor System V shared memory, "
-               "message queues or memfds")
+               "message queues or memfds, nor splice, tee, sendfile, io_uring or userfaultfd "
+               "(they could hold the agent in a read)")
 UNFILTERED = (f"no syscall filter ({'the kernel has no seccomp' if SUPPORTED else 'not x86_64'}): "
               "the kernel keyring and file locks are shared with other ranks")
 
