@@ -335,6 +335,9 @@ def test_buffers_larger_than_the_arena_fail_naming_both_sizes() -> None:
     with pytest.raises(ArenaTooSmall, match=r"Allreduce's buffers need 8032 bytes .* holds 4096 "):
         seal.call(Call.ALLREDUCE, (0,), inputs=(np.zeros(1000, np.float32),),
                   outputs=(np.zeros(1000, np.float32),))
+    for args in ((object(),), ("step", "two"), (1, None)):  # refused before anything crosses
+        with pytest.raises(TypeError, match="call args are ints, floats and at most one str"):
+            seal.call(Call.MARK, args)
     seal.close()
     agent.close()
 

@@ -68,10 +68,11 @@ one rank (2 processes, 2 CPUs, so spinning 50 us), added to the unsealed call, m
     spin 50 us            +15.5        +27.5
 
 That with the socketpair; the pipes took comm.now() to +12.4, the Sendrecv to +27.0, and a
-two-rank ping-pong (4 processes on 2 CPUs: no spin) from +44.6 to +39.7 us per message. A wait that sees its block
-ready without sleeping leaves the ring's byte in the pipe; one read takes them all every
-DRAIN_EVERY such waits, or the next wait that sleeps reads them, looks at the block, and sleeps
-again if it is not ready: rings never pile up to fill the pipe.
+two-rank ping-pong (4 processes on 2 CPUs: no spin) from +44.6 to +39.7 us per message.
+
+A wait that sees its block ready without sleeping leaves the ring's byte in the pipe; one read
+takes them all every DRAIN_EVERY such waits, or the next wait that sleeps reads them, looks at the
+block, and sleeps again if it is not ready: rings never pile up to fill the pipe.
 """
 
 from __future__ import annotations

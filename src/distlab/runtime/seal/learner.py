@@ -159,13 +159,10 @@ def _sorted(args: Sequence[Arg]) -> tuple[tuple[int, ...], tuple[float, ...], st
             ints.append(int(arg))
         elif isinstance(arg, (float, np.floating)):
             floats.append(float(arg))
-        elif isinstance(arg, str):
+        elif isinstance(arg, str) and not texts:
             texts.append(arg)
-        else:
-            texts = ["", ""]  # not an argument a call takes: refused below
-            break
-    if len(texts) > 1:
-        raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
+        else:  # a second text, or not an argument a call takes
+            raise TypeError(f"call args are ints, floats and at most one str, not {args!r}")
     return tuple(ints), tuple(floats), texts[0] if texts else ""
 
 
